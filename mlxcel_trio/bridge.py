@@ -1,0 +1,157 @@
+"""Trio <-> engine thread: the only module that touches both worlds.
+
+Theory of operation: `Bridge.run` starts the engine thread and owns it for
+the server's lifetime.  Requests go in as commands on the engine's
+thread-safe queue (`post` never blocks).  Each engine step hands ONE
+`StepEvents` batch to trio through `TrioToken.run_sync_soon`; `_deliver`
+then fans the events out to per-job memory channels with `send_nowait`, so a
+slow reader can never stall the engine or the other jobs.
+
+Rules:
+- A job's channel is bounded by what the job can produce (one event per
+  token of its slot's context plus its prompt-progress events), so
+  `send_nowait` cannot overflow for a live job.
+- Leaving `Bridge.submit` for any reason (a finished job, an error, a client
+  disconnect raising `Cancelled`) posts `Cancel` synchronously unless the job
+  already finished: cancellation costs the engine at most the step it is in.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
+
+import attrs
+import trio
+
+from .config import ServerConfig
+from .engine.loop import EngineLoop
+from .engine.records import (
+    Cancel,
+    Failed,
+    Finished,
+    Job,
+    Loaded,
+    LoadFailed,
+    ModelInfo,
+    Shutdown,
+    SlotFreed,
+    Started,
+    StepEvents,
+    Submit,
+)
+
+log = logging.getLogger("mlxcel.bridge")
+
+SHUTDOWN_GRACE_S = 10.0
+
+
+@attrs.define
+class SlotView:
+    """What the trio side knows about one slot, updated from engine events."""
+
+    id: int
+    job_id: int | None = None
+    n_prompt: int = 0
+    freed_at: float = 0.0
+
+
+class Bridge:
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.info: ModelInfo | None = None
+        self.vocab = None
+        self.load_error: str | None = None
+        self.loaded = trio.Event()
+        self.slots = [SlotView(i) for i in range(config.slots)]
+        self._ids = itertools.count(1)
+        self._streams: dict[int, trio.MemorySendChannel] = {}
+        self._engine: EngineLoop | None = None
+
+    # -- lifetime ------------------------------------------------------------------
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        token = trio.lowlevel.current_trio_token()
+
+        def emit(batch: StepEvents) -> None:  # engine thread
+            try:
+                token.run_sync_soon(self._deliver, batch)
+            except trio.RunFinishedError:
+                pass
+
+        cfg = self.config
+        engine = EngineLoop(cfg.model, n_slots=cfg.slots, ctx_size=cfg.ctx_size,
+                            batch_size=cfg.batch_size, warmup=cfg.warmup, emit=emit)
+        self._engine = engine
+        thread = threading.Thread(target=engine.run, name="mlx-engine", daemon=True)
+        thread.start()
+        task_status.started()
+        try:
+            await trio.sleep_forever()
+        finally:
+            engine.post(Shutdown())
+            with trio.CancelScope(shield=True), trio.move_on_after(SHUTDOWN_GRACE_S):
+                await trio.to_thread.run_sync(thread.join, abandon_on_cancel=True)
+
+    @property
+    def ready(self) -> bool:
+        return self.info is not None
+
+    def next_job_id(self) -> int:
+        return next(self._ids)
+
+    # -- requests ------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def submit(self, job: Job) -> AsyncIterator[trio.MemoryReceiveChannel]:
+        assert self._engine is not None and self.info is not None
+        bound = 2 * self.info.n_ctx_slot + 16
+        send, recv = trio.open_memory_channel(bound)
+        self._streams[job.id] = send
+        self._engine.post(Submit(job))
+        try:
+            yield recv
+        finally:
+            if self._streams.pop(job.id, None) is not None:
+                self._engine.post(Cancel(job.id))
+                send.close()
+            recv.close()
+
+    # -- engine events (trio thread) -------------------------------------------------
+
+    def _deliver(self, batch: StepEvents) -> None:
+        streams = self._streams
+        for ev in batch.events:
+            job_id = getattr(ev, "job_id", None)
+            if isinstance(ev, Started):
+                view = self.slots[ev.id_slot]
+                view.job_id, view.n_prompt = ev.job_id, ev.n_prompt
+            elif isinstance(ev, SlotFreed):
+                view = self.slots[ev.id_slot]
+                view.job_id, view.freed_at = None, trio.current_time()
+                continue
+            elif isinstance(ev, Loaded):
+                self.info, self.vocab = ev.info, self._engine.vocab
+                self.loaded.set()
+                continue
+            elif isinstance(ev, LoadFailed):
+                self.load_error = ev.message
+                self.loaded.set()
+                continue
+            send = streams.get(job_id)
+            if send is None:
+                continue  # the request is gone; its Cancel is already queued
+            try:
+                send.send_nowait(ev)
+            except (trio.WouldBlock, trio.BrokenResourceError):
+                log.warning("job %s: dropping its stream (reader gone or over bound)", job_id)
+                streams.pop(job_id, None)
+                self._engine.post(Cancel(job_id))
+                send.close()
+                continue
+            if isinstance(ev, (Finished, Failed)):
+                streams.pop(job_id, None)
+                send.close()

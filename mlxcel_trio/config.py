@@ -1,0 +1,72 @@
+"""The resolved, immutable server configuration.
+
+`cli/` builds one `ServerConfig` from the command line and the environment
+(command line beats environment, as upstream) and validates it before any
+model is resolved or loaded.  Everything downstream reads this record only;
+nothing re-reads argv or os.environ after startup.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+UINT32_MAX = 0xFFFF_FFFF
+RANDOM_SEED = UINT32_MAX  # llama.cpp's LLAMA_DEFAULT_SEED: "pick one at random"
+
+
+def fold_seed(value: int) -> int:
+    """Fold a seed into llama.cpp's uint32 space.
+
+    -1 and 4294967295 mean "random"; other negatives wrap (-2 -> 4294967294),
+    as a C++ int-to-uint32 conversion does.
+    """
+    return value & UINT32_MAX
+
+
+@attrs.frozen
+class SamplingDefaults:
+    """Server-wide sampling defaults.
+
+    `None` for temperature / top_k / top_p means "flag not given": the value
+    then comes from the checkpoint's generation_config.json, falling back to
+    upstream's default (a recorded by_design divergence, as in the spec).
+    """
+
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float = 0.05
+    seed: int = RANDOM_SEED
+    n_predict: int = -1
+
+
+@attrs.frozen
+class ServerConfig:
+    model: str
+    host: str = "127.0.0.1"
+    port: int = 8080
+    ctx_size: int = 0            # 0 = the checkpoint's trained context
+    n_parallel: int = -1         # -1 = auto (4 slots, as upstream)
+    batch_size: int = 2048       # logical prefill chunk
+    aliases: tuple[str, ...] = ()
+    api_keys: tuple[str, ...] = attrs.field(default=(), repr=False)
+    warmup: bool = True
+    verbose: bool = False
+    timeout: int = 3600          # HTTP socket read/write timeout, seconds
+    sse_ping_interval: int = 30  # seconds; <= 0 disables
+    sampling: SamplingDefaults = SamplingDefaults()
+    # The -m value as the operator gave it ("mlx-community/Qwen3-0.6B-bf16");
+    # `model` is the local checkpoint directory it resolved to.  None when
+    # the config was built by hand rather than by cli/.
+    model_ref: str | None = None
+
+    @property
+    def slots(self) -> int:
+        """The resolved slot count: upstream's auto (-1) is 4."""
+        return 4 if self.n_parallel < 0 else self.n_parallel
+
+    @property
+    def model_alias(self) -> str | None:
+        """The served model name: upstream keeps aliases in a std::set and
+        serves the first, so sort them the same way."""
+        return sorted(self.aliases)[0] if self.aliases else None

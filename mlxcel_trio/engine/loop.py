@@ -1,0 +1,153 @@
+"""The MLX engine thread: load, warm up, then step forever.
+
+This is the only place MLX runs.  Commands arrive on a thread-safe queue
+(`post`); everything one step produced leaves through `emit` as a single
+`StepEvents` batch.  The loop blocks on the queue only while it has no work,
+and drains it without blocking before every step, so a `Cancel` lands before
+the next forward pass.  Nothing here imports trio.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from pathlib import Path
+from typing import Callable
+
+from .records import (
+    Cancel,
+    Job,
+    Loaded,
+    LoadFailed,
+    ModelInfo,
+    SamplingParams,
+    Shutdown,
+    StepEvents,
+    Submit,
+)
+
+log = logging.getLogger("mlxcel.engine")
+
+WARMUP_JOB_ID = -1
+
+
+def _model_facts(model, config: dict, path: Path, n_ctx: int, n_slots: int) -> ModelInfo:
+    from mlx.utils import tree_flatten
+
+    params = tree_flatten(model.parameters())
+    quant = config.get("quantization") or config.get("quantization_config")
+    bits = quant.get("bits", 32) if isinstance(quant, dict) else 32
+    n_params = 0
+    size = 0
+    dtype = "unknown"
+    for name, p in params:
+        size += p.nbytes
+        if name.endswith((".scales", ".biases")):
+            continue
+        # packed quantized weights hold 32 // bits values per uint32
+        n_params += p.size * (32 // bits) if p.dtype.__str__().endswith("uint32") else p.size
+        if name.endswith("embed_tokens.weight") and dtype == "unknown":
+            dtype = str(p.dtype).removeprefix("mlx.core.")
+    return ModelInfo(
+        path=str(path),
+        model_type=config.get("model_type", "unknown"),
+        n_ctx=n_ctx,
+        n_ctx_slot=n_ctx // n_slots,
+        n_ctx_train=int(config.get("max_position_embeddings") or n_ctx),
+        n_slots=n_slots,
+        n_vocab=int(config.get("vocab_size", 0)),
+        n_embd=int(config.get("hidden_size", 0)),
+        n_params=n_params,
+        size_bytes=size,
+        dtype=dtype,
+        quantization=f"{bits}-bit" if bits != 32 else None,
+    )
+
+
+class EngineLoop:
+    def __init__(self, model_path: str, *, n_slots: int, ctx_size: int,
+                 batch_size: int, warmup: bool,
+                 emit: Callable[[StepEvents], None]) -> None:
+        self._path = Path(model_path)
+        self._n_slots = n_slots
+        self._ctx_size = ctx_size
+        self._batch_size = batch_size
+        self._warmup = warmup
+        self._emit = emit
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self.vocab = None  # published before Loaded is emitted; read-only after
+
+    def post(self, command) -> None:
+        """Thread-safe, never blocks: callable from trio or from a cancel path."""
+        self._commands.put(command)
+
+    # -- thread body -------------------------------------------------------------
+
+    def run(self) -> None:
+        try:
+            scheduler = self._load()
+        except Exception as exc:  # reported to trio, never raised across threads
+            log.exception("model load failed")
+            self._emit(StepEvents((LoadFailed(f"{type(exc).__name__}: {exc}"),)))
+            return
+        self._serve(scheduler)
+
+    def _load(self):
+        from mlx_lm.utils import load_model
+
+        from .scheduler import Scheduler
+        from .vocab import Vocab
+
+        t0 = time.perf_counter()
+        model, config = load_model(self._path)
+        n_ctx = self._ctx_size or int(config.get("max_position_embeddings") or 4096)
+        vocab = Vocab(self._path, int(config.get("vocab_size", 0)) or None)
+        scheduler = Scheduler(model, vocab, n_slots=self._n_slots,
+                              n_ctx_slot=n_ctx // self._n_slots,
+                              batch_size=self._batch_size)
+        if self._warmup:
+            self._run_warmup(scheduler, vocab)
+        self.vocab = vocab
+        info = _model_facts(model, config, self._path, n_ctx, self._n_slots)
+        log.info("model loaded in %.2f s: %s", time.perf_counter() - t0, info)
+        self._emit(StepEvents((Loaded(info),)))
+        return scheduler
+
+    def _run_warmup(self, scheduler, vocab) -> None:
+        """One short greedy generation, so the first request does not pay for
+        graph compilation and allocation."""
+        first = next(iter(vocab.eos_ids), 0)
+        job = Job(WARMUP_JOB_ID, (first, first), n_predict=2,
+                  sampling=SamplingParams(temperature=0.0))
+        sink: list = []
+        scheduler.submit(job, sink)
+        while scheduler.busy:
+            scheduler.step(sink)
+
+    def _serve(self, scheduler) -> None:
+        commands = self._commands
+        while True:
+            out: list = []
+            block = not scheduler.busy
+            while True:
+                try:
+                    cmd = commands.get(block=block)
+                except queue.Empty:
+                    break
+                block = False
+                if isinstance(cmd, Submit):
+                    scheduler.submit(cmd.job, out)
+                elif isinstance(cmd, Cancel):
+                    scheduler.cancel(cmd.job_id, out)
+                elif isinstance(cmd, Shutdown):
+                    if out:
+                        self._emit(StepEvents(tuple(out)))
+                    return
+            try:
+                scheduler.step(out)
+            except Exception:
+                log.exception("engine step failed")
+                raise
+            if out:
+                self._emit(StepEvents(tuple(out)))

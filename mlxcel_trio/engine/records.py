@@ -1,0 +1,180 @@
+"""Frozen records that cross the engine boundary.
+
+Commands go into the engine (`Submit`, `Cancel`, `Shutdown`); events come out,
+one `StepEvents` batch per engine step (`Loaded`, `Started`, `PromptProgress`,
+`TokenPiece`, `Finished`, `Failed`).  All of them are immutable so that the
+trio side can read them without locks once they have been handed over.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+
+@attrs.frozen
+class SamplingParams:
+    """Resolved per-request sampling settings (no "unset" values left)."""
+
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    seed: int = 0xFFFF_FFFF  # uint32; 0xFFFFFFFF = pick a random seed
+
+
+@attrs.frozen
+class Job:
+    """One generation request, already tokenized and validated."""
+
+    id: int
+    prompt: tuple[int, ...]
+    n_predict: int                      # -1 = until the slot's context bound
+    sampling: SamplingParams = SamplingParams()
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    id_slot: int = -1                   # -1 = any free slot
+    n_indent: int = 0                   # 0 = off
+    t_max_predict_ms: int = -1          # <= 0 = off
+    return_progress: bool = False
+
+
+# --- commands ---------------------------------------------------------------
+
+@attrs.frozen
+class Submit:
+    job: Job
+
+
+@attrs.frozen
+class Cancel:
+    job_id: int
+
+
+@attrs.frozen
+class Shutdown:
+    pass
+
+
+# --- events -----------------------------------------------------------------
+
+@attrs.frozen
+class ModelInfo:
+    """What the server learns about the model once the engine has loaded it."""
+
+    path: str
+    model_type: str
+    n_ctx: int            # total context (all slots)
+    n_ctx_slot: int       # per slot
+    n_ctx_train: int
+    n_slots: int
+    n_vocab: int
+    n_embd: int
+    n_params: int
+    size_bytes: int
+    dtype: str
+    quantization: str | None
+
+
+@attrs.frozen
+class Loaded:
+    info: ModelInfo
+
+
+@attrs.frozen
+class LoadFailed:
+    message: str
+
+
+@attrs.frozen
+class Started:
+    job_id: int
+    id_slot: int
+    n_prompt: int
+    n_cache: int
+
+
+@attrs.frozen
+class PromptProgress:
+    job_id: int
+    total: int
+    cache: int
+    processed: int
+    time_ms: float
+
+
+@attrs.frozen
+class Timings:
+    cache_n: int
+    prompt_n: int
+    prompt_ms: float
+    predicted_n: int
+    predicted_ms: float
+
+    def to_json(self) -> dict:
+        p_ms, d_ms = self.prompt_ms, self.predicted_ms
+        return {
+            "cache_n": self.cache_n,
+            "prompt_n": self.prompt_n,
+            "prompt_ms": p_ms,
+            "prompt_per_token_ms": p_ms / self.prompt_n if self.prompt_n else 0.0,
+            "prompt_per_second": 1e3 * self.prompt_n / p_ms if p_ms > 0 else 0.0,
+            "predicted_n": self.predicted_n,
+            "predicted_ms": d_ms,
+            "predicted_per_token_ms": d_ms / self.predicted_n if self.predicted_n else 0.0,
+            "predicted_per_second": 1e3 * self.predicted_n / d_ms if d_ms > 0 else 0.0,
+        }
+
+
+@attrs.frozen
+class TokenPiece:
+    """One generated token.  `text` is what may be shown now: it can be empty
+    while a stop-string prefix or an incomplete UTF-8 sequence is held back.
+    `complete` is False when the token ended inside a UTF-8 sequence (upstream
+    sends no partial frame for such a token)."""
+
+    job_id: int
+    token: int
+    text: str
+    n_decoded: int
+    complete: bool
+    timings: Timings
+
+
+@attrs.frozen
+class Finished:
+    """The final record of a job.  `content` is the whole generated text: the
+    concatenation of every `TokenPiece.text` (n_indent may cut it shorter)."""
+
+    job_id: int
+    id_slot: int
+    content: str
+    tokens: tuple[int, ...]   # every sampled id, stop-excluded ones included
+    stop_type: str            # "none" | "eos" | "word" | "limit"
+    stopping_word: str
+    truncated: bool
+    n_prompt: int
+    timings: Timings
+
+
+@attrs.frozen
+class SlotFreed:
+    """A slot went idle (finished, failed or cancelled job)."""
+
+    id_slot: int
+    job_id: int
+    cancelled: bool
+
+
+@attrs.frozen
+class Failed:
+    job_id: int
+    kind: str                 # upstream error type, e.g. "exceed_context_size_error"
+    message: str
+    extra: tuple[tuple[str, int], ...] = ()
+
+
+@attrs.frozen
+class StepEvents:
+    """Everything one engine step produced, delivered to trio in one hop."""
+
+    events: tuple

@@ -1,0 +1,104 @@
+"""The checkpoint's tokenizer, loaded once and shared read-only.
+
+Built from `tokenizer.json` with the `tokenizers` library directly (no
+transformers import on the serving path).  `Vocab` never touches MLX, so the
+HTTP layer may call it from the trio thread: tokenizing is fast and pure.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from .detokenizer import TokenTable
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+
+
+def _token_text(value) -> str | None:
+    """tokenizer_config.json spells special tokens as a string or an
+    AddedToken dict; return the text either way."""
+    if isinstance(value, dict):
+        return value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _as_id_set(value) -> set[int]:
+    if value is None:
+        return set()
+    if isinstance(value, int):
+        return {value}
+    return {int(v) for v in value}
+
+
+class Vocab:
+    def __init__(self, checkpoint: Path, n_vocab_model: int | None = None) -> None:
+        self._tok = Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
+        # parse_special=false needs a tokenizer that treats special-token
+        # spellings as plain text; the flag is per instance, so keep two.
+        self._tok_literal = Tokenizer.from_str(self._tok.to_str())
+        self._tok_literal.encode_special_tokens = True
+        self.table = TokenTable(self._tok)
+
+        tcfg = _read_json(checkpoint / "tokenizer_config.json")
+        gcfg = _read_json(checkpoint / "generation_config.json")
+        mcfg = _read_json(checkpoint / "config.json")
+        self.chat_template: str | None = tcfg.get("chat_template")
+        template_file = checkpoint / "chat_template.jinja"
+        if self.chat_template is None and template_file.is_file():
+            self.chat_template = template_file.read_text(encoding="utf-8")
+        self.bos_token = _token_text(tcfg.get("bos_token"))
+        self.eos_token = _token_text(tcfg.get("eos_token"))
+
+        eos = _as_id_set(gcfg.get("eos_token_id")) | _as_id_set(mcfg.get("eos_token_id"))
+        if self.eos_token is not None:
+            tid = self._tok.token_to_id(self.eos_token)
+            if tid is not None:
+                eos.add(tid)
+        self.eos_ids: frozenset[int] = frozenset(eos)
+        self.bos_id: int | None = (
+            self._tok.token_to_id(self.bos_token) if self.bos_token else None
+        )
+        self.n_vocab = n_vocab_model or self._tok.get_vocab_size(with_added_tokens=True)
+        # Sampling defaults the checkpoint author declared (used when the
+        # matching flag is absent; recorded by_design).
+        self.generation_defaults = {
+            k: gcfg[k] for k in ("temperature", "top_k", "top_p", "min_p") if k in gcfg
+        }
+
+    # -- text -> ids ---------------------------------------------------------
+
+    def tokenize(self, text: str, add_special: bool = False, parse_special: bool = True) -> list[int]:
+        tok = self._tok if parse_special else self._tok_literal
+        return tok.encode(text, add_special_tokens=add_special).ids
+
+    def tokenize_mixed(self, content, add_special: bool, parse_special: bool = True) -> list[int]:
+        """A string, or a list mixing strings and token ids (upstream's
+        "mixed" prompt shape).  Only the first string piece gets BOS."""
+        if isinstance(content, str):
+            return self.tokenize(content, add_special, parse_special)
+        out: list[int] = []
+        for i, part in enumerate(content):
+            if isinstance(part, str):
+                out.extend(self.tokenize(part, add_special and i == 0, parse_special))
+            else:
+                out.append(int(part))
+        return out
+
+    # -- ids -> text -----------------------------------------------------------
+
+    def detokenize(self, ids) -> str:
+        return self.table.decode(ids)
+
+    def piece(self, token_id: int) -> bytes:
+        return self.table.bytes_of(token_id)
+
+    def is_valid_id(self, token_id: int) -> bool:
+        return 0 <= token_id < self.n_vocab

@@ -1,0 +1,234 @@
+"""The native completion request schema: ONE table, every upstream field.
+
+Each `Field` states its JSON name, aliases (tried in order after the name),
+value kind, default, limits (hard = reject, soft = clamp) and our status.
+`parse_fields` implements upstream's evaluation rules: JSON null counts as
+absent; the first present spelling wins; a number is converted the way a C++
+member of that type would receive it (truncated, wrapped, float32-rounded);
+any failure reads "Field '<spelling>': <message>" and is a 400.
+
+Status "supported" fields are acted on.  "deferred" fields are type-checked
+and then ignored until the owning issue implements them (the compatibility
+manifest records which).  "inert" fields are accepted and do nothing, on
+purpose (upstream ignores them too, e.g. `verbose` on the native route).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import attrs
+import numpy as np
+
+from .errors import ApiError, json_type_name
+
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+FLOAT_MAX = float(np.finfo(np.float32).max)
+
+
+@attrs.frozen
+class Field:
+    name: str
+    kind: str                       # bool | int32 | int64 | uint32 | float | json | str | nested
+    default: Any = None
+    aliases: tuple[str, ...] = ()
+    limits: tuple[float, float] | None = None
+    hard: bool = False
+    status: str = "supported"
+    parent: str | None = None       # for subfields of a nested field
+    doc: str = ""
+
+
+def F(name, kind, default=None, *, aliases=(), lim=None, hard=False, status="supported",
+      parent=None, doc="") -> Field:
+    return Field(name, kind, default, tuple(aliases), lim, hard, status, parent, doc)
+
+
+D = "deferred"
+I32 = (0, INT32_MAX)
+
+NATIVE_FIELDS: tuple[Field, ...] = (
+    F("verbose", "bool", False, status="inert", doc="native route: no effect upstream either"),
+    F("timings_per_token", "bool", False, doc="timings on every streamed frame"),
+    F("stream", "bool", False, doc="stream partial results as SSE"),
+    F("stream_options", "nested", None, status="inert", doc="type-checked; inert on the native route"),
+    F("include_usage", "bool", False, parent="stream_options", status="inert"),
+    F("cache_prompt", "bool", True, status=D, doc="prompt cache (no cache yet)"),
+    F("return_tokens", "bool", False, doc="fill `tokens` with the sampled ids"),
+    F("return_progress", "bool", False, doc="prompt_progress frames when streaming"),
+    F("sse_ping_interval", "int32", 30, lim=(-1, INT32_MAX), hard=True, doc="SSE ping period"),
+    F("n_predict", "int32", -1, aliases=("max_completion_tokens", "max_tokens"),
+      lim=(-1, INT32_MAX), hard=True, doc="tokens to predict; -1 = until the context bound"),
+    F("n_indent", "int32", 0, lim=I32, hard=True, doc="minimum line indentation"),
+    F("n_keep", "int32", 0, lim=(-1, INT32_MAX), hard=True, status=D),
+    F("n_discard", "int32", 0, lim=I32, hard=True, status=D),
+    F("n_cmpl", "int32", 1, aliases=("n",), lim=(1, 1), hard=True,
+      doc="one completion per request; >1 refused"),
+    F("n_cache_reuse", "int32", 0, lim=I32, hard=True, status=D),
+    F("t_max_predict_ms", "int64", -1, lim=(-1, INT64_MAX), hard=True, doc="prediction time bound"),
+    F("response_fields", "json", None, doc="project the final response"),
+    F("top_k", "int32", 40, lim=I32, doc="top-k"),
+    F("top_p", "float", 0.95, lim=(0.0, 1.0), doc="top-p"),
+    F("min_p", "float", 0.05, lim=(0.0, 1.0), doc="min-p"),
+    F("top_n_sigma", "float", -1.0, status=D),
+    F("xtc_probability", "float", 0.0, lim=(0.0, 1.0), status=D),
+    F("xtc_threshold", "float", 0.1, lim=(0.0, 1.0), status=D),
+    F("typical_p", "float", 1.0, status=D),
+    F("temperature", "float", 0.8, lim=(0.0, math.inf), doc="temperature; <= 0 is greedy"),
+    F("dynatemp_range", "float", 0.0, status=D),
+    F("dynatemp_exponent", "float", 1.0, status=D),
+    F("repeat_last_n", "int32", 64, lim=I32, hard=True, status=D),
+    F("repeat_penalty", "float", 1.0, status=D),
+    F("frequency_penalty", "float", 0.0, status=D),
+    F("presence_penalty", "float", 0.0, status=D),
+    F("dry_multiplier", "float", 0.0, status=D),
+    F("dry_base", "float", 1.75, status=D),
+    F("dry_allowed_length", "int32", 2, lim=I32, hard=True, status=D),
+    F("dry_penalty_last_n", "int32", 64, lim=I32, hard=True, status=D),
+    F("mirostat", "int32", 0, lim=(0, 2), status=D),
+    F("mirostat_tau", "float", 5.0, status=D),
+    F("mirostat_eta", "float", 0.1, status=D),
+    F("adaptive_target", "float", -1.0, lim=(-FLOAT_MAX, 1.0), status=D),
+    F("adaptive_decay", "float", 0.9, lim=(0.0, 0.99), hard=True, status=D),
+    F("seed", "uint32", 0xFFFF_FFFF, doc="RNG seed; -1 = random"),
+    F("n_probs", "int32", 0, aliases=("logprobs",), status=D),
+    F("min_keep", "int32", 0, lim=I32, hard=True, status=D),
+    F("backend_sampling", "bool", False, status=D),
+    F("post_sampling_probs", "bool", False, status=D),
+    # compiled out upstream (#if 0): accepted and ignored there too
+    *(F(f"speculative.{n}", "json", None, status="inert")
+      for n in ("n_max", "n_min", "p_min", "type", "ngram_size_n", "ngram_size_m", "ngram_min_hits")),
+    F("lora", "json", None, status=D),
+    F("dry_sequence_breakers", "json", None, status=D),
+    F("json_schema", "json", None, aliases=("grammar",), status=D),
+    F("grammar_lazy", "bool", False, status=D),
+    F("chat_format", "json", None, status=D),
+    F("reasoning_format", "str", None, status=D),
+    F("generation_prompt", "str", None, status=D),
+    F("parse_tool_calls", "bool", True, status=D),
+    F("chat_parser", "str", None, status=D),
+    F("continue_final_message", "json", None, status=D),
+    F("echo", "bool", False, status=D),
+    F("preserved_tokens", "json", None, status=D),
+    F("grammar_triggers", "json", None, status=D),
+    F("reasoning_control", "bool", False, status=D),
+    F("reasoning_budget_tokens", "int32", -1, lim=(-1, INT32_MAX), hard=True, status=D),
+    F("reasoning_budget_start_tag", "str", None, status=D),
+    F("reasoning_budget_end_tags", "json", None, aliases=("reasoning_budget_end_tag",), status=D),
+    F("reasoning_budget_message", "str", None, status=D),
+    F("logit_bias", "json", None, status=D),
+    F("ignore_eos", "bool", False, doc="never stop on an end-of-generation token"),
+    F("stop", "json", (), doc="stop strings"),
+    F("samplers", "json", None, status=D),
+)
+
+FIELDS_BY_NAME = {f.name: f for f in NATIVE_FIELDS}
+
+
+# -- value conversion -----------------------------------------------------------
+
+def _wrap(value: int, bits: int, signed: bool) -> int:
+    mod = 1 << bits
+    value %= mod
+    if signed and value >= mod // 2:
+        value -= mod
+    return value
+
+
+def _to_number(value: Any) -> float | int:
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (int, float)):
+        return value
+    raise ValueError(f"[json.exception.type_error.302] type must be number, but is {json_type_name(value)}")
+
+
+def _convert(field: Field, value: Any) -> Any:
+    kind = field.kind
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise ValueError(f"[json.exception.type_error.302] type must be boolean, but is {json_type_name(value)}")
+        return value
+    if kind in ("int32", "int64", "uint32"):
+        num = _to_number(value)
+        if isinstance(num, float):
+            if not math.isfinite(num):
+                raise ValueError(f"[json.exception.type_error.302] type must be number, but is {json_type_name(value)}")
+            num = int(num)  # C++ truncation toward zero
+        bits = 64 if kind == "int64" else 32
+        return _wrap(num, bits, signed=kind != "uint32")
+    if kind == "float":
+        return float(np.float32(_to_number(value)))
+    if kind == "str":
+        if not isinstance(value, str):
+            raise ValueError(f"[json.exception.type_error.302] type must be string, but is {json_type_name(value)}")
+        return value
+    return value  # json / nested: handled by the field's own rule
+
+
+def _fmt(v: float | int, field: Field) -> str:
+    """std::to_string: integers plainly, floats with six decimals."""
+    return f"{v:f}" if field.kind == "float" else str(int(v))
+
+
+def _check_limits(field: Field, value):
+    if field.limits is None:
+        return value
+    lo, hi = field.limits
+    if lo <= value <= hi:
+        return value
+    if field.hard:
+        raise ValueError(f"Value must be between {_fmt(lo, field)} <= value <= "
+                         f"{_fmt(hi, field)}, but got {_fmt(value, field)}")
+    return min(max(value, lo), hi)
+
+
+def _stop_list(value) -> tuple[str, ...]:
+    if isinstance(value, str):
+        items = [value]
+    elif isinstance(value, list):
+        items = []
+        for item in value:
+            if not isinstance(item, str):
+                raise ValueError("[json.exception.type_error.302] type must be string, "
+                                 f"but is {json_type_name(item)}")
+            items.append(item)
+    else:
+        return ()
+    return tuple(s for s in items if s)
+
+
+def _lookup(body: dict, field: Field):
+    for spelling in (field.name, *field.aliases):
+        value = body.get(spelling)
+        if value is not None:
+            return spelling, value
+    return None, None
+
+
+def parse_fields(body: dict, defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Resolve every field: request value if present, else the server default
+    (`defaults`, from the command line / checkpoint), else the table default."""
+    defaults = defaults or {}
+    out: dict[str, Any] = {}
+    nested = body.get("stream_options")
+    for field in NATIVE_FIELDS:
+        scope = body
+        if field.parent is not None:
+            scope = nested if isinstance(nested, dict) else {}
+        spelling, raw = _lookup(scope, field)
+        if spelling is None or field.kind == "nested":
+            out[field.name] = defaults.get(field.name, field.default)
+            continue
+        try:
+            value = _check_limits(field, _convert(field, raw))
+            if field.name == "stop":
+                value = _stop_list(value)
+        except ValueError as exc:
+            raise ApiError(f"Field '{spelling}': {exc}") from None
+        out[field.name] = value
+    if not out["stop"]:
+        out["stop"] = defaults.get("stop", ())
+    return out
