@@ -18,11 +18,12 @@ Rules:
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import logging
 import threading
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 import attrs
 import trio
@@ -47,6 +48,27 @@ from .engine.records import (
 log = logging.getLogger("mlxcel.bridge")
 
 SHUTDOWN_GRACE_S = 10.0
+
+# Per-request cleanup list, set by the ASGI wrapper in server/app.py.  A job
+# handle registers its synchronous close() here, so a request cancelled in a
+# gap no `finally` covers (a stream response built but never iterated) still
+# cancels its job when the request ends.
+REQUEST_CLEANUPS: contextvars.ContextVar[list[Callable[[], None]] | None] = (
+    contextvars.ContextVar("request_cleanups", default=None))
+
+
+class JobHandle:
+    """One submitted job: its event channel and an idempotent, synchronous,
+    never-blocking `close()` that cancels the job unless it already ended."""
+
+    def __init__(self, bridge: "Bridge", job_id: int, events: trio.MemoryReceiveChannel) -> None:
+        self._bridge = bridge
+        self.job_id = job_id
+        self.events = events
+
+    def close(self) -> None:
+        self._bridge._forget(self.job_id)
+        self.events.close()
 
 
 @attrs.define
@@ -105,20 +127,33 @@ class Bridge:
 
     # -- requests ------------------------------------------------------------------
 
-    @asynccontextmanager
-    async def submit(self, job: Job) -> AsyncIterator[trio.MemoryReceiveChannel]:
+    def open(self, job: Job) -> JobHandle:
+        """Submit `job`; the caller must `close()` the handle (it is also
+        closed when the HTTP request ends, whatever way it ends)."""
         assert self._engine is not None and self.info is not None
         bound = 2 * self.info.n_ctx_slot + 16
         send, recv = trio.open_memory_channel(bound)
         self._streams[job.id] = send
         self._engine.post(Submit(job))
+        handle = JobHandle(self, job.id, recv)
+        cleanups = REQUEST_CLEANUPS.get()
+        if cleanups is not None:
+            cleanups.append(handle.close)
+        return handle
+
+    @asynccontextmanager
+    async def submit(self, job: Job) -> AsyncIterator[trio.MemoryReceiveChannel]:
+        handle = self.open(job)
         try:
-            yield recv
+            yield handle.events
         finally:
-            if self._streams.pop(job.id, None) is not None:
-                self._engine.post(Cancel(job.id))
-                send.close()
-            recv.close()
+            handle.close()
+
+    def _forget(self, job_id: int) -> None:
+        send = self._streams.pop(job_id, None)
+        if send is not None:  # still running: cancel it before its next step
+            self._engine.post(Cancel(job_id))
+            send.close()
 
     # -- engine events (trio thread) -------------------------------------------------
 

@@ -118,10 +118,12 @@ class EngineLoop:
         """One short greedy generation, so the first request does not pay for
         graph compilation and allocation."""
         first = next(iter(vocab.eos_ids), 0)
-        job = Job(WARMUP_JOB_ID, (first, first), n_predict=2,
-                  sampling=SamplingParams(temperature=0.0))
         sink: list = []
-        scheduler.submit(job, sink)
+        # greedy, and the stochastic chain (its filters are compiled graphs)
+        for i, temp in enumerate((0.0, 1.0)):
+            job = Job(WARMUP_JOB_ID - i, (first, first), n_predict=2,
+                      sampling=SamplingParams(temperature=temp, seed=0))
+            scheduler.submit(job, sink)
         while scheduler.busy:
             scheduler.step(sink)
 

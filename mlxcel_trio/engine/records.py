@@ -137,6 +137,7 @@ class TokenPiece:
     text: str
     n_decoded: int
     complete: bool
+    last: bool               # the job's final token (a Finished follows)
     timings: Timings
 
 

@@ -241,7 +241,7 @@ class Scheduler:
             tail = self._drain(seq)
             emit += tail
             seq.content.append(tail)
-        out.append(TokenPiece(job.id, token, emit, n, complete or seq.done,
+        out.append(TokenPiece(job.id, token, emit, n, complete or seq.done, seq.done,
                               seq.timings(now)))
 
     @staticmethod

@@ -1,0 +1,148 @@
+"""The QuartTrio application: middleware, error boundary, route mounting.
+
+Request flow: ASGI wrapper (per-request job cleanup) -> API key check ->
+loading gate (503 until the engine reports Loaded) -> handler.  Every
+exception becomes an upstream-shaped error in `_on_error`; unknown paths and
+wrong methods are both upstream's 404 "File Not Found" (there is no 405).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from typing import Any
+
+from quart import Response, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from .. import __version__
+from ..bridge import REQUEST_CLEANUPS, Bridge
+from ..config import ServerConfig
+from . import info, native, openai_completions, tokens
+from .completion import Served, server_defaults
+from .errors import ApiError, error_response, invalid_api_key, loading, not_found, parse_error
+from .routes import ROUTES
+
+log = logging.getLogger("mlxcel.http")
+
+BUILD_INFO = f"mlxcel-trio-{__version__}"
+MAX_BODY_BYTES = 64 * 1024 * 1024
+
+
+async def _json_body() -> Any:
+    raw = await request.get_data()
+    try:
+        return json.loads(raw or b"null")
+    except json.JSONDecodeError as exc:
+        raise parse_error(exc) from None
+    except UnicodeDecodeError as exc:
+        raise ApiError(f"[json.exception.parse_error.101] parse error: invalid UTF-8 byte ({exc.reason})",
+                       "server_error") from None
+
+
+class _Cleanups:
+    """ASGI wrapper: runs each request's registered job cleanups once the
+    request is over, however it ended (see bridge.REQUEST_CLEANUPS)."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        cleanups: list = []
+        token = REQUEST_CLEANUPS.set(cleanups)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            REQUEST_CLEANUPS.reset(token)
+            for close in cleanups:
+                close()
+
+
+def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTrio:
+    app = QuartTrio("mlxcel_trio")
+    app.config.update(RESPONSE_TIMEOUT=None, BODY_TIMEOUT=config.timeout,
+                      MAX_CONTENT_LENGTH=MAX_BODY_BYTES)
+    keys = [k.encode() for k in config.api_keys]
+    public = {r.path for r in ROUTES if r.public}
+    served: Served | None = None
+
+    def ctx() -> Served:
+        nonlocal served
+        if served is None:
+            served = Served(bridge, model_name, server_defaults(config, bridge.vocab), BUILD_INFO)
+        return served
+
+    handlers = {
+        "health": lambda: info.health(),
+        "props": lambda: info.props(ctx()),
+        "models": lambda: info.models(ctx(), config.aliases),
+        "slots": lambda: info.slots(bridge),
+        "completion": lambda body: native.complete(ctx(), body),
+        "v1_completions": lambda body: openai_completions.complete_v1(ctx(), body),
+        "tokenize": lambda body: tokens.tokenize(bridge.vocab, body),
+        "detokenize": lambda body: tokens.detokenize(bridge.vocab, body),
+    }
+
+    def mount(route) -> None:
+        fn = handlers[route.handler]
+
+        async def view():
+            if route.method == "POST":
+                result = fn(await _json_body())
+            else:
+                result = fn()
+            if hasattr(result, "__await__"):
+                result = await result
+            return result
+
+        app.add_url_rule(route.path, f"{route.method} {route.path}", view, methods=[route.method])
+
+    for route in ROUTES:
+        mount(route)
+
+    @app.before_request
+    async def _gate():
+        if keys and request.path not in public and not _authorized(keys):
+            return invalid_api_key()
+        if not bridge.ready:
+            return loading()
+        return None
+
+    @app.errorhandler(ApiError)
+    async def _on_api_error(err: ApiError):
+        return error_response(err)
+
+    @app.errorhandler(HTTPException)
+    async def _on_http_error(err: HTTPException):
+        if err.code in (404, 405):
+            return not_found()
+        return error_response(ApiError(err.description or err.name,
+                                       "invalid_request_error" if err.code < 500 else "server_error"))
+
+    @app.errorhandler(Exception)
+    async def _on_error(err: Exception):
+        log.exception("request failed")
+        return error_response(ApiError(str(err) or type(err).__name__, "server_error"))
+
+    @app.after_request
+    async def _headers(resp: Response):
+        resp.headers["Server"] = "llama.cpp"
+        return resp
+
+    app.asgi_app = _Cleanups(app.asgi_app)
+    return app
+
+
+def _authorized(keys: list[bytes]) -> bool:
+    """Bearer token or X-Api-Key, compared in constant time against every key."""
+    auth = request.headers.get("Authorization", "")
+    supplied = auth[7:] if auth.startswith("Bearer ") else request.headers.get("X-Api-Key", "")
+    candidate = supplied.encode()
+    ok = False
+    for key in keys:
+        ok |= hmac.compare_digest(candidate, key)
+    return ok

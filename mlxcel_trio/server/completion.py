@@ -1,0 +1,219 @@
+"""From a completion request body to engine jobs, and the shared response parts.
+
+Parse at the edge: the body is resolved through the native field table, the
+prompt is tokenized, and the engine receives a typed `Job`.  The renderers
+for the native shape and the OpenAI shape both read the same resolved values
+and the same `Finished` record.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import attrs
+import numpy as np
+
+from ..bridge import Bridge
+from ..engine.records import Failed, Finished, Job, SamplingParams
+from .errors import ApiError
+from .fields import parse_fields
+
+SAMPLER_CHAIN = ["top_k", "top_p", "min_p", "temperature"]
+DEFAULT_DRY_BREAKERS = ["\n", ":", "\"", "*"]
+
+
+def f32(x: float) -> float:
+    """The value a C++ float member holds, as nlohmann prints it."""
+    return float(np.float32(x))
+
+
+@attrs.frozen
+class Served:
+    """What the completion routes need from the running server."""
+
+    bridge: Bridge
+    model_name: str
+    defaults: dict[str, Any]          # server-wide field defaults (flags / checkpoint)
+    build_info: str
+
+
+def server_defaults(config, vocab) -> dict[str, Any]:
+    """Flag given -> flag; else the checkpoint's generation_config.json
+    (temperature / top_k / top_p, recorded by_design); else upstream's."""
+    s = config.sampling
+    gen = vocab.generation_defaults
+    pick = lambda flag, key, dflt: flag if flag is not None else gen.get(key, dflt)  # noqa: E731
+    return {
+        "temperature": f32(pick(s.temperature, "temperature", 0.8)),
+        "top_k": int(pick(s.top_k, "top_k", 40)),
+        "top_p": f32(pick(s.top_p, "top_p", 0.95)),
+        "min_p": f32(s.min_p),
+        "seed": s.seed,
+        "n_predict": s.n_predict,
+        "sse_ping_interval": config.sse_ping_interval,
+    }
+
+
+# -- prompts --------------------------------------------------------------------
+
+def _is_token(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _single_prompt(p) -> bool:
+    """A string, an array of ids, or an array mixing strings and ids."""
+    if isinstance(p, str):
+        return True
+    if isinstance(p, list) and p and all(_is_token(x) or isinstance(x, str) for x in p):
+        return any(_is_token(x) for x in p)
+    return False
+
+
+_BAD_PROMPT = ('"prompt" elements must be a string, a list of tokens, a JSON object '
+               'containing a prompt string, or a list of mixed strings & tokens.')
+
+
+def _tokenize_one(p, vocab) -> list[int]:
+    if isinstance(p, dict):
+        text = p.get("prompt_string")
+        if not isinstance(text, str):
+            raise ApiError(_BAD_PROMPT)
+        if p.get("multimodal_data"):
+            raise ApiError("Multimodal data provided, but model does not support multimodal requests.")
+        p = text
+    if not _single_prompt(p):
+        raise ApiError(_BAD_PROMPT)
+    return vocab.tokenize_mixed(p, add_special=True, parse_special=True)
+
+
+def tokenize_prompts(body: dict, vocab) -> list[list[int]]:
+    if "prompt" not in body:
+        raise ApiError("[json.exception.out_of_range.403] key 'prompt' not found")
+    prompt = body["prompt"]
+    if isinstance(prompt, list) and not prompt:
+        raise ApiError('"prompt" must not be empty')
+    if _single_prompt(prompt) or isinstance(prompt, dict):
+        return [_tokenize_one(prompt, vocab)]
+    if isinstance(prompt, list):
+        return [_tokenize_one(p, vocab) for p in prompt]
+    raise ApiError(_BAD_PROMPT)
+
+
+# -- jobs ------------------------------------------------------------------------
+
+def resolve(body: Any, served: Served) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise ApiError("[json.exception.type_error.306] cannot use value() with "
+                       f"{'array' if isinstance(body, list) else 'string'}")
+    return parse_fields(body, served.defaults)
+
+
+def make_job(served: Served, values: dict, prompt: list[int], body: dict) -> Job:
+    id_slot = body.get("id_slot", -1)
+    if not isinstance(id_slot, int) or isinstance(id_slot, bool):
+        id_slot = -1
+    return Job(
+        id=served.bridge.next_job_id(),
+        prompt=tuple(prompt),
+        n_predict=values["n_predict"],
+        sampling=SamplingParams(
+            temperature=values["temperature"], top_k=values["top_k"],
+            top_p=values["top_p"], min_p=values["min_p"], seed=values["seed"],
+        ),
+        stop=tuple(values["stop"]),
+        ignore_eos=values["ignore_eos"],
+        id_slot=id_slot,
+        n_indent=values["n_indent"],
+        t_max_predict_ms=values["t_max_predict_ms"],
+        return_progress=values["return_progress"] and values["stream"],
+    )
+
+
+def raise_failed(ev: Failed) -> None:
+    raise ApiError(ev.message, ev.kind, dict(ev.extra))
+
+
+async def run_to_end(served: Served, job: Job) -> Finished:
+    """Non-streaming: wait for the final record (a disconnect cancels us,
+    and leaving `submit` cancels the job)."""
+    async with served.bridge.submit(job) as events:
+        async for ev in events:
+            if isinstance(ev, Finished):
+                return ev
+            if isinstance(ev, Failed):
+                raise_failed(ev)
+    raise ApiError("generation ended without a result", "server_error")
+
+
+# -- shared renderers ----------------------------------------------------------------
+
+def generation_settings(values: dict) -> dict[str, Any]:
+    """task_params::to_json, each key from the value actually in force.
+    Samplers not implemented yet report their neutral value (what really
+    happens); backend_sampling and speculative.types are omitted (no
+    analogue), as the spec records."""
+    n_predict = values["n_predict"]
+    return {
+        "seed": values["seed"],
+        "temperature": values["temperature"],
+        "dynatemp_range": 0.0,
+        "dynatemp_exponent": 1.0,
+        "top_k": values["top_k"],
+        "top_p": values["top_p"],
+        "min_p": values["min_p"],
+        "top_n_sigma": -1.0,
+        "xtc_probability": 0.0,
+        "xtc_threshold": f32(0.1),
+        "typical_p": 1.0,
+        "repeat_last_n": 64,
+        "repeat_penalty": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "dry_multiplier": 0.0,
+        "dry_base": 1.75,
+        "dry_allowed_length": 2,
+        "dry_penalty_last_n": 64,
+        "dry_sequence_breakers": DEFAULT_DRY_BREAKERS,
+        "mirostat": 0,
+        "mirostat_tau": 5.0,
+        "mirostat_eta": f32(0.1),
+        "adaptive_target": -1.0,
+        "adaptive_decay": f32(0.9),
+        "stop": list(values["stop"]),
+        "max_tokens": n_predict,
+        "n_predict": n_predict,
+        "n_keep": 0,
+        "n_discard": 0,
+        "ignore_eos": values["ignore_eos"],
+        "stream": values["stream"],
+        "logit_bias": [],
+        "n_probs": 0,
+        "min_keep": 0,
+        "grammar": "",
+        "grammar_lazy": False,
+        "grammar_triggers": [],
+        "preserved_tokens": [],
+        "chat_format": "Content-only",
+        "reasoning_format": "none",
+        "reasoning_in_content": False,
+        "generation_prompt": "",
+        "samplers": SAMPLER_CHAIN,
+        "timings_per_token": values["timings_per_token"],
+        "post_sampling_probs": False,
+        "lora": [],
+    }
+
+
+REDUCED_DROPS = ("dry_sequence_breakers", "stop", "logit_bias", "grammar", "grammar_lazy",
+                 "grammar_triggers", "preserved_tokens")
+
+
+def reduced_settings(values: dict) -> dict[str, Any]:
+    """to_json(true): the form /props and /slots report."""
+    full = generation_settings(values)
+    return {k: v for k, v in full.items() if k not in REDUCED_DROPS}
+
+
+def now_s() -> int:
+    return int(time.time())

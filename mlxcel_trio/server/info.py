@@ -1,0 +1,97 @@
+"""GET /health, /props, /models, /v1/models, /slots: what the server is."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from ..bridge import Bridge
+from .completion import Served, reduced_settings
+from .errors import json_response
+from .fields import parse_fields
+
+VOCAB_TYPE = {"byte_level": 2, "sentencepiece": 1}  # llama.cpp's BPE / SPM ids
+
+
+def health():
+    return json_response({"status": "ok"})
+
+
+def _default_values(served: Served) -> dict:
+    return parse_fields({}, served.defaults)
+
+
+def props(served: Served):
+    bridge = served.bridge
+    info, vocab = bridge.info, bridge.vocab
+    return json_response({
+        "default_generation_settings": {"params": reduced_settings(_default_values(served)),
+                                        "n_ctx": info.n_ctx_slot},
+        "total_slots": info.n_slots,
+        "model_alias": served.model_name,
+        "model_path": info.path,
+        "modalities": {"vision": False, "video": False, "audio": False},
+        "endpoint_slots": True,
+        "endpoint_props": False,
+        "endpoint_metrics": False,
+        "chat_template": vocab.chat_template or "",
+        "bos_token": vocab.bos_token or "",
+        "eos_token": vocab.eos_token or "",
+        "build_info": served.build_info,
+        "is_sleeping": False,
+    })
+
+
+def _created(path: str) -> int:
+    try:
+        return int(os.stat(path).st_mtime)
+    except OSError:
+        return int(time.time())
+
+
+def models(served: Served, aliases: tuple[str, ...]):
+    info, vocab = served.bridge.info, served.bridge.vocab
+    name = served.model_name
+    quant = info.quantization or info.dtype.upper()
+    return json_response({
+        "models": [{
+            "name": name, "model": name, "modified_at": "", "size": str(info.size_bytes),
+            "digest": "", "type": "model", "description": "", "tags": [""],
+            "capabilities": ["completion"], "parameters": "",
+            "details": {"parent_model": "", "format": "safetensors", "family": info.model_type,
+                        "families": [info.model_type], "parameter_size": str(info.n_params),
+                        "quantization_level": quant},
+        }],
+        "object": "list",
+        "data": [{
+            "id": name,
+            "aliases": sorted(aliases),
+            "tags": [],
+            "object": "model",
+            "created": _created(info.path),
+            "owned_by": "llamacpp",
+            "meta": {
+                "vocab_type": VOCAB_TYPE.get(vocab.table.kind, 0),
+                "n_vocab": info.n_vocab,
+                "n_ctx": info.n_ctx,
+                "n_ctx_train": info.n_ctx_train,
+                "n_embd": info.n_embd,
+                "n_params": info.n_params,
+                "size": info.size_bytes,
+                "ftype": quant,
+            },
+        }],
+    })
+
+
+def slots(bridge: Bridge):
+    n_ctx = bridge.info.n_ctx_slot
+    out = []
+    for s in bridge.slots:
+        entry = {"id": s.id, "n_ctx": n_ctx, "speculative": False,
+                 "is_processing": s.job_id is not None}
+        if s.job_id is not None:
+            entry["id_task"] = s.job_id
+            entry["n_prompt_tokens"] = s.n_prompt
+        out.append(entry)
+    return json_response(out)
