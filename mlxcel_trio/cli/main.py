@@ -1,0 +1,155 @@
+"""Entry points: `mlxcel-server` and `mlxcel serve` (the same server path).
+
+Startup is parse -> validate -> resolve the model reference -> build the
+frozen `ServerConfig` -> hand it to the server runner.  Until the runner is
+imported, only the standard library, attrs and this package's light modules
+are loaded (huggingface_hub too, but only to fetch a repo id), so every
+refusal prints its one line and exits well within a third of a second.
+
+Exit codes: 0 after --help, --version or --dump-flag-surface; 1 for any
+startup error (one ``error: ...`` line on stderr, never a traceback);
+otherwise whatever the runner returns.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from mlxcel_trio.cli import model_ref
+from mlxcel_trio.cli.options import OPTIONS, Option
+from mlxcel_trio.cli.parser import CliError, Parsed, build_parser, parse, validate
+from mlxcel_trio.cli.surface import dump_flag_surface
+from mlxcel_trio.config import SamplingDefaults, ServerConfig
+
+SERVER_PROG = "mlxcel-server"
+# The inert classifications: such an option may have no ServerConfig field.
+_INERT = frozenset({"deferred", "not_applicable"})
+
+
+def version_text() -> str:
+    """The version banner, shaped like upstream's two lines."""
+    import platform
+    from importlib import metadata
+
+    try:
+        version = metadata.version("mlxcel-trio")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    return (
+        f"version: {version} (mlxcel-trio)\n"
+        f"built with Python {platform.python_version()} for "
+        f"{platform.system()} {platform.machine()}"
+    )
+
+
+def build_config(
+    parsed: Parsed, model_path: str, table: Sequence[Option] = OPTIONS
+) -> ServerConfig:
+    """Map each option's dest onto ServerConfig ("sampling.x" onto
+    SamplingDefaults); `model` becomes the resolved directory and the value
+    as given is kept in `model_ref`."""
+    top: dict[str, Any] = {}
+    sampling: dict[str, Any] = {}
+    fields = {
+        "": (top, attrs.fields_dict(ServerConfig)),
+        "sampling": (sampling, attrs.fields_dict(SamplingDefaults)),
+    }
+    by_dest = {opt.dest: opt for opt in table}
+    for dest, value in parsed.values.items():
+        group, _, key = dest.rpartition(".")
+        target, known = fields[group]
+        if key in known:
+            target[key] = value
+        elif by_dest[dest].status not in _INERT:
+            raise AssertionError(f"{by_dest[dest].name} has no ServerConfig field {dest!r}")
+    top.update(model=model_path, model_ref=parsed.values.get("model"))
+    return ServerConfig(**top, sampling=SamplingDefaults(**sampling))
+
+
+def _configure(parsed: Parsed) -> ServerConfig:
+    validate(parsed)
+    ref = parsed.values.get("model")
+    if not ref:
+        raise CliError(
+            "no model given: pass -m/--model (or set LLAMA_ARG_MODEL) with "
+            f"{model_ref.INSTEAD.removeprefix('use ')}"
+        )
+    try:
+        resolved = model_ref.resolve(ref)
+    except model_ref.ModelRefError as exc:
+        origin = parsed.given.get("model", "argv")
+        via = "" if origin == "argv" else f" (from {origin})"
+        raise CliError(f"{model_ref.OPTION} {ref!r}{via}: {exc}") from None
+    return build_config(parsed, resolved.path)
+
+
+def server_main(
+    argv: Sequence[str] | None = None,
+    *,
+    prog: str = SERVER_PROG,
+    env: Mapping[str, str] | None = None,
+) -> int:
+    """`mlxcel-server`: parse, validate, resolve, then run the server."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        parsed = parse(argv, env=env, prog=prog)
+        if parsed.action == "help":
+            sys.stdout.write(build_parser(prog=prog).format_help())
+            return 0
+        if parsed.action == "version":
+            print(version_text(), file=sys.stderr)  # upstream prints it on stderr
+            return 0
+        if parsed.action == "dump_flag_surface":
+            sys.stdout.write(dump_flag_surface() + "\n")
+            return 0
+        config = _configure(parsed)
+    except CliError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    from mlxcel_trio.server.runner import run  # heavy: imported only now
+
+    return run(config)
+
+
+# The `mlxcel` subcommands: name -> one-line description.
+COMMANDS: dict[str, str] = {
+    "serve": "run the llama-server compatible HTTP server (same as mlxcel-server)",
+}
+
+
+def _mlxcel_help() -> str:
+    width = max(len(name) for name in COMMANDS) + 4
+    rows = "".join(f"  {name:<{width}}{text}\n" for name, text in COMMANDS.items())
+    return (
+        "usage: mlxcel <command> [options]\n\n"
+        "MLX inference tools with a llama.cpp compatible surface.\n\n"
+        f"commands:\n{rows}\n"
+        "Run 'mlxcel <command> --help' for the options of a command.\n"
+    )
+
+
+def mlxcel_main(argv: Sequence[str] | None = None) -> int:
+    """`mlxcel <command>`; `mlxcel serve ...` is exactly `mlxcel-server ...`."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv:
+        sys.stderr.write(_mlxcel_help())
+        return 1
+    if argv[0] in ("-h", "--help", "--usage"):
+        sys.stdout.write(_mlxcel_help())
+        return 0
+    if argv[0] == "--version":
+        print(version_text(), file=sys.stderr)
+        return 0
+    if argv[0] == "serve":
+        return server_main(argv[1:], prog="mlxcel serve")
+    print(f"error: unknown command {argv[0]!r} (commands: {', '.join(COMMANDS)})",
+          file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(server_main())

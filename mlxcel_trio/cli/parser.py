@@ -1,0 +1,216 @@
+"""Build argparse from the option table, and merge argv with the environment.
+
+Theory of operation.  argparse only tokenizes: every option is registered
+with ``default=SUPPRESS`` and stores its raw string, so after parsing the
+namespace holds exactly what the command line said.  `parse` then walks the
+table once and, per option, takes the command-line value if there is one,
+else the environment variable, else the table default (command line beats
+environment, as upstream).  Both sources go through the same value domain, so
+`--port abc` and `LLAMA_ARG_PORT=abc` fail with the same kind of line.
+
+Every failure is a `CliError` carrying one line; the entry points print it as
+``error: <line>`` on stderr and exit 1.  Nothing here imports anything heavy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import textwrap
+from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn
+
+import attrs
+
+from mlxcel_trio.cli.options import OPTIONS, SECTIONS, Option, check_table
+from mlxcel_trio.cli.values import BOOL_DOMAIN, BadValue, is_truthy, parse_bool
+
+HELP_WIDTH = 100
+HELP_COLUMN = 40
+
+
+class CliError(Exception):
+    """A startup error; str() is the one line shown after "error: "."""
+
+
+@attrs.frozen
+class Parsed:
+    """The merged result: one typed value per non-action option."""
+
+    values: Mapping[str, Any]
+    """dest -> typed value, for every option that is not an action."""
+    given: Mapping[str, str]
+    """dest -> where an explicit value came from: "argv" or the env var name.
+    Options left at their table default are absent."""
+    action: str | None = None
+    """The dest of an action option on the command line (help, version, ...)."""
+
+
+class _ArgParser(argparse.ArgumentParser):
+    """argparse that raises instead of printing usage and exiting with 2."""
+
+    def error(self, message: str) -> NoReturn:
+        message = message.removeprefix("argument ")
+        spellings, sep, what = message.partition(": ")
+        if sep and what == "expected one argument":
+            last = spellings.split("/")[-1]
+            message = (f"{last} needs a value (a value that starts with '-' "
+                       f"is written {last}=VALUE)")
+        raise CliError(message)
+
+
+class _Formatter(argparse.HelpFormatter):
+    """Renders "-np, --parallel N" once per option, keeping our line breaks."""
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        text = ", ".join(action.option_strings)
+        return f"{text} {action.metavar}" if action.metavar else text
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        # textwrap directly: argparse's own wrapper splits "mlx-community".
+        lines: list[str] = []
+        for paragraph in text.splitlines():
+            lines.extend(textwrap.wrap(" ".join(paragraph.split()), width,
+                                       break_on_hyphens=False, break_long_words=False))
+        return lines
+
+
+class _SetTrue(argparse.Action):
+    """A value-less flag or action; for a bool pair, negations store False."""
+
+    def __init__(self, *args: Any, negations: tuple[str, ...] = (), **kwargs: Any) -> None:
+        super().__init__(*args, nargs=0, **kwargs)
+        self.negations = negations
+
+    def __call__(  # type: ignore[no-untyped-def]
+        self, parser, namespace, values, option_string=None
+    ) -> None:
+        setattr(namespace, self.dest, option_string not in self.negations)
+
+
+def help_text(opt: Option) -> str:
+    """The help column for one option: description, default, env variable."""
+    text = opt.help
+    default = opt.shown_default()
+    if default is not None:
+        text += f" (default: {default})"
+    if opt.env:
+        text += f"\n(env: {opt.env})"
+    return text.replace("%", "%%")
+
+
+def build_parser(
+    table: Sequence[Option] = OPTIONS, prog: str = "mlxcel-server"
+) -> argparse.ArgumentParser:
+    """An argparse parser for `table`; hidden options parse but do not render."""
+    check_table(tuple(table))
+    parser = _ArgParser(
+        prog=prog,
+        usage="%(prog)s [options]",
+        description="An LLM inference server for MLX checkpoints, compatible "
+        "with llama.cpp's llama-server.",
+        epilog="An option naming an (env: ...) variable can also be set there; "
+        "the command line wins over the environment.",
+        allow_abbrev=False,
+        add_help=False,
+        formatter_class=lambda prog: _Formatter(
+            prog, max_help_position=HELP_COLUMN, width=HELP_WIDTH
+        ),
+    )
+    groups = {key: parser.add_argument_group(title) for key, title in SECTIONS.items()}
+    for opt in table:
+        group = groups[opt.section]
+        shown = argparse.SUPPRESS if opt.hidden else help_text(opt)
+        common = dict(dest=opt.dest, default=argparse.SUPPRESS, help=shown)
+        if opt.kind == "value":
+            group.add_argument(*opt.spellings, action="store", metavar=opt.metavar, **common)
+        else:
+            group.add_argument(*opt.all_spellings, action=_SetTrue,
+                               negations=opt.negations, **common)
+    return parser
+
+
+def _shown(opt: Option, raw: str) -> str:
+    return "<redacted>" if opt.secret else repr(raw)
+
+
+def _typed(opt: Option, raw: str, source: str | None) -> Any:
+    """Parse one raw value (argv or env) through the option's domain."""
+    origin = f" (from {source})" if source else ""
+    try:
+        if opt.kind == "value":
+            assert opt.value is not None
+            return opt.value.parse(raw)
+        return parse_bool(raw)
+    except BadValue as exc:
+        domain = opt.value.domain if opt.value is not None else BOOL_DOMAIN
+        raise CliError(
+            f"invalid value {_shown(opt, raw)} for {opt.name}{origin}: {exc}; "
+            f"expected {domain}"
+        ) from None
+
+
+def _from_env(opt: Option, env: Mapping[str, str]) -> tuple[str, Any] | None:
+    """(variable, value) from an option's environment binding, or None.
+
+    Upstream's rules: a bool pair's LLAMA_ARG_NO_<NAME> means false whatever
+    its value and is looked at first; a value-less flag fires only for a
+    truthy spelling and is otherwise simply not given.
+    """
+    negated = opt.env_negated
+    if negated and negated in env:
+        return negated, False
+    if not opt.env or opt.env not in env:
+        return None
+    text = env[opt.env]
+    if opt.kind == "flag":
+        return (opt.env, True) if is_truthy(text) else None
+    return opt.env, _typed(opt, text, opt.env)
+
+
+def parse(
+    argv: Sequence[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    table: Sequence[Option] = OPTIONS,
+    prog: str = "mlxcel-server",
+) -> Parsed:
+    """Merge argv and the environment into typed values (argv wins)."""
+    env = os.environ if env is None else env
+    parser = build_parser(table, prog)
+    namespace, extras = parser.parse_known_args(argv)
+    if extras:
+        raise CliError(f"invalid argument: {extras[0]} (no such option; see --help)")
+    raw: dict[str, Any] = vars(namespace)
+    for opt in table:
+        if opt.kind == "action" and opt.dest in raw:
+            return Parsed(values={}, given={}, action=opt.dest)
+    values: dict[str, Any] = {}
+    given: dict[str, str] = {}
+    for opt in table:
+        if opt.kind == "action":
+            continue
+        if opt.dest in raw:
+            value = raw[opt.dest]
+            values[opt.dest] = _typed(opt, value, None) if opt.kind == "value" else value
+            given[opt.dest] = "argv"
+            continue
+        bound = _from_env(opt, env)
+        if bound is None:
+            values[opt.dest] = opt.default
+        else:
+            given[opt.dest], values[opt.dest] = bound
+    return Parsed(values=values, given=given)
+
+
+def validate(parsed: Parsed, table: Sequence[Option] = OPTIONS) -> None:
+    """Run each explicitly given option's refuse hook; the first refusal wins."""
+    for opt in table:
+        if opt.refuse is None or opt.dest not in parsed.given:
+            continue
+        value = parsed.values[opt.dest]
+        reason = opt.refuse(value)
+        if reason is not None:
+            source = parsed.given[opt.dest]
+            origin = "" if source == "argv" else f" (from {source})"
+            shown = "<redacted>" if opt.secret else repr(value)
+            raise CliError(f"{opt.name} {shown}{origin}: {reason}")

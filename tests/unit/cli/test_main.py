@@ -1,0 +1,185 @@
+"""The entry points as processes: refusals are fast one-liners, --help and
+--dump-flag-surface come from the table, and `mlxcel serve` is mlxcel-server."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from mlxcel_trio.cli import main
+from mlxcel_trio.cli.options import OPTIONS
+from mlxcel_trio.cli.parser import help_text
+from mlxcel_trio.cli.surface import option_record
+from mlxcel_trio.config import ServerConfig
+
+from ._proc import clean_env, run_cli
+
+HEAVY = ("mlx", "mlx_lm", "transformers", "quart", "quart_trio", "hypercorn", "trio")
+
+REFUSALS = [
+    (["-m", "model-q4_k_m.gguf"], "--model 'model-q4_k_m.gguf'"),
+    (["-m", "m-00001-of-00003.gguf"], "split GGUF shard"),
+    (["-m", "https://example.com/model"], "URLs are not accepted"),
+    (["--model", "hf://owner/name"], "use --model owner/name"),
+    (["--port", "abc"], "invalid value 'abc' for --port"),
+    (["-np", "0", "-m", "x"], "invalid value '0' for --parallel"),
+    (["--ctx", "10"], "invalid argument: --ctx"),
+    ([], "no model given"),
+]
+
+
+@pytest.mark.parametrize(("args", "needle"), REFUSALS, ids=lambda x: " ".join(x) if isinstance(x, list) else None)
+def test_refusal_is_one_fast_line(args: list[str], needle: str) -> None:
+    run = run_cli(args)
+    assert run.rc == 1
+    assert run.stdout == ""
+    assert len(run.stderr_lines) == 1, run.stderr
+    assert run.stderr_lines[0].startswith("error: ") and needle in run.stderr
+    assert run.seconds < 1.0
+
+
+@pytest.mark.parametrize("script", [["mlxcel-server"], ["mlxcel", "serve"]], ids=" ".join)
+def test_console_scripts_exit_with_the_returned_code(script: list[str]) -> None:
+    run = run_cli([*script[1:], "-m", "x.gguf"], script=script[0])
+    assert run.rc == 1 and len(run.stderr_lines) == 1 and "GGUF" in run.stderr
+    assert run.seconds < 1.0
+
+
+def test_env_refusal_names_the_variable() -> None:
+    run = run_cli([], LLAMA_ARG_MODEL="/srv/m.gguf")
+    assert run.rc == 1 and "(from LLAMA_ARG_MODEL)" in run.stderr
+
+
+_PROBE = """
+import sys, types
+seen = {}
+def run(config):
+    seen["heavy"] = sorted(m for m in %(heavy)r if m in sys.modules)
+    seen["config"] = config
+    return 7
+fake = types.ModuleType("mlxcel_trio.server.runner")
+fake.run = run
+sys.modules["mlxcel_trio.server.runner"] = fake
+from mlxcel_trio.cli.main import server_main
+rc = server_main(sys.argv[1:])
+print(rc, seen.get("heavy"), sorted(m for m in %(heavy)r if m in sys.modules))
+"""
+
+
+@pytest.mark.parametrize(("args", "reaches_runner"), [
+    (["-m", "x.gguf"], False), (["-np", "0"], False), (["-m", "CKPT", "-np", "2"], True)])
+def test_nothing_heavy_is_imported_before_the_runner(
+    args: list[str], reaches_runner: bool, checkpoint: Path
+) -> None:
+    args = [str(checkpoint) if a == "CKPT" else a for a in args]
+    proc = subprocess.run(
+        [sys.executable, "-c", _PROBE % {"heavy": HEAVY}, *args],
+        capture_output=True, text=True, env=clean_env(), timeout=60,
+    )
+    rc, at_run, at_exit = proc.stdout.strip().split(" ", 2)
+    assert at_exit == "[]"
+    if reaches_runner:
+        assert (rc, at_run) == ("7", "[]")
+    else:
+        assert (rc, at_run) == ("1", "None")
+
+
+def test_server_main_hands_the_config_to_the_runner(
+    monkeypatch: pytest.MonkeyPatch, checkpoint: Path
+) -> None:
+    got: list[ServerConfig] = []
+    fake = types.ModuleType("mlxcel_trio.server.runner")
+    fake.run = lambda config: got.append(config) or 3  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "mlxcel_trio.server.runner", fake)
+    env = {"LLAMA_ARG_PORT": "9001", "LLAMA_API_KEY": "k"}
+    rc = main.server_main(["-m", str(checkpoint), "--temp", "0", "-a", "b,a"], env=env)
+    assert rc == 3
+    (config,) = got
+    assert config.model == str(checkpoint.resolve()) and config.model_ref == str(checkpoint)
+    assert config.port == 9001 and config.api_keys == ("k",)
+    assert config.sampling.temperature == 0.0 and config.sampling.top_p is None
+    assert config.model_alias == "a"
+
+
+# ---- --help ----------------------------------------------------------------
+
+def _invocation(opt) -> str:  # type: ignore[no-untyped-def]
+    text = ", ".join(opt.all_spellings)
+    return f"{text} {opt.metavar}" if opt.metavar else text
+
+
+def test_help_lists_each_visible_option_once_and_no_hidden_one() -> None:
+    run = run_cli(["--help"])
+    assert run.rc == 0 and run.stderr == ""
+    lines = run.stdout.splitlines()
+    for opt in OPTIONS:
+        hits = [ln for ln in lines if ln.strip().startswith(_invocation(opt) + " ")
+                or ln.strip() == _invocation(opt)]
+        if opt.hidden:
+            assert not any(s in run.stdout for s in opt.all_spellings), opt.name
+        else:
+            assert len(hits) == 1, opt.name
+            if opt.env:
+                assert f"(env: {opt.env})" in run.stdout
+            if opt.shown_default():
+                flat = " ".join(run.stdout.split())
+                assert f"(default: {opt.shown_default()})" in flat, opt.name
+
+
+def test_help_text_carries_default_and_env() -> None:
+    (port,) = [o for o in OPTIONS if o.dest == "port"]
+    assert help_text(port) == "TCP port to listen on (default: 8080)\n(env: LLAMA_ARG_PORT)"
+
+
+def _option_lines(text: str) -> list[str]:
+    return [ln for ln in text.splitlines() if ln.startswith("  ")]
+
+
+def test_mlxcel_serve_help_matches_mlxcel_server_help() -> None:
+    server = run_cli(["--help"], script="mlxcel-server")
+    serve = run_cli(["serve", "--help"], script="mlxcel")
+    assert server.rc == serve.rc == 0
+    assert _option_lines(server.stdout) == _option_lines(serve.stdout)
+    assert serve.stdout.startswith("usage: mlxcel serve [options]")
+
+
+def test_mlxcel_help_lists_serve() -> None:
+    run = run_cli(["--help"], script="mlxcel")
+    assert run.rc == 0 and re.search(r"^\s+serve\s", run.stdout, re.M)
+
+
+@pytest.mark.parametrize(("args", "rc"), [([], 1), (["bogus"], 1)])
+def test_mlxcel_without_a_known_command_fails(args: list[str], rc: int, capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main.mlxcel_main(args) == rc
+    err = capsys.readouterr().err
+    assert "serve" in err
+
+
+# ---- --version, --dump-flag-surface ----------------------------------------
+
+def test_version_line() -> None:
+    run = run_cli(["--version"])
+    assert run.rc == 0
+    assert re.fullmatch(r"version: \S+ \(mlxcel-trio\)", run.stderr_lines[0])
+
+
+def test_dump_flag_surface_round_trips_the_table() -> None:
+    run = run_cli(["--dump-flag-surface"])
+    assert run.rc == 0
+    surface = json.loads(run.stdout)["options"]
+    assert surface == [json.loads(json.dumps(option_record(o))) for o in OPTIONS]
+    by_dest = {rec["dest"]: rec for rec in surface}
+    assert by_dest["dump_flag_surface"]["hidden"] is True
+    assert by_dest["n_parallel"]["spellings"] == ["-np", "--parallel"]
+    assert by_dest["n_parallel"]["env"] == ["LLAMA_ARG_N_PARALLEL"]
+    assert by_dest["n_parallel"]["default"] == -1 and by_dest["n_parallel"]["takes_value"]
+    assert by_dest["warmup"]["spellings"] == ["--warmup", "--no-warmup"]
+    assert by_dest["warmup"]["negations"] == ["--no-warmup"]
+    assert by_dest["sampling.temperature"]["default"] is None
+    assert by_dest["sampling.temperature"]["status"] == "by_design"

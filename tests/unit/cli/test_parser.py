@@ -1,0 +1,216 @@
+"""argparse built from the table: spellings, env binding, precedence, errors."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import pytest
+
+from mlxcel_trio.cli.main import build_config
+from mlxcel_trio.cli.options import OPTIONS, Option
+from mlxcel_trio.cli.parser import CliError, Parsed, build_parser, parse
+from mlxcel_trio.cli.values import Int
+from mlxcel_trio.config import ServerConfig
+
+# One sample per value option: the raw text and the ServerConfig value it
+# must produce.  test_every_value_option_has_a_sample keeps this complete.
+SAMPLES: dict[str, tuple[str, Any]] = {
+    "model": ("some/model", "some/model"),
+    "ctx_size": ("4096", 4096),
+    "sampling.n_predict": ("128", 128),
+    "batch_size": ("512", 512),
+    "sampling.seed": ("-2", 4294967294),
+    "sampling.temperature": ("0.25", 0.25),
+    "sampling.top_k": ("7", 7),
+    "sampling.top_p": ("0.5", 0.5),
+    "sampling.min_p": ("0.1", 0.1),
+    "host": ("0.0.0.0", "0.0.0.0"),
+    "port": ("9999", 9999),
+    "n_parallel": ("3", 3),
+    "aliases": ("zebra,apple", ("zebra", "apple")),
+    "api_keys": ("k1,k2", ("k1", "k2")),
+    "timeout": ("60", 60),
+    "sse_ping_interval": ("-1", -1),
+}
+
+VALUE_SPELLINGS = [(o, s) for o in OPTIONS if o.kind == "value" for s in o.spellings]
+
+
+def field(config: ServerConfig, dest: str) -> Any:
+    head, _, tail = dest.partition(".")
+    return getattr(config.sampling, tail) if tail else getattr(config, head)
+
+
+def config_of(argv: list[str], env: dict[str, str] | None = None) -> ServerConfig:
+    parsed = parse(argv, env=env or {})
+    return build_config(parsed, "/ckpt")
+
+
+def test_every_value_option_has_a_sample() -> None:
+    assert {o.dest for o in OPTIONS if o.kind == "value"} == set(SAMPLES)
+
+
+@pytest.mark.parametrize(("opt", "spelling"), VALUE_SPELLINGS, ids=lambda x: getattr(x, "name", x))
+def test_each_spelling_sets_its_field(opt: Option, spelling: str) -> None:
+    raw, want = SAMPLES[opt.dest]
+    config = config_of([spelling, raw])
+    if opt.dest == "model":
+        assert config.model_ref == want
+    else:
+        assert field(config, opt.dest) == want
+
+
+@pytest.mark.parametrize("opt", [o for o in OPTIONS if o.kind == "value" and o.env],
+                         ids=lambda o: o.env)
+def test_each_env_binding_sets_its_field(opt: Option) -> None:
+    raw, want = SAMPLES[opt.dest]
+    parsed = parse([], env={str(opt.env): raw})
+    assert parsed.values[opt.dest] == want
+    assert parsed.given[opt.dest] == opt.env
+
+
+@pytest.mark.parametrize("opt", [o for o in OPTIONS if o.kind == "value" and o.env],
+                         ids=lambda o: o.env)
+def test_command_line_beats_env(opt: Option) -> None:
+    raw, want = SAMPLES[opt.dest]
+    # The env value is a bad one: the command line must win without reading it.
+    parsed = parse([opt.spellings[-1], raw], env={str(opt.env): ""})
+    assert parsed.values[opt.dest] == want and parsed.given[opt.dest] == "argv"
+
+
+def test_defaults_when_nothing_is_given() -> None:
+    config = config_of([])
+    assert config == ServerConfig(model="/ckpt", model_ref=None)
+    assert config.sampling.temperature is None and config.sampling.top_k is None
+
+
+@pytest.mark.parametrize("spelling", ["-v", "--verbose", "--log-verbose"])
+def test_verbose_spellings(spelling: str) -> None:
+    assert config_of([spelling]).verbose is True
+
+
+def test_warmup_pair_last_one_wins() -> None:
+    assert config_of(["--no-warmup"]).warmup is False
+    assert config_of(["--no-warmup", "--warmup"]).warmup is True
+    assert config_of([]).warmup is True
+
+
+def test_repeated_value_last_one_wins() -> None:
+    assert config_of(["--port", "1", "--port", "2"]).port == 2
+
+
+# ---- upstream's env rules, on a throwaway table -------------------------
+
+TOY = (
+    Option(("--flag",), "flag", "a value-less flag", kind="flag", default=False,
+           env="LLAMA_ARG_FLAG"),
+    Option(("--pair",), "pair", "a bool pair", kind="bool", negations=("--no-pair",),
+           default=True, env="LLAMA_ARG_PAIR"),
+    Option(("-nn", "--num"), "num", "a number", value=Int(0, 9), metavar="N", default=5,
+           env="LLAMA_ARG_NUM"),
+    Option(("--secret",), "secret", "hidden", value=Int(0, 9), metavar="N", hidden=True,
+           secret=True, env="LLAMA_ARG_SECRET"),
+)
+
+
+def toy(argv: list[str], **env: str) -> Parsed:
+    return parse(argv, env=env, table=TOY, prog="toy")
+
+
+@pytest.mark.parametrize(("text", "fired"), [
+    ("on", True), ("enabled", True), ("true", True), ("1", True),
+    ("0", False), ("off", False), ("yes", False), ("TRUE", False), ("", False)])
+def test_flag_from_env_fires_only_when_truthy(text: str, fired: bool) -> None:
+    parsed = toy([], LLAMA_ARG_FLAG=text)
+    assert parsed.values["flag"] is fired
+    assert ("flag" in parsed.given) is fired
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    ("true", True), ("1", True), ("on", True), ("enabled", True),
+    ("false", False), ("0", False), ("off", False), ("disabled", False)])
+def test_bool_pair_from_env(text: str, value: bool) -> None:
+    assert toy([], LLAMA_ARG_PAIR=text).values["pair"] is value
+
+
+def test_bool_pair_env_outside_vocabulary_stops_startup() -> None:
+    with pytest.raises(CliError) as err:
+        toy([], LLAMA_ARG_PAIR="sometimes")
+    msg = str(err.value)
+    assert "'sometimes'" in msg and "--pair" in msg and "LLAMA_ARG_PAIR" in msg
+    assert "disabled" in msg  # the allowed vocabulary is named
+
+
+@pytest.mark.parametrize("text", ["1", "true", "0", "anything", ""])
+def test_negated_env_alias_means_false_whatever_its_value(text: str) -> None:
+    parsed = toy([], LLAMA_ARG_NO_PAIR=text, LLAMA_ARG_PAIR="true")
+    assert parsed.values["pair"] is False
+    assert parsed.given["pair"] == "LLAMA_ARG_NO_PAIR"
+
+
+def test_command_line_beats_env_for_flags_and_pairs() -> None:
+    assert toy(["--pair"], LLAMA_ARG_NO_PAIR="1").values["pair"] is True
+    assert toy(["--no-pair"], LLAMA_ARG_PAIR="true").values["pair"] is False
+
+
+def test_multi_letter_single_dash_spelling() -> None:
+    assert toy(["-nn", "3"]).values["num"] == 3
+
+
+def test_secret_values_are_never_echoed() -> None:
+    with pytest.raises(CliError) as err:
+        toy(["--secret", "hunter2"])
+    assert "hunter2" not in str(err.value) and "<redacted>" in str(err.value)
+
+
+# ---- errors ----------------------------------------------------------------
+
+@pytest.mark.parametrize(("argv", "name", "domain"), [
+    (["--port", "abc"], "--port", "[0, 65535]"),
+    (["--port", "70000"], "--port", "[0, 65535]"),
+    (["-c", "-5"], "--ctx-size", "[0, 2147483647]"),
+    (["-np", "0"], "--parallel", "-1 or an integer in [1, 2147483647]"),
+    (["-np", "-2"], "--parallel", "-1 or an integer in [1, 2147483647]"),
+    (["-b", "0"], "--batch-size", "[1, 2147483647]"),
+    (["-n", "-2"], "--predict", "[-1, 2147483647]"),
+    (["--temp", "nan"], "--temp", "finite"),
+    (["-s", "x"], "--seed", "integer"),
+])
+def test_bad_value_names_option_value_reason_and_domain(argv: list[str], name: str, domain: str) -> None:
+    with pytest.raises(CliError) as err:
+        parse(argv, env={})
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert name in msg and repr(argv[1]) in msg and domain in msg
+    assert "not an integer" in msg or "out of range" in msg or "number" in msg
+
+
+def test_bad_env_value_names_the_variable() -> None:
+    with pytest.raises(CliError, match=r"--port \(from LLAMA_ARG_PORT\)"):
+        parse([], env={"LLAMA_ARG_PORT": "http"})
+
+
+@pytest.mark.parametrize("argv", [["--ctx", "10"], ["--por", "1"], ["--paral", "2"], ["--bogus"], ["stray"]])
+def test_unknown_and_abbreviated_options_are_refused(argv: list[str]) -> None:
+    with pytest.raises(CliError, match=f"invalid argument: {argv[0]} "):
+        parse(argv, env={})
+
+
+def test_missing_value_is_one_line() -> None:
+    with pytest.raises(CliError, match="--port needs a value"):
+        parse(["--port"], env={})
+
+
+def test_parser_is_argparse_without_abbreviations() -> None:
+    parser = build_parser()
+    assert isinstance(parser, argparse.ArgumentParser)
+    assert parser.allow_abbrev is False and parser.add_help is False
+
+
+@pytest.mark.parametrize(("argv", "action"), [
+    (["-h"], "help"), (["--usage"], "help"), (["--version"], "version"),
+    (["--dump-flag-surface"], "dump_flag_surface")])
+def test_actions_skip_env_parsing(argv: list[str], action: str) -> None:
+    parsed = parse(argv, env={"LLAMA_ARG_PORT": "not-a-port"})
+    assert parsed.action == action
