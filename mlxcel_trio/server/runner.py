@@ -35,10 +35,12 @@ GRACE_S = 5.0
 
 
 def _model_name(config: ServerConfig) -> str:
+    """The alias if given; else the repo id as written, or the directory name."""
     if config.model_alias:
         return config.model_alias
-    path = Path(config.model)
-    return path.name if path.exists() else config.model
+    ref = config.model_ref or config.model
+    path = Path(ref)
+    return path.name if path.exists() else ref
 
 
 def _say(line: str) -> None:
@@ -46,12 +48,11 @@ def _say(line: str) -> None:
     print(line, flush=True)
 
 
-async def _signals(shutdown: trio.Event) -> None:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for signum in signals:
-            log.info("received %s, shutting down", signal.Signals(signum).name)
-            shutdown.set()
-            return
+async def _signals(signals, shutdown: trio.Event) -> None:
+    async for signum in signals:
+        log.info("received %s, shutting down", signal.Signals(signum).name)
+        shutdown.set()
+        return
 
 
 async def _watch_load(bridge: Bridge, shutdown: trio.Event, status: dict) -> None:
@@ -83,9 +84,16 @@ async def _main(config: ServerConfig) -> int:
     bridge = Bridge(config)
     app = create_app(bridge, config, _model_name(config))
     shutdown = trio.Event()
+    # Catch signals before anything starts, so a signal during model load is
+    # a graceful shutdown too, never a KeyboardInterrupt traceback.
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        return await _serve(config, bridge, app, shutdown, signals, status)
+
+
+async def _serve(config, bridge, app, shutdown, signals, status) -> int:
     async with trio.open_nursery() as root:
+        root.start_soon(_signals, signals, shutdown)
         await root.start(bridge.run)
-        root.start_soon(_signals, shutdown)
         async with trio.open_nursery() as http:
             binds = await http.start(partial(serve, app, _hypercorn_config(config),
                                              shutdown_trigger=shutdown.wait))

@@ -1,0 +1,128 @@
+"""Shared test fixtures: fixture checkpoints and real server processes.
+
+End-to-end tests start the real `mlxcel-server` (via `python -m mlxcel_trio`,
+the same entry point) on a free 127.0.0.1 port and wait for its lifecycle
+lines on stdout with a bounded wait; nothing sleeps to synchronize.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared"
+READY_LINE = "main: model loaded"
+START_TIMEOUT_S = 120
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """A real server process; `url` once `start()` returned."""
+
+    def __init__(self, model: Path | str, *args: str, env: dict | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.argv = [sys.executable, "-m", "mlxcel_trio", "-m", str(model),
+                     "--host", "127.0.0.1", "--port", str(self.port), *args]
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen | None = None
+        self.stdout: list[str] = []
+        self.stderr: list[str] = []
+        self._ready = threading.Event()
+        self._exited = threading.Event()
+
+    def _pump(self, stream, sink: list[str], watch: bool) -> None:
+        for line in stream:
+            sink.append(line)
+            if watch and line.startswith(READY_LINE):
+                self._ready.set()
+        if watch:
+            self._exited.set()
+
+    def start(self, wait_ready: bool = True) -> "ServerProcess":
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     stdin=subprocess.DEVNULL, text=True, env=self.env)
+        threading.Thread(target=self._pump, args=(self.proc.stdout, self.stdout, True),
+                         daemon=True).start()
+        threading.Thread(target=self._pump, args=(self.proc.stderr, self.stderr, False),
+                         daemon=True).start()
+        if wait_ready:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout: float = START_TIMEOUT_S) -> None:
+        deadline_hit = not self._wait_either(timeout)
+        if not self._ready.is_set():
+            self.stop()
+            why = "timed out" if deadline_hit else f"exited with {self.proc.returncode}"
+            raise AssertionError(f"server {why} before '{READY_LINE}':\n"
+                                 f"stdout:\n{''.join(self.stdout)}\nstderr:\n{''.join(self.stderr)}")
+
+    def _wait_either(self, timeout: float) -> bool:
+        # ready or exited, whichever first, bounded by timeout
+        done = threading.Event()
+        for ev in (self._ready, self._exited):
+            threading.Thread(target=lambda e=ev: (e.wait(timeout), done.set()), daemon=True).start()
+        return done.wait(timeout)
+
+    def signal(self, signum: int) -> None:
+        self.proc.send_signal(signum)
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    from fixtures.build import ensure
+    return ensure("tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_facts(tiny_model) -> dict:
+    import json
+    return json.loads((tiny_model / "fixture_facts.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def start_server():
+    """Factory: start_server(model, *args) -> a ready ServerProcess, stopped
+    at the end of the session (or earlier by the test)."""
+    started: list[ServerProcess] = []
+
+    def _start(model, *args, env=None, wait_ready=True) -> ServerProcess:
+        srv = ServerProcess(model, *args, env=env)
+        started.append(srv)
+        return srv.start(wait_ready=wait_ready)
+
+    yield _start
+    for srv in started:
+        srv.stop()
+
+
+@pytest.fixture(scope="session")
+def server(tiny_model, start_server) -> ServerProcess:
+    """The shared default server: tiny model, 4 slots, 1024 tokens each."""
+    return start_server(tiny_model, "-c", "4096", "-np", "4")
