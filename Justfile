@@ -1,0 +1,29 @@
+# mlxcel-trio developer recipes
+
+venv := ".venv"
+py := venv / "bin/python"
+
+# list the recipes
+default:
+    @just --list
+
+# create the virtualenv with the test extras
+install:
+    python3 -m venv {{venv}}
+    {{venv}}/bin/pip install -e '.[test]'
+
+# run the whole test suite (what CI runs)
+test *ARGS:
+    {{py}} -m pytest {{ARGS}}
+
+# serve the tiny fixture checkpoint on 127.0.0.1:8080
+serve *ARGS:
+    {{venv}}/bin/mlxcel-server -m "$({{py}} -m fixtures.build tiny)" {{ARGS}}
+
+# build a fixture checkpoint (tiny, tiny-4bit, bench) and print its path
+fixture KIND="tiny":
+    {{py}} -m fixtures.build {{KIND}}
+
+# throughput benchmark against raw mlx-lm (not a test)
+bench *ARGS:
+    {{py}} bench/throughput.py {{ARGS}}
