@@ -43,6 +43,7 @@ from .engine.records import (
     Started,
     StepEvents,
     Submit,
+    TokenPiece,
 )
 
 log = logging.getLogger("mlxcel.bridge")
@@ -161,6 +162,8 @@ class Bridge:
         streams = self._streams
         for ev in batch.events:
             job_id = getattr(ev, "job_id", None)
+            if not isinstance(ev, TokenPiece):
+                log.debug("event %s", ev)
             if isinstance(ev, Started):
                 view = self.slots[ev.id_slot]
                 view.job_id, view.n_prompt = ev.job_id, ev.n_prompt

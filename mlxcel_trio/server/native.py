@@ -103,8 +103,8 @@ async def _stream(served: Served, values: dict, body: dict, prompts: list[list[i
 
     def render(ev):
         if isinstance(ev, TokenPiece):
-            if not ev.complete:
-                return ()
+            if not ev.complete and not ev.text:
+                return ()  # mid-UTF-8 with nothing to show: upstream sends no frame
             obj = {"index": 0, "content": ev.text, "tokens": [ev.token], "stop": False,
                    "id_slot": -1, "tokens_predicted": ev.n_decoded,
                    "tokens_evaluated": n_prompt}
