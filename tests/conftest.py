@@ -43,14 +43,31 @@ class ServerProcess:
         self.stderr: list[str] = []
         self._ready = threading.Event()
         self._exited = threading.Event()
+        self._lines_changed = threading.Condition()
 
     def _pump(self, stream, sink: list[str], watch: bool) -> None:
         for line in stream:
-            sink.append(line)
+            with self._lines_changed:
+                sink.append(line)
+                self._lines_changed.notify_all()
             if watch and line.startswith(READY_LINE):
                 self._ready.set()
         if watch:
             self._exited.set()
+            with self._lines_changed:
+                self._lines_changed.notify_all()
+
+    def wait_for_line(self, prefix: str, timeout: float = START_TIMEOUT_S) -> str:
+        """Bounded wait for a stdout line starting with `prefix`."""
+        def found():
+            return next((ln for ln in self.stdout if ln.startswith(prefix)), None)
+        with self._lines_changed:
+            ok = self._lines_changed.wait_for(lambda: found() or self._exited.is_set(), timeout)
+        line = found()
+        if not line:
+            raise AssertionError(f"no stdout line starting {prefix!r} (timed out: {not ok}):\n"
+                                 f"{''.join(self.stdout)}\nstderr:\n{''.join(self.stderr)}")
+        return line
 
     def start(self, wait_ready: bool = True) -> "ServerProcess":
         self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -143,6 +143,7 @@ class EngineLoop:
                 elif isinstance(cmd, Cancel):
                     scheduler.cancel(cmd.job_id, out)
                 elif isinstance(cmd, Shutdown):
+                    scheduler.close(out)
                     if out:
                         self._emit(StepEvents(tuple(out)))
                     return

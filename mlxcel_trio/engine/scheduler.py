@@ -131,6 +131,16 @@ class Scheduler:
         self._release(seq, out, cancelled=True)
         self._admit(out)
 
+    def close(self, out: list) -> None:
+        """Cancel everything and wait for in-flight MLX work: the process may
+        exit right after, and MLX must not be mid-evaluation then."""
+        import mlx.core as mx
+
+        for seq in list(self._by_job.values()):
+            self._release(seq, out, cancelled=True)
+        self._pending.clear()
+        mx.synchronize()
+
     # -- the step --------------------------------------------------------------
 
     def step(self, out: list) -> None:
