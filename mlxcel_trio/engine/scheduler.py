@@ -139,6 +139,7 @@ class Scheduler:
         for seq in list(self._by_job.values()):
             self._release(seq, out, cancelled=True)
         self._pending.clear()
+        mx.synchronize(self._gen.stream)  # the generator computes on its own stream
         mx.synchronize()
 
     # -- the step --------------------------------------------------------------

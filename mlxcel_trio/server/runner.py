@@ -111,4 +111,12 @@ def run(config: ServerConfig) -> int:
         stream=sys.stderr,
     )
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    return trio.run(_main, config)
+    code = trio.run(_main, config)
+    # Everything is shut down by now (sockets closed, engine thread joined).
+    # Skip interpreter finalization: MLX aborts in its static destructors
+    # ("terminate called without an active exception") once a model forward
+    # has run on a thread other than the main one (measured with mlx 0.32).
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
