@@ -111,8 +111,21 @@ class EngineLoop:
         self.vocab = vocab
         info = _model_facts(model, config, self._path, n_ctx, self._n_slots)
         log.info("model loaded in %.2f s: %s", time.perf_counter() - t0, info)
+        self._report_platform(info)
         self._emit(StepEvents((Loaded(info),)))
         return scheduler
+
+    @staticmethod
+    def _report_platform(info: ModelInfo) -> None:
+        import mlx.core as mx
+
+        from .platform_report import describe
+
+        device = "cpu" if mx.default_device() == mx.cpu else "gpu"
+        line, warning = describe(device, info.dtype, info.quantization)
+        log.info("%s", line)
+        if warning:
+            log.warning("%s", warning)
 
     def _run_warmup(self, scheduler, vocab) -> None:
         """One short greedy generation, so the first request does not pay for
