@@ -130,6 +130,7 @@ class EngineLoop:
     def _run_warmup(self, scheduler, vocab) -> None:
         """One short greedy generation, so the first request does not pay for
         graph compilation and allocation."""
+        log.info("warming up (skip with --no-warmup)")
         first = next(iter(vocab.eos_ids), 0)
         sink: list = []
         # greedy, and the stochastic chain (its filters are compiled graphs)
@@ -162,8 +163,10 @@ class EngineLoop:
                     return
             try:
                 scheduler.step(out)
-            except Exception:
+            except Exception as exc:
+                # Fail the jobs in flight, never the server: the next request
+                # starts from a fresh batch.
                 log.exception("engine step failed")
-                raise
+                scheduler.fail_all(out, f"{type(exc).__name__}: {exc}")
             if out:
                 self._emit(StepEvents(tuple(out)))

@@ -86,17 +86,22 @@ class Scheduler:
         self.vocab = vocab
         self.n_slots = n_slots
         self.n_ctx_slot = n_ctx_slot
-        self._gen = BatchGenerator(
-            model,
-            sampler=GREEDY,
-            completion_batch_size=n_slots,
-            prefill_batch_size=n_slots,
-            prefill_step_size=batch_size,
-        )
+        self._model = model
+        self._batch_size = batch_size
+        self._gen = self._new_generator()
         self._pending: deque[Job] = deque()
         self._free = list(range(n_slots))
         self._by_uid: dict[int, _Sequence] = {}
         self._by_job: dict[int, _Sequence] = {}
+
+    def _new_generator(self) -> BatchGenerator:
+        return BatchGenerator(
+            self._model,
+            sampler=GREEDY,
+            completion_batch_size=self.n_slots,
+            prefill_batch_size=self.n_slots,
+            prefill_step_size=self._batch_size,
+        )
 
     # -- commands ------------------------------------------------------------
 
@@ -141,6 +146,17 @@ class Scheduler:
         self._pending.clear()
         mx.synchronize(self._gen.stream)  # the generator computes on its own stream
         mx.synchronize()
+
+    def fail_all(self, out: list, message: str) -> None:
+        """After a failed step: every admitted job fails with a server error
+        and the generator starts over empty; queued jobs are kept."""
+        for seq in list(self._by_job.values()):
+            out.append(Failed(seq.job.id, "server_error", message))
+            seq.uid = None  # the old generator is dropped whole below
+            self._release(seq, out, cancelled=False)
+        self._by_uid.clear()
+        self._gen = self._new_generator()
+        self._admit(out)
 
     # -- the step --------------------------------------------------------------
 

@@ -1,0 +1,142 @@
+"""The scheduler driven directly, step by step (no threads, no HTTP)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlxcel_trio.engine.records import (
+    Failed,
+    Finished,
+    Job,
+    SamplingParams,
+    SlotFreed,
+    Started,
+    TokenPiece,
+)
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_model):
+    from mlx_lm.utils import load_model
+
+    from mlxcel_trio.engine.vocab import Vocab
+
+    model, _ = load_model(tiny_model)
+    return model, Vocab(tiny_model)
+
+
+def make(loaded, slots=2, n_ctx_slot=256):
+    from mlxcel_trio.engine.scheduler import Scheduler
+
+    model, vocab = loaded
+    return Scheduler(model, vocab, n_slots=slots, n_ctx_slot=n_ctx_slot, batch_size=64)
+
+
+def job(i, prompt=(5, 6, 7), **kw):
+    kw.setdefault("n_predict", 8)
+    kw.setdefault("sampling", GREEDY)
+    kw.setdefault("ignore_eos", True)
+    return Job(i, tuple(prompt), **kw)
+
+
+def run(s, out, limit=2000):
+    for _ in range(limit):
+        if not s.busy:
+            return out
+        s.step(out)
+    raise AssertionError("scheduler did not drain")
+
+
+def of(out, kind, job_id=None):
+    return [e for e in out if isinstance(e, kind) and (job_id is None or e.job_id == job_id)]
+
+
+def test_limit_and_content(loaded):
+    s, out = make(loaded), []
+    s.submit(job(1, n_predict=5), out)
+    run(s, out)
+    (fin,) = of(out, Finished)
+    assert fin.stop_type == "limit" and len(fin.tokens) == 5 and not fin.truncated
+    assert "".join(p.text for p in of(out, TokenPiece)) == fin.content
+    assert of(out, SlotFreed)[0].cancelled is False
+
+
+def test_context_bound_truncates(loaded):
+    s, out = make(loaded, n_ctx_slot=20), []
+    s.submit(job(1, prompt=[5] * 15, n_predict=-1), out)
+    run(s, out)
+    (fin,) = of(out, Finished)
+    assert len(fin.tokens) == 5 and fin.truncated and fin.stop_type == "limit"
+
+
+def test_prompt_too_long_fails_at_admission(loaded):
+    s, out = make(loaded, n_ctx_slot=20), []
+    s.submit(job(1, prompt=[5] * 20), out)
+    (f,) = of(out, Failed)
+    assert f.kind == "exceed_context_size_error" and dict(f.extra) == {"n_prompt_tokens": 20, "n_ctx": 20}
+    assert not s.busy
+
+
+def test_jobs_wait_for_a_free_slot_and_cancel_admits_the_next(loaded):
+    s, out = make(loaded, slots=1), []
+    s.submit(job(1, n_predict=1000), out)
+    s.submit(job(2, n_predict=3), out)
+    s.step(out)
+    assert [e.job_id for e in of(out, Started)] == [1]
+    s.cancel(1, out)
+    assert of(out, SlotFreed, 1)[0].cancelled is True
+    assert [e.job_id for e in of(out, Started)] == [1, 2]
+    run(s, out)
+    assert len(of(out, Finished, 2)[0].tokens) == 3
+    assert not of(out, Finished, 1)
+
+
+def test_cancel_of_a_queued_job_never_starts_it(loaded):
+    s, out = make(loaded, slots=1), []
+    s.submit(job(1, n_predict=4), out)
+    s.submit(job(2), out)
+    s.cancel(2, out)
+    run(s, out)
+    assert not of(out, Started, 2)
+
+
+def test_id_slot(loaded):
+    s, out = make(loaded, slots=2), []
+    s.submit(job(1, id_slot=1), out)
+    assert of(out, Started, 1)[0].id_slot == 1
+    s.submit(job(2, id_slot=5), out)
+    assert of(out, Failed, 2)[0].message == "Invalid slot ID"
+
+
+def test_stop_word(loaded):
+    s, out = make(loaded), []
+    s.submit(job(1, n_predict=40), out)
+    run(s, out)
+    text = of(out, Finished, 1)[0].content
+    stop = text[10:13]
+    s2, out2 = make(loaded), []
+    s2.submit(job(2, n_predict=40, stop=(stop,)), out2)
+    run(s2, out2)
+    fin = of(out2, Finished, 2)[0]
+    assert fin.stop_type == "word" and fin.stopping_word == stop
+    assert fin.content == text[: text.index(stop)]
+
+
+def test_a_failed_step_fails_jobs_not_the_scheduler(loaded, monkeypatch):
+    s, out = make(loaded, slots=1), []
+    s.submit(job(1, n_predict=50), out)
+    s.submit(job(2, n_predict=3), out)
+    s.step(out)
+
+    def boom():
+        raise RuntimeError("kernel exploded")
+
+    monkeypatch.setattr(s._gen, "next", boom)
+    with pytest.raises(RuntimeError):
+        s.step(out)
+    s.fail_all(out, "RuntimeError: kernel exploded")
+    assert of(out, Failed, 1)[0].kind == "server_error"
+    run(s, out)  # the queued job runs on the fresh generator
+    assert len(of(out, Finished, 2)[0].tokens) == 3
