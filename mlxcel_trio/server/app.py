@@ -9,7 +9,6 @@ wrong methods are both upstream's 404 "File Not Found" (there is no 405).
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 from typing import Any
 
@@ -22,7 +21,8 @@ from ..bridge import REQUEST_CLEANUPS, Bridge
 from ..config import ServerConfig
 from . import info, native, openai_completions, tokens
 from .completion import Served, server_defaults
-from .errors import ApiError, error_response, invalid_api_key, loading, not_found, parse_error
+from .body import parse_body
+from .errors import ApiError, error_response, invalid_api_key, loading, not_found
 from .routes import ROUTES
 
 log = logging.getLogger("mlxcel.http")
@@ -32,14 +32,7 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
 async def _json_body() -> Any:
-    raw = await request.get_data()
-    try:
-        return json.loads(raw or b"null")
-    except json.JSONDecodeError as exc:
-        raise parse_error(exc) from None
-    except UnicodeDecodeError as exc:
-        raise ApiError(f"[json.exception.parse_error.101] parse error: invalid UTF-8 byte ({exc.reason})",
-                       "server_error") from None
+    return parse_body(await request.get_data())
 
 
 class _Cleanups:
@@ -138,9 +131,11 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
 
 
 def _authorized(keys: list[bytes]) -> bool:
-    """Bearer token or X-Api-Key, compared in constant time against every key."""
-    auth = request.headers.get("Authorization", "")
-    supplied = auth[7:] if auth.startswith("Bearer ") else request.headers.get("X-Api-Key", "")
+    """Upstream's reading: Authorization, or X-Api-Key when that is empty, less
+    a "Bearer " prefix; compared in constant time against every key."""
+    supplied = request.headers.get("Authorization", "") or request.headers.get("X-Api-Key", "")
+    if supplied.startswith("Bearer "):
+        supplied = supplied[7:]
     candidate = supplied.encode()
     ok = False
     for key in keys:

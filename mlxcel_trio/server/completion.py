@@ -16,7 +16,7 @@ import numpy as np
 
 from ..bridge import Bridge
 from ..engine.records import Failed, Finished, Job, SamplingParams
-from .errors import ApiError
+from .errors import ApiError, json_type_name
 from .fields import parse_fields
 
 SAMPLER_CHAIN = ["top_k", "top_p", "min_p", "temperature"]
@@ -105,7 +105,7 @@ def tokenize_prompts(body: dict, vocab) -> list[list[int]]:
 def resolve(body: Any, served: Served) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ApiError("[json.exception.type_error.306] cannot use value() with "
-                       f"{'array' if isinstance(body, list) else 'string'}")
+                       f"{json_type_name(body)}")
     return parse_fields(body, served.defaults)
 
 

@@ -8,6 +8,7 @@ error handler turns it into a response at one boundary.
 from __future__ import annotations
 
 import json
+import math
 
 from quart import Response
 
@@ -46,9 +47,27 @@ class ApiError(Exception):
         return {"error": err}
 
 
+def _finite(obj):
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def dumps(obj) -> str:
+    """nlohmann's dump(): compact, UTF-8, and a non-finite float (a request's
+    1e39 in a float member) written as null, so every body is strict JSON."""
+    try:
+        return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(obj), ensure_ascii=False, separators=(",", ":"))
+
+
 def json_response(obj, status: int = 200) -> Response:
-    return Response(json.dumps(obj, ensure_ascii=False, separators=(",", ":")),
-                    status=status, content_type=JSON_TYPE)
+    return Response(dumps(obj), status=status, content_type=JSON_TYPE)
 
 
 def error_response(err: ApiError) -> Response:
@@ -96,3 +115,34 @@ def parse_error(exc: json.JSONDecodeError) -> ApiError:
         f"last read: '{last}'",
         "server_error",
     )
+
+
+def _line_col(doc: str, pos: int) -> tuple[int, int]:
+    return doc.count("\n", 0, pos) + 1, pos - doc.rfind("\n", 0, pos)
+
+
+def parse_error_at(doc: str, pos: int, detail: str, last: str) -> ApiError:
+    """A body Python's json accepts but nlohmann rejects (NaN, Infinity, a
+    lone surrogate escape); `pos` is the index of the last character read."""
+    line, col = _line_col(doc, pos)
+    return ApiError(f"[json.exception.parse_error.101] parse error at line {line}, column {col}: "
+                    f"{detail}; last read: '{last}'", "server_error")
+
+
+def empty_input() -> ApiError:
+    return ApiError("[json.exception.parse_error.101] parse error at line 1, column 1: attempting "
+                    "to parse an empty input; check that your input string or stream contains "
+                    "the expected JSON", "server_error")
+
+
+def number_overflow(text: str) -> ApiError:
+    return ApiError(f"[json.exception.out_of_range.406] number overflow parsing '{text}'",
+                    "server_error")
+
+
+def type_error(expected: str, value) -> ApiError:
+    """A request value read with nlohmann's get<T>() outside the completion
+    handler's try-block (e.g. /tokenize `content`): upstream's ex_wrapper
+    answers 500 with the library text."""
+    return ApiError(f"[json.exception.type_error.302] type must be {expected}, "
+                    f"but is {json_type_name(value)}", "server_error")

@@ -55,7 +55,7 @@ async def complete_v1(served: Served, body: Any) -> Response:
     first = await first_event(handle)
 
     def render(ev):
-        if isinstance(ev, TokenPiece) and ev.complete and ev.text:
+        if isinstance(ev, TokenPiece) and ev.text:  # mid-UTF-8 pieces may carry text too
             return (frame(_envelope(served, cmpl_id, created, [{
                 "text": ev.text, "index": 0, "logprobs": None, "finish_reason": None}])),)
         if isinstance(ev, Finished):

@@ -9,21 +9,20 @@ frees its slot before the engine's next forward pass.
 
 from __future__ import annotations
 
-import json
 from typing import AsyncIterator, Callable, Iterable
 
 import trio
 
 from ..bridge import JobHandle
 from ..engine.records import Failed, Finished
-from .errors import ApiError
+from .errors import ApiError, dumps
 
 PING = b":\n\n"
 DONE = b"data: [DONE]\n\n"
 
 
 def frame(obj) -> bytes:
-    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + dumps(obj).encode() + b"\n\n"
 
 
 def error_frame(err: ApiError) -> bytes:

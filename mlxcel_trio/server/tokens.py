@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import json_response
+from .errors import json_response, type_error
 
 
 def _flag(body: dict, key: str, default: bool) -> bool:
@@ -21,11 +21,27 @@ def _piece(vocab, token_id: int):
         return list(raw)
 
 
+def _is_id(x) -> bool:
+    # nlohmann's get<llama_token>() takes any number or a boolean
+    return isinstance(x, (int, float))
+
+
+def _check_content(content) -> None:
+    """tokenize_mixed's reads: a string, or an array of strings and ids."""
+    if isinstance(content, list):
+        for part in content:
+            if not isinstance(part, str) and not _is_id(part):
+                raise type_error("number", part)
+    elif not isinstance(content, str):
+        raise type_error("string", content)
+
+
 def tokenize(vocab, body: Any):
     body = body if isinstance(body, dict) else {}
     content = body.get("content")
     if content is None:
         return json_response({"tokens": []})
+    _check_content(content)
     ids = vocab.tokenize_mixed(content, add_special=_flag(body, "add_special", False),
                                parse_special=_flag(body, "parse_special", True))
     if _flag(body, "with_pieces", False):
@@ -36,7 +52,12 @@ def tokenize(vocab, body: Any):
 def detokenize(vocab, body: Any):
     body = body if isinstance(body, dict) else {}
     tokens = body.get("tokens")
-    if not isinstance(tokens, list):
+    if tokens is None:
         return json_response({"content": ""})
-    ids = [t for t in tokens if isinstance(t, int) and not isinstance(t, bool)]
+    if not isinstance(tokens, list):
+        raise type_error("array", tokens)
+    for t in tokens:
+        if not _is_id(t):
+            raise type_error("number", t)
+    ids = [int(t) for t in tokens]
     return json_response({"content": vocab.detokenize(ids)})

@@ -1,0 +1,106 @@
+"""Request bodies parsed at nlohmann's strictness.
+
+Python's json accepts more than nlohmann::json does: NaN and Infinity, numbers
+past a double (as inf), lone surrogate escapes (as unencodable str), an empty
+body.  Each of those would reach the handlers and come back as an invalid
+response (`Infinity` in the JSON, a stream cut short by an encode error);
+upstream answers all of them with a 500 parse error, and so do we.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+from typing import Any
+
+from .errors import ApiError, empty_input, number_overflow, parse_error, parse_error_at
+
+
+class _Constant(Exception):
+    """NaN / Infinity / -Infinity: Python's json extensions, not JSON."""
+
+
+def _reject_constant(name: str):
+    raise _Constant(name)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise number_overflow(text)
+    return value
+
+
+def _finite_int(text: str) -> int:
+    # nlohmann stores an integer past 64 bits as a double: past a double's
+    # range it is an overflow (int() refuses past 4300 digits: far past it)
+    try:
+        value = int(text)
+    except ValueError:
+        raise number_overflow(text) from None
+    if abs(value) > sys.float_info.max:
+        raise number_overflow(text)
+    return value
+
+
+_STRING_OR_CONSTANT = re.compile(r'"(?:[^"\\]|\\.)*"|(-?Infinity|NaN)')
+_ESCAPE = re.compile(r"\\(?:u([0-9a-fA-F]{4})|.)", re.S)
+
+
+def _constant_error(doc: str) -> ApiError:
+    m = next(m for m in _STRING_OR_CONSTANT.finditer(doc) if m.group(1))
+    if m.group(1).startswith("-"):
+        return parse_error_at(doc, m.start() + 1, "syntax error while parsing value - invalid "
+                              "number; expected digit after '-'", "-I")
+    return parse_error_at(doc, m.start(), "syntax error while parsing value - invalid literal",
+                          m.group(1)[0])
+
+
+def _lone_surrogate(doc: str) -> ApiError | None:
+    """Python's json decodes a lone \\uD800-\\uDFFF escape to a surrogate
+    that no UTF-8 encoder accepts; nlohmann rejects the body instead."""
+    high = None  # the high-surrogate escape still waiting for its low half
+    for m in _ESCAPE.finditer(doc):
+        unit = int(m.group(1), 16) if m.group(1) else -1
+        if high is not None:
+            if m.start() == high.end() and 0xDC00 <= unit <= 0xDFFF:
+                high = None
+                continue
+            break
+        if 0xD800 <= unit <= 0xDBFF:
+            high = m
+        elif 0xDC00 <= unit <= 0xDFFF:
+            return parse_error_at(doc, m.end() - 1, "syntax error while parsing value - invalid "
+                                  "string: surrogate U+DC00..U+DFFF must follow U+D800..U+DBFF",
+                                  m.group(0))
+    if high is None:
+        return None
+    return parse_error_at(doc, high.end() - 1, "syntax error while parsing value - invalid string: "
+                          "surrogate U+D800..U+DBFF must be followed by U+DC00..U+DFFF",
+                          high.group(0))
+
+
+def parse_body(raw: bytes) -> Any:
+    """Parse at nlohmann's strictness: no empty body, no NaN/Infinity, no
+    number past a double, no lone surrogate (all 500 parse errors upstream)."""
+    if not raw:
+        raise empty_input()
+    try:
+        doc = raw.decode("utf-8-sig")
+        body = json.loads(doc, parse_constant=_reject_constant, parse_float=_finite_float,
+                          parse_int=_finite_int)
+    except json.JSONDecodeError as exc:
+        raise parse_error(exc) from None
+    except UnicodeDecodeError as exc:
+        head = raw[:exc.start].decode("utf-8", "replace")
+        raise parse_error_at(head, len(head), "syntax error while parsing value - ill-formed "
+                             "UTF-8 byte", f"\\x{raw[exc.start]:02x}") from None
+    except _Constant:
+        raise _constant_error(doc) from None
+    if "\\u" in doc:
+        err = _lone_surrogate(doc)
+        if err is not None:
+            raise err
+    return body
