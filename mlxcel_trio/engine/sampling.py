@@ -57,7 +57,13 @@ class ChainSampler:
             x = _renormalize(apply_top_p(x, self._top_p))
         if self._min_p:
             x = apply_min_p(x, self._min_p)
-        return mx.random.categorical(x * self._inv_temp, key=sub)
+        if self._inv_temp == 0.0:
+            # an infinite temperature: uniform over what the filters kept
+            # (0 * -inf would be NaN for the filtered-out tokens)
+            x = mx.where(x > -mx.inf, 0.0, x)
+        else:
+            x = x * self._inv_temp
+        return mx.random.categorical(x, key=sub)
 
 
 def make_sampler(params: SamplingParams, n_vocab: int):

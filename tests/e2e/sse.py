@@ -7,6 +7,18 @@ import json
 import httpx
 
 
+def iter_sse_lines(r: httpx.Response):
+    """Lines split on "\n" only: JSON frames carry U+2028 / U+0085 unescaped,
+    which httpx's iter_lines() would also split on."""
+    buf = ""
+    for chunk in r.iter_text():
+        buf += chunk
+        *lines, buf = buf.split("\n")
+        yield from (ln.rstrip("\r") for ln in lines)
+    if buf:
+        yield buf
+
+
 def stream_frames(url: str, body: dict, path: str = "/completion", timeout: float = 60,
                   headers: dict | None = None) -> tuple[list, list[str]]:
     """POST a streaming request; return (decoded data frames, raw lines)."""
@@ -15,7 +27,7 @@ def stream_frames(url: str, body: dict, path: str = "/completion", timeout: floa
         with c.stream("POST", url + path, json={**body, "stream": True}, headers=headers) as r:
             assert r.status_code == 200, r.read()
             assert r.headers["content-type"].startswith("text/event-stream")
-            for line in r.iter_lines():
+            for line in iter_sse_lines(r):
                 raw.append(line)
                 if line.startswith("data: "):
                     data = line[6:]
