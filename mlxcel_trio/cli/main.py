@@ -1,33 +1,40 @@
 """Entry points: `mlxcel-server` and `mlxcel serve` (the same server path).
 
-Startup is parse -> validate -> resolve the model reference -> build the
+Startup is parse -> validate (every option we do not act on is classified
+here: inert values pass, the rest is refused) -> resolve the model reference
+-> check --gpu-layers against the checkpoint's layer count -> build the
 frozen `ServerConfig` -> hand it to the server runner.  Until the runner is
 imported, only the standard library, attrs and this package's light modules
 are loaded (huggingface_hub too, but only to fetch a repo id), so every
 refusal prints its one line and exits well within a third of a second.
 
-Exit codes: 0 after --help, --version or --dump-flag-surface; 1 for any
+Exit codes: 0 after --help, --version, --completion-bash, --cache-list or
+--dump-flag-surface; 1 for any
 startup error (one ``error: ...`` line on stderr, never a traceback);
 otherwise whatever the runner returns.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
 
-from mlxcel_trio.cli import model_ref
-from mlxcel_trio.cli.options import OPTIONS, Option
-from mlxcel_trio.cli.parser import CliError, Parsed, build_parser, parse, validate
+from mlxcel_trio.cli import actions, model_ref
+from mlxcel_trio.cli.options import BY_DEST, OPTIONS, Option
+from mlxcel_trio.cli.options_ggml import gpu_layers_refusal
+from mlxcel_trio.cli.parser import CliError, Parsed, build_parser, describe, parse, validate
 from mlxcel_trio.cli.surface import dump_flag_surface
 from mlxcel_trio.config import SamplingDefaults, ServerConfig
 
 SERVER_PROG = "mlxcel-server"
 # The inert classifications: such an option may have no ServerConfig field.
 _INERT = frozenset({"deferred", "not_applicable"})
+# Options the cli consumes itself while resolving the model.
+_CLI_ONLY = frozenset({"hf_token"})
 
 
 def version_text() -> str:
@@ -64,13 +71,27 @@ def build_config(
         target, known = fields[group]
         if key in known:
             target[key] = value
-        elif by_dest[dest].status not in _INERT:
+        elif by_dest[dest].status not in _INERT and dest not in _CLI_ONLY:
             raise AssertionError(f"{by_dest[dest].name} has no ServerConfig field {dest!r}")
     top.update(model=model_path, model_ref=parsed.values.get("model"))
     return ServerConfig(**top, sampling=SamplingDefaults(**sampling))
 
 
-def _configure(parsed: Parsed) -> ServerConfig:
+def check_gpu_layers(parsed: Parsed, model_path: str) -> None:
+    """--gpu-layers N is inert only when N covers every layer of the
+    checkpoint, so it is classified once the model reference resolved."""
+    if "gpu_layers" not in parsed.given:
+        return
+    value = parsed.values["gpu_layers"]
+    if isinstance(value, str) or value < 0:
+        return
+    reason = gpu_layers_refusal(value, model_ref.layer_count(model_path))
+    if reason is not None:
+        raise CliError(f"{describe(BY_DEST['gpu_layers'], parsed)}: {reason}")
+
+
+def configure(parsed: Parsed) -> ServerConfig:
+    """Validate, resolve the model, and build the config (no server starts)."""
     validate(parsed)
     ref = parsed.values.get("model")
     if not ref:
@@ -79,12 +100,24 @@ def _configure(parsed: Parsed) -> ServerConfig:
             f"{model_ref.INSTEAD.removeprefix('use ')}"
         )
     try:
-        resolved = model_ref.resolve(ref)
+        resolved = model_ref.resolve(ref, token=parsed.values.get("hf_token") or None)
     except model_ref.ModelRefError as exc:
         origin = parsed.given.get("model", "argv")
         via = "" if origin == "argv" else f" (from {origin})"
         raise CliError(f"{model_ref.OPTION} {ref!r}{via}: {exc}") from None
+    check_gpu_layers(parsed, resolved.path)
     return build_config(parsed, resolved.path)
+
+
+def prepare(
+    argv: Sequence[str], env: Mapping[str, str] | None = None, prog: str = SERVER_PROG
+) -> ServerConfig:
+    """Everything `server_main` does before the runner, in-process: the
+    config a command line would serve with, or CliError with its one line."""
+    parsed = parse(argv, env=env, prog=prog)
+    if parsed.action is not None:
+        raise CliError(f"{parsed.action} is an action; it starts no server")
+    return configure(parsed)
 
 
 def server_main(
@@ -106,7 +139,13 @@ def server_main(
         if parsed.action == "dump_flag_surface":
             sys.stdout.write(dump_flag_surface() + "\n")
             return 0
-        config = _configure(parsed)
+        if parsed.action == "completion_bash":
+            sys.stdout.write(actions.completion_bash(prog))
+            return 0
+        if parsed.action == "cache_list":
+            sys.stdout.write(actions.cache_list(os.environ if env is None else env))
+            return 0
+        config = configure(parsed)
     except CliError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -14,6 +14,7 @@ HF_HUB_OFFLINE and HF_TOKEN the way huggingface_hub itself does.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -91,8 +92,10 @@ def _check_checkpoint_dir(path: Path, what: str) -> None:
         raise ModelRefError(f"{what} has no *.safetensors weights; {INSTEAD}")
 
 
-def resolve(value: str) -> ResolvedModel:
-    """Turn a `--model` value into a local checkpoint directory, or refuse."""
+def resolve(value: str, token: str | None = None) -> ResolvedModel:
+    """Turn a `--model` value into a local checkpoint directory, or refuse.
+    `token` (from --hf-token) authenticates a Hub download; without it
+    huggingface_hub falls back to HF_TOKEN and its stored login."""
     reason = refusal(value)
     if reason is not None:
         raise ModelRefError(reason)
@@ -103,7 +106,7 @@ def resolve(value: str) -> ResolvedModel:
         _check_checkpoint_dir(path, "the directory")
         return ResolvedModel(ref=value, path=str(path.resolve()), source="local")
     if looks_like_repo_id(value) and not value.startswith("."):
-        local = _download(value)
+        local = _download(value, token)
         _check_checkpoint_dir(Path(local), f"the Hugging Face repo {value}")
         return ResolvedModel(ref=value, path=local, source="hub")
     raise ModelRefError(
@@ -111,7 +114,26 @@ def resolve(value: str) -> ResolvedModel:
     )
 
 
-def _download(repo_id: str) -> str:
+def layer_count(path: str | Path) -> int | None:
+    """The checkpoint's number of transformer layers, from config.json
+    (a multimodal checkpoint nests it under text_config); None if absent."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    for scope in (config, config.get("text_config")):
+        if not isinstance(scope, dict):
+            continue
+        for key in ("num_hidden_layers", "n_layer", "num_layers", "n_layers"):
+            value = scope.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return None
+
+
+def _download(repo_id: str, token: str | None = None) -> str:
     """Fetch (or find in the cache) a Hub snapshot; failures become one line."""
     try:
         from huggingface_hub import snapshot_download
@@ -119,6 +141,8 @@ def _download(repo_id: str) -> str:
     except ImportError as exc:  # pragma: no cover - a declared dependency
         raise ModelRefError(f"huggingface_hub is unavailable ({exc})") from None
     try:
+        if token:
+            return snapshot_download(repo_id, allow_patterns=_ALLOW_PATTERNS, token=token)
         return snapshot_download(repo_id, allow_patterns=_ALLOW_PATTERNS)
     except LocalEntryNotFoundError:
         raise ModelRefError(

@@ -44,6 +44,9 @@ class Parsed:
     Options left at their table default are absent."""
     action: str | None = None
     """The dest of an action option on the command line (help, version, ...)."""
+    raw: Mapping[str, str] = attrs.field(factory=dict)
+    """dest -> the text a value option was given (argv or env), for
+    diagnostics; the two arguments of a nargs=2 option are joined by a space."""
 
 
 class _ArgParser(argparse.ArgumentParser):
@@ -52,11 +55,17 @@ class _ArgParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         message = message.removeprefix("argument ")
         spellings, sep, what = message.partition(": ")
-        if sep and what == "expected one argument":
+        if sep and what.startswith("expected ") and what.endswith(("argument", "arguments")):
             last = spellings.split("/")[-1]
             message = (f"{last} needs a value (a value that starts with '-' "
                        f"is written {last}=VALUE)")
         raise CliError(message)
+
+    def _get_option_tuples(self, option_string: str) -> list[Any]:
+        # argparse matches prefixes of single-dash options ("-ng" for "-ngl",
+        # "-n5" for "-n 5") even with allow_abbrev off; llama-server accepts
+        # exact spellings only, and so do we.
+        return []
 
 
 class _Formatter(argparse.HelpFormatter):
@@ -89,11 +98,15 @@ class _SetTrue(argparse.Action):
 
 
 def help_text(opt: Option) -> str:
-    """The help column for one option: description, default, env variable."""
+    """The help column for one option: description, default, env variable;
+    a deferred option says what it accepts until its issue lands."""
     text = opt.help
     default = opt.shown_default()
     if default is not None:
         text += f" (default: {default})"
+    if opt.status == "deferred":
+        accepts = f"accepts only {opt.accepts}" if opt.accepts else "refused if given"
+        text += f"\n[not implemented yet, issue #{opt.owner}: {accepts}]"
     if opt.env:
         text += f"\n(env: {opt.env})"
     return text.replace("%", "%%")
@@ -123,7 +136,9 @@ def build_parser(
         shown = argparse.SUPPRESS if opt.hidden else help_text(opt)
         common = dict(dest=opt.dest, default=argparse.SUPPRESS, help=shown)
         if opt.kind == "value":
-            group.add_argument(*opt.spellings, action="store", metavar=opt.metavar, **common)
+            nargs = None if opt.nargs == 1 else opt.nargs
+            group.add_argument(*opt.spellings, action="store", metavar=opt.metavar,
+                               nargs=nargs, **common)
         else:
             group.add_argument(*opt.all_spellings, action=_SetTrue,
                                negations=opt.negations, **common)
@@ -150,8 +165,8 @@ def _typed(opt: Option, raw: str, source: str | None) -> Any:
         ) from None
 
 
-def _from_env(opt: Option, env: Mapping[str, str]) -> tuple[str, Any] | None:
-    """(variable, value) from an option's environment binding, or None.
+def _from_env(opt: Option, env: Mapping[str, str]) -> tuple[str, Any, str] | None:
+    """(variable, value, text) from an option's environment binding, or None.
 
     Upstream's rules: a bool pair's LLAMA_ARG_NO_<NAME> means false whatever
     its value and is looked at first; a value-less flag fires only for a
@@ -159,13 +174,13 @@ def _from_env(opt: Option, env: Mapping[str, str]) -> tuple[str, Any] | None:
     """
     negated = opt.env_negated
     if negated and negated in env:
-        return negated, False
+        return negated, False, env[negated]
     if not opt.env or opt.env not in env:
         return None
     text = env[opt.env]
     if opt.kind == "flag":
-        return (opt.env, True) if is_truthy(text) else None
-    return opt.env, _typed(opt, text, opt.env)
+        return (opt.env, True, text) if is_truthy(text) else None
+    return opt.env, _typed(opt, text, opt.env), text
 
 
 def parse(
@@ -186,31 +201,54 @@ def parse(
             return Parsed(values={}, given={}, action=opt.dest)
     values: dict[str, Any] = {}
     given: dict[str, str] = {}
+    texts: dict[str, str] = {}
     for opt in table:
         if opt.kind == "action":
             continue
         if opt.dest in raw:
             value = raw[opt.dest]
-            values[opt.dest] = _typed(opt, value, None) if opt.kind == "value" else value
+            if opt.kind == "value":
+                if isinstance(value, list):  # nargs > 1
+                    value = " ".join(value)
+                texts[opt.dest] = value
+                value = _typed(opt, value, None)
+            values[opt.dest] = value
             given[opt.dest] = "argv"
             continue
         bound = _from_env(opt, env)
         if bound is None:
             values[opt.dest] = opt.default
         else:
-            given[opt.dest], values[opt.dest] = bound
-    return Parsed(values=values, given=given)
+            given[opt.dest], values[opt.dest], texts[opt.dest] = bound
+    return Parsed(values=values, given=given, raw=texts)
+
+
+def describe(opt: Option, parsed: Parsed) -> str:
+    """How a diagnostic names what was given: "--threads '8'", "--no-mmap",
+    "--perf (from LLAMA_ARG_PERF)"."""
+    source = parsed.given.get(opt.dest, "argv")
+    origin = "" if source == "argv" else f" (from {source})"
+    if opt.kind == "value":
+        text = parsed.raw.get(opt.dest, str(parsed.values.get(opt.dest)))
+        return f"{opt.name} {_shown(opt, text)}{origin}"
+    if opt.kind == "bool" and parsed.values.get(opt.dest) is False:
+        return f"{opt.negation_name}{origin}"
+    return f"{opt.name}{origin}"
+
+
+def refusal(opt: Option, parsed: Parsed) -> str | None:
+    """The one-line refusal for an explicitly given option, or None."""
+    if opt.refuse is None or opt.dest not in parsed.given:
+        return None
+    if any(dest in parsed.given for dest in opt.superseded_by):
+        return None  # e.g. --mlock is not classified when --load-mode is given
+    reason = opt.refuse(parsed.values[opt.dest])
+    return None if reason is None else f"{describe(opt, parsed)}: {reason}"
 
 
 def validate(parsed: Parsed, table: Sequence[Option] = OPTIONS) -> None:
     """Run each explicitly given option's refuse hook; the first refusal wins."""
     for opt in table:
-        if opt.refuse is None or opt.dest not in parsed.given:
-            continue
-        value = parsed.values[opt.dest]
-        reason = opt.refuse(value)
-        if reason is not None:
-            source = parsed.given[opt.dest]
-            origin = "" if source == "argv" else f" (from {source})"
-            shown = "<redacted>" if opt.secret else repr(value)
-            raise CliError(f"{opt.name} {shown}{origin}: {reason}")
+        line = refusal(opt, parsed)
+        if line is not None:
+            raise CliError(line)

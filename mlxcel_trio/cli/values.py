@@ -144,14 +144,78 @@ class Float:
 
 @attrs.frozen
 class Text:
-    """A non-empty string, passed through unchanged."""
+    """A string, passed through unchanged; empty only when `allow_empty`."""
 
-    domain: str = "a non-empty string"
+    allow_empty: bool = False
+
+    @property
+    def domain(self) -> str:
+        return "a string" if self.allow_empty else "a non-empty string"
 
     def parse(self, text: str) -> str:
-        if not text:
+        if not text and not self.allow_empty:
             raise BadValue("empty")
         return text
+
+
+@attrs.frozen
+class Choice:
+    """One of a fixed set of words, compared case-sensitively (as upstream)."""
+
+    choices: tuple[str, ...]
+
+    @property
+    def domain(self) -> str:
+        return "one of " + ", ".join(self.choices)
+
+    def parse(self, text: str) -> str:
+        if text not in self.choices:
+            raise BadValue("not a known value")
+        return text
+
+
+@attrs.frozen
+class CsvChoice:
+    """A comma-separated list drawn from a fixed set of words."""
+
+    choices: tuple[str, ...]
+
+    @property
+    def domain(self) -> str:
+        return "a comma-separated list of " + ", ".join(self.choices)
+
+    def parse(self, text: str) -> tuple[str, ...]:
+        items = tuple(item.strip() for item in text.split(","))
+        if not items or any(item not in self.choices for item in items):
+            raise BadValue("not a list of known values")
+        return items
+
+
+@attrs.frozen
+class GpuLayers:
+    """Upstream's layer-offload count: auto, all, or an integer (a negative
+    one is upstream's internal spelling of auto/all)."""
+
+    domain: str = "auto, all, or an integer"
+
+    def parse(self, text: str) -> str | int:
+        if text in ("auto", "all"):
+            return text
+        return _parse_int(text)
+
+
+@attrs.frozen
+class IntPair:
+    """Two integers given as two arguments (START END); the parser joins
+    them with one space before they arrive here."""
+
+    domain: str = "two integers"
+
+    def parse(self, text: str) -> tuple[int, int]:
+        parts = text.split()
+        if len(parts) != 2:
+            raise BadValue("needs two integers")
+        return _parse_int(parts[0]), _parse_int(parts[1])
 
 
 @attrs.frozen

@@ -73,7 +73,9 @@ print(rc, seen.get("heavy"), sorted(m for m in %(heavy)r if m in sys.modules))
 
 
 @pytest.mark.parametrize(("args", "reaches_runner"), [
-    (["-m", "x.gguf"], False), (["-np", "0"], False), (["-m", "CKPT", "-np", "2"], True)])
+    (["-m", "x.gguf"], False), (["-np", "0"], False), (["-m", "CKPT", "-np", "2"], True),
+    (["-t", "8", "-m", "CKPT"], False), (["-ngl", "1", "-m", "CKPT"], False),
+    (["--fim-qwen-7b-default"], False), (["-m", "CKPT", "-t", "0", "--no-ui", "-fa", "on"], True)])
 def test_nothing_heavy_is_imported_before_the_runner(
     args: list[str], reaches_runner: bool, checkpoint: Path
 ) -> None:
@@ -122,7 +124,9 @@ def test_help_lists_each_visible_option_once_and_no_hidden_one() -> None:
         hits = [ln for ln in lines if ln.strip().startswith(_invocation(opt) + " ")
                 or ln.strip() == _invocation(opt)]
         if opt.hidden:
-            assert not any(s in run.stdout for s in opt.all_spellings), opt.name
+            for spelling in opt.all_spellings:
+                token = re.compile(rf"(?<![\w-]){re.escape(spelling)}(?![\w-])")
+                assert not token.search(run.stdout), spelling
         else:
             assert len(hits) == 1, opt.name
             if opt.env:
@@ -172,8 +176,14 @@ def test_version_line() -> None:
 def test_dump_flag_surface_round_trips_the_table() -> None:
     run = run_cli(["--dump-flag-surface"])
     assert run.rc == 0
-    surface = json.loads(run.stdout)["options"]
-    assert surface == [json.loads(json.dumps(option_record(o))) for o in OPTIONS]
+    dump = json.loads(run.stdout)
+    assert dump["schema_version"] == 1
+    surface = dump["options"]
+    want = sorted((json.loads(json.dumps(option_record(o))) for o in OPTIONS),
+                  key=lambda r: r["name"])
+    assert surface == want
+    assert [r["name"] for r in surface] == sorted(r["name"] for r in surface)
+    assert run.stdout == json.dumps(dump, indent=2, sort_keys=True) + "\n"  # stable text
     by_dest = {rec["dest"]: rec for rec in surface}
     assert by_dest["dump_flag_surface"]["hidden"] is True
     assert by_dest["n_parallel"]["spellings"] == ["-np", "--parallel"]
@@ -183,3 +193,30 @@ def test_dump_flag_surface_round_trips_the_table() -> None:
     assert by_dest["warmup"]["negations"] == ["--no-warmup"]
     assert by_dest["sampling.temperature"]["default"] is None
     assert by_dest["sampling.temperature"]["status"] == "by_design"
+
+
+def test_dump_flag_surface_record_shape() -> None:
+    by_name = {r["name"]: r for r in json.loads(run_cli(["--dump-flag-surface"]).stdout)["options"]}
+    assert set(by_name["--gpu-layers"]) == {
+        "name", "spellings", "negations", "dest", "kind", "takes_value", "nargs", "metavar",
+        "domain", "env", "env_negated", "default", "default_text", "hidden", "section",
+        "status", "owner_issue", "accepts", "refuses", "checked_after_model", "upstream"}
+    ngl = by_name["--gpu-layers"]
+    assert ngl["spellings"] == ["-ngl", "--gpu-layers", "--n-gpu-layers"]
+    assert ngl["status"] == "not_applicable" and ngl["owner_issue"] == 3
+    assert ngl["hidden"] and ngl["checked_after_model"] and ngl["default"] == "auto"
+    kv = by_name["--kv-offload"]
+    assert kv["env"] == ["LLAMA_ARG_KV_OFFLOAD", "LLAMA_ARG_NO_KV_OFFLOAD"]
+    assert kv["env_negated"] == "LLAMA_ARG_NO_KV_OFFLOAD"
+    assert kv["negations"] == ["-nkvo", "--no-kv-offload"] and kv["default"] is True
+    rp = by_name["--repeat-penalty"]
+    assert (rp["status"], rp["owner_issue"], rp["accepts"]) == ("deferred", 5, "1.00")
+    assert by_name["--control-vector-layer-range"]["nargs"] == 2
+    assert by_name["--defrag-thold"]["refuses"] is False
+    assert {r["owner_issue"] for r in by_name.values()} <= set(range(2, 9))
+
+
+def test_mlxcel_serve_dumps_the_same_surface() -> None:
+    server = run_cli(["--dump-flag-surface"], script="mlxcel-server")
+    serve = run_cli(["serve", "--dump-flag-surface"], script="mlxcel")
+    assert server.rc == serve.rc == 0 and server.stdout == serve.stdout

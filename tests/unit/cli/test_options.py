@@ -64,8 +64,8 @@ def test_implicit_negated_env_name() -> None:
 @pytest.mark.parametrize("opt", [o for o in OPTIONS if o.kind != "action" and o.status in LIVE],
                          ids=lambda o: o.name)
 def test_live_option_lands_in_a_config_field_with_the_same_default(opt: Option) -> None:
-    if opt.dest == "model":
-        return  # required; resolved by model_ref, not defaulted
+    if opt.dest in ("model", "hf_token"):
+        return  # consumed while resolving the model, not ServerConfig fields
     assert opt.default == _config_default(opt.dest)
 
 
@@ -74,6 +74,11 @@ def test_by_design_sampling_defaults_are_absent() -> None:
         (opt,) = [o for o in OPTIONS if o.dest == dest]
         assert opt.status == "by_design" and opt.default is None
         assert "generation_config.json" in (opt.default_text or "")
+
+
+def test_no_table_module_is_long() -> None:
+    for path in (REPO / "mlxcel_trio" / "cli").glob("*.py"):
+        assert len(path.read_text().splitlines()) <= 400, path
 
 
 def test_runtime_never_reads_the_reference_data() -> None:
@@ -85,6 +90,8 @@ def test_runtime_never_reads_the_reference_data() -> None:
 @pytest.mark.parametrize("opt", [o for o in OPTIONS if o.upstream], ids=lambda o: o.name)
 def test_upstream_spellings_env_and_default(opt: Option) -> None:
     records = json.loads(UPSTREAM.read_text())["options"]
+    if opt.name == "--rpc":
+        return  # registered upstream only in RPC-enabled builds; see test_inventory
     (rec,) = [r for r in records if opt.spellings[0] in r["spellings"]]
     assert sorted(opt.all_spellings) == sorted(rec["spellings"])
     assert [e for e in [opt.env] if e] == rec["env"]

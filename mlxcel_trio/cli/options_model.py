@@ -1,0 +1,158 @@
+"""Where the model comes from, and what is attached to it: the model-source
+vocabulary beyond -m, LoRA adapters, control vectors, and the multimodal
+projector family.
+
+GGUF-only sources (a URL, a Docker Hub repo, one file inside a HF repo) and
+the separate projector file have no MLX meaning and are refused with the
+MLX way to say the same thing.  --hf-token is honoured (it authenticates
+the snapshot download); --hf-repo, --offline and LoRA wait for their issue.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlxcel_trio.cli import model_ref
+from mlxcel_trio.cli.record import Option
+from mlxcel_trio.cli.refusals import (
+    ALWAYS,
+    GGUF_ONLY,
+    NO_PROJECTOR,
+    Refuser,
+    at_most,
+    deferred,
+    deferred_why,
+    equals,
+    not_applicable,
+)
+from mlxcel_trio.cli.values import CsvList, Int, IntPair, Text
+
+MODEL_ISSUE = 2
+POINT_AT_MLX = "point --model at an MLX checkpoint instead"
+
+
+def _model_url_instead(value: str) -> str:
+    repo = model_ref._hub_repo_in_url(value)
+    if repo and not value.lower().endswith(".gguf"):
+        return f"use --model {repo}"
+    return model_ref.INSTEAD
+
+
+def _hf_repo_why(value: str) -> str:
+    if ":" in value:
+        return f"a :quant suffix selects a GGUF quantization; {GGUF_ONLY}"
+    return deferred_why(MODEL_ISSUE)
+
+
+def _hf_repo_instead(value: str) -> str:
+    if ":" in value:
+        return model_ref.INSTEAD
+    return f"use --model {value}"
+
+
+SOURCE: tuple[Option, ...] = (
+    not_applicable(("-mu", "--model-url"), "model_url", "download the model from a URL",
+                   value=Text(), metavar="MODEL_URL", env="LLAMA_ARG_MODEL_URL",
+                   default_text="unused",
+                   why="models are resolved from a directory or a Hugging Face repo "
+                   "id, never from a URL", instead=_model_url_instead),
+    not_applicable(("-dr", "--docker-repo"), "docker_repo",
+                   "download the model from a Docker Hub repository",
+                   value=Text(), metavar="[<repo>/]<model>[:quant]",
+                   env="LLAMA_ARG_DOCKER_REPO", default_text="unused",
+                   why=f"Docker Hub model repositories hold GGUF builds; {GGUF_ONLY}",
+                   instead=model_ref.INSTEAD),
+    Option(("-hf", "-hfr", "--hf-repo"), "hf_repo",
+           "a Hugging Face repo to serve (for now: use --model with the same repo id)",
+           value=Text(), metavar="<user>/<model>[:quant]", env="LLAMA_ARG_HF_REPO",
+           default_text="unused", status="deferred", owner=MODEL_ISSUE,
+           refuse=Refuser(equals(), _hf_repo_why, _hf_repo_instead)),
+    not_applicable(("-hff", "--hf-file"), "hf_file", "one file inside the --hf-repo repo",
+                   value=Text(), metavar="FILE", env="LLAMA_ARG_HF_FILE",
+                   default_text="unused",
+                   why="it picks one GGUF file inside a repository, and an MLX "
+                   "checkpoint is the whole snapshot",
+                   instead="name the repository with --model owner/name"),
+    Option(("-hft", "--hf-token"), "hf_token",
+           "Hugging Face access token for downloading the model",
+           value=Text(allow_empty=True), metavar="TOKEN", env="HF_TOKEN",
+           default_text="value from HF_TOKEN environment variable", secret=True,
+           owner=3),
+    deferred(("--offline",), "offline", "never download: use the local cache only",
+             kind="flag", env="LLAMA_ARG_OFFLINE", issue=MODEL_ISSUE,
+             instead="set HF_HUB_OFFLINE=1 instead"),
+    deferred(("--tags",), "tags", "informational model tags, comma-separated",
+             value=CsvList(), metavar="STRING", env="LLAMA_ARG_TAGS",
+             issue=MODEL_ISSUE, section="server"),
+)
+
+ADAPTERS: tuple[Option, ...] = (
+    deferred(("--lora",), "lora", "LoRA adapters to apply (comma-separated paths)",
+             value=Text(), metavar="FNAME", issue=MODEL_ISSUE),
+    deferred(("--lora-scaled",), "lora_scaled",
+             "LoRA adapters with a scale each (FNAME:SCALE,...)",
+             value=Text(), metavar="FNAME:SCALE,...", issue=MODEL_ISSUE),
+    deferred(("--lora-init-without-apply",), "lora_init_without_apply",
+             "load the LoRA adapters at scale 0 (raise them later over HTTP)",
+             kind="flag", default_text="disabled", issue=MODEL_ISSUE, section="server"),
+    not_applicable(("--control-vector",), "control_vector",
+                   "add control vectors (comma-separated paths)",
+                   value=Text(), metavar="FNAME",
+                   why="mlxcel-trio cannot add steering vectors to the residual stream",
+                   instead="no alternative yet (per-request logit_bias is tracked by "
+                   "issue #5)"),
+    not_applicable(("--control-vector-scaled",), "control_vector_scaled",
+                   "add control vectors with a scale each (FNAME:SCALE,...)",
+                   value=Text(), metavar="FNAME:SCALE,...",
+                   why="mlxcel-trio cannot add steering vectors to the residual stream",
+                   instead="no alternative yet (per-request logit_bias is tracked by "
+                   "issue #5)"),
+    not_applicable(("--control-vector-layer-range",), "control_vector_layer_range",
+                   "first and last layer the control vectors apply to",
+                   value=IntPair(), metavar="START END", nargs=2,
+                   why="", inert=ALWAYS,
+                   accepts="any range (without a control vector it configures nothing)"),
+)
+
+
+def _projector(spellings: tuple[str, ...], dest: str, help: str, **kw: Any) -> Option:
+    kw.setdefault("why", NO_PROJECTOR)
+    kw.setdefault("section", "server")
+    return not_applicable(spellings, dest, help, **kw)
+
+
+MULTIMODAL: tuple[Option, ...] = (
+    _projector(("-mm", "--mmproj"), "mmproj", "a multimodal projector file",
+               value=Text(), metavar="FILE", env="LLAMA_ARG_MMPROJ",
+               instead=POINT_AT_MLX),
+    _projector(("-mmu", "--mmproj-url"), "mmproj_url", "download a projector from a URL",
+               value=Text(), metavar="URL", env="LLAMA_ARG_MMPROJ_URL",
+               instead=POINT_AT_MLX),
+    _projector(("--mmproj-auto",), "mmproj_auto",
+               "fetch a projector next to an --hf-repo model when one exists",
+               kind="bool", negations=("--no-mmproj", "--no-mmproj-auto"), default=True,
+               env="LLAMA_ARG_MMPROJ_AUTO", inert=ALWAYS, accepts="either form"),
+    _projector(("--mmproj-offload",), "mmproj_offload", "run the projector on the GPU",
+               kind="bool", negations=("--no-mmproj-offload",), default=True,
+               env="LLAMA_ARG_MMPROJ_OFFLOAD", inert=equals(True),
+               accepts="--mmproj-offload"),
+    _projector(("-mmdev", "--mmproj-device"), "mmproj_device",
+               "the device for the projector", value=Text(), metavar="DEVICE",
+               env="MTMD_BACKEND_DEVICE"),
+    _projector(("--image-min-tokens",), "image_min_tokens",
+               "fewest tokens one image may take", value=Int(), metavar="N",
+               env="LLAMA_ARG_IMAGE_MIN_TOKENS", default_text="read from model",
+               inert=at_most(0), accepts="0 or less (read from the model)"),
+    _projector(("--image-max-tokens",), "image_max_tokens",
+               "most tokens one image may take", value=Int(), metavar="N",
+               env="LLAMA_ARG_IMAGE_MAX_TOKENS", default_text="read from model",
+               inert=at_most(0), accepts="0 or less (read from the model)"),
+    _projector(("--mtmd-batch-max-tokens",), "mtmd_batch_max_tokens",
+               "most image tokens encoded per batch", value=Int(), metavar="N",
+               default=1024, env="LLAMA_ARG_MTMD_BATCH_MAX_TOKENS",
+               inert=equals(1024), accepts="1024"),
+    _projector(("--media-path",), "media_path",
+               "directory that file:// media URLs are read from",
+               value=Text(), metavar="PATH", default_text="disabled",
+               why="mlxcel-trio serves text-only checkpoints and takes no media inputs"),
+)
