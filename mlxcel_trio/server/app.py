@@ -66,7 +66,8 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
     def ctx() -> Served:
         nonlocal served
         if served is None:
-            served = Served(bridge, model_name, server_defaults(config, bridge.vocab), BUILD_INFO)
+            served = Served(bridge, model_name, server_defaults(config, bridge.vocab), BUILD_INFO,
+                            n_predict_cap=config.sampling.n_predict)
         return served
 
     handlers = {

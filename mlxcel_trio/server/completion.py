@@ -36,6 +36,7 @@ class Served:
     model_name: str
     defaults: dict[str, Any]          # server-wide field defaults (flags / checkpoint)
     build_info: str
+    n_predict_cap: int = -1           # -n: a positive value caps every request
 
 
 def server_defaults(config, vocab) -> dict[str, Any]:
@@ -106,7 +107,12 @@ def resolve(body: Any, served: Served) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ApiError("[json.exception.type_error.306] cannot use value() with "
                        f"{json_type_name(body)}")
-    return parse_fields(body, served.defaults)
+    values = parse_fields(body, served.defaults)
+    cap = served.n_predict_cap
+    if cap > 0 and values["n_predict"] > cap:
+        # upstream lowers a request's n_predict to the server's -n
+        values["n_predict"] = cap
+    return values
 
 
 def make_job(served: Served, values: dict, prompt: list[int], body: dict) -> Job:

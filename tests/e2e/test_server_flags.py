@@ -1,0 +1,83 @@
+"""The basic flags and their LLAMA_ARG_* variables, observed on a running server."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from .sse import iter_sse_lines, post
+
+pytestmark = pytest.mark.e2e
+
+
+def props(srv) -> dict:
+    return httpx.get(srv.url + "/props").json()
+
+
+def test_env_binds_and_the_command_line_wins(tiny_model, start_server):
+    srv = start_server(tiny_model, env={"LLAMA_ARG_N_PARALLEL": "2", "LLAMA_ARG_CTX_SIZE": "2048"})
+    p = props(srv)
+    assert p["total_slots"] == 2 and p["default_generation_settings"]["n_ctx"] == 1024
+    srv.stop()
+    srv = start_server(tiny_model, "-np", "1", env={"LLAMA_ARG_N_PARALLEL": "2",
+                                                     "LLAMA_ARG_CTX_SIZE": "2048"})
+    p = props(srv)
+    assert p["total_slots"] == 1 and p["default_generation_settings"]["n_ctx"] == 2048
+    srv.stop()
+
+
+def test_sampling_defaults_come_from_flags_else_the_checkpoint(tiny_model, start_server):
+    srv = start_server(tiny_model, "-np", "1")
+    params = props(srv)["default_generation_settings"]["params"]
+    # the fixture's generation_config.json: temperature 0.6, top_k 20, top_p 0.95
+    assert (params["temperature"], params["top_k"]) == (pytest.approx(0.6), 20)
+    assert params["top_p"] == pytest.approx(0.95)
+    srv.stop()
+    srv = start_server(tiny_model, "-np", "1", "--temp", "0", "--top-k", "7", "--top-p", "0.5",
+                       "--min-p", "0.1", "-s", "42", "-n", "5")
+    params = props(srv)["default_generation_settings"]["params"]
+    assert (params["temperature"], params["top_k"], params["seed"]) == (0.0, 7, 42)
+    assert params["top_p"] == pytest.approx(0.5) and params["min_p"] == pytest.approx(0.1)
+    res = post(srv.url, {"prompt": "Hello", "ignore_eos": True}).json()
+    assert res["tokens_predicted"] == 5          # -n is the request default
+    res = post(srv.url, {"prompt": "Hello", "n_predict": 50, "ignore_eos": True}).json()
+    assert res["tokens_predicted"] == 5          # and caps what a request asks
+    assert res["generation_settings"]["n_predict"] == 5
+    srv.stop()
+
+
+def test_warmup_runs_unless_disabled(tiny_model, start_server):
+    warm = start_server(tiny_model, "-np", "1")
+    cold = start_server(tiny_model, "-np", "1", "--no-warmup")
+    assert any("warming up" in line for line in warm.stderr)
+    assert not any("warming up" in line for line in cold.stderr)
+    warm.stop()
+    cold.stop()
+
+
+def test_sse_pings_while_a_stream_is_silent(tiny_model, start_server):
+    """-b 4 and a 4000-token prompt keep the stream silent (prefill) for far
+    longer than a 1 s ping interval; the per-request field overrides it."""
+    srv = start_server(tiny_model, "-np", "1", "-c", "8192", "-b", "4",
+                       "--sse-ping-interval", "1")
+
+    def lines_before_first_frame(extra: dict) -> list[str]:
+        with httpx.stream("POST", srv.url + "/completion", timeout=60,
+                          json={"prompt": [7] * 4000, "n_predict": 1, "stream": True, **extra}) as r:
+            seen = []
+            for line in iter_sse_lines(r):
+                if line.startswith("data: "):
+                    return seen
+                seen.append(line)
+        return seen
+
+    assert ":" in lines_before_first_frame({})
+    assert ":" not in lines_before_first_frame({"sse_ping_interval": -1})
+    srv.stop()
+
+
+def test_verbose_logs_debug_lines(tiny_model, start_server):
+    srv = start_server(tiny_model, "-np", "1", "-v")
+    post(srv.url, {"prompt": "x", "n_predict": 1})
+    srv.stop()
+    assert any(" D mlxcel" in line for line in srv.stderr)
