@@ -107,7 +107,8 @@ class Bridge:
 
         cfg = self.config
         engine = EngineLoop(cfg.model, n_slots=cfg.slots, ctx_size=cfg.ctx_size,
-                            batch_size=cfg.batch_size, warmup=cfg.warmup, emit=emit)
+                            batch_size=cfg.batch_size, warmup=cfg.warmup, emit=emit,
+                            special=cfg.special)
         self._engine = engine
         thread = threading.Thread(target=engine.run, name="mlx-engine", daemon=True)
         thread.start()

@@ -49,8 +49,11 @@ class ServerConfig:
     n_parallel: int = -1         # -1 = auto (4 slots, as upstream)
     batch_size: int = 2048       # logical prefill chunk
     aliases: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()   # informational, reported by /v1/models
+    offline: bool = False        # never download (HF_HUB_OFFLINE for the process)
     api_keys: tuple[str, ...] = attrs.field(default=(), repr=False)
     warmup: bool = True
+    special: bool = False        # -sp: render special tokens in generated text
     verbose: bool = False
     timeout: int = 3600          # HTTP socket read/write timeout, seconds
     sse_ping_interval: int = 30  # seconds; <= 0 disables

@@ -34,7 +34,7 @@ SERVER_PROG = "mlxcel-server"
 # The inert classifications: such an option may have no ServerConfig field.
 _INERT = frozenset({"deferred", "not_applicable"})
 # Options the cli consumes itself while resolving the model.
-_CLI_ONLY = frozenset({"hf_token"})
+_CLI_ONLY = frozenset({"hf_token", "hf_repo"})
 
 
 def version_text() -> str:
@@ -73,7 +73,8 @@ def build_config(
             target[key] = value
         elif by_dest[dest].status not in _INERT and dest not in _CLI_ONLY:
             raise AssertionError(f"{by_dest[dest].name} has no ServerConfig field {dest!r}")
-    top.update(model=model_path, model_ref=parsed.values.get("model"))
+    top.update(model=model_path,
+               model_ref=parsed.values.get("hf_repo") or parsed.values.get("model"))
     return ServerConfig(**top, sampling=SamplingDefaults(**sampling))
 
 
@@ -94,6 +95,14 @@ def configure(parsed: Parsed) -> ServerConfig:
     """Validate, resolve the model, and build the config (no server starts)."""
     validate(parsed)
     ref = parsed.values.get("model")
+    repo = parsed.values.get("hf_repo")
+    if repo:
+        # upstream: --hf-repo wins over -m; say what was superseded
+        if ref and ref != repo:
+            print(f"warning: --hf-repo {repo} supersedes --model {ref}", file=sys.stderr)
+        ref = repo
+    if parsed.values.get("offline"):
+        os.environ["HF_HUB_OFFLINE"] = "1"  # process-wide, as upstream's --offline
     if not ref:
         raise CliError(
             "no model given: pass -m/--model (or set LLAMA_ARG_MODEL) with "

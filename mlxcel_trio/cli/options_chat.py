@@ -81,21 +81,28 @@ CHAT: tuple[Option, ...] = (
           default_text="prefill enabled", env="LLAMA_ARG_PREFILL_ASSISTANT"),
 )
 
+def _unserved(spellings: tuple[str, ...], dest: str, help: str, **kw) -> Option:
+    """Embedding / reranking: no implementation issue yet, so owned by the
+    compatibility issue (#3) until one is filed."""
+    kw.setdefault("section", "server")
+    return deferred(spellings, dest, help, issue=3, **kw)
+
+
 ROUTES: tuple[Option, ...] = (
-    _routes(("--embedding", "--embeddings"), "embeddings",
+    _unserved(("--embedding", "--embeddings"), "embeddings",
             "serve embeddings only (needs an embedding checkpoint)", kind="flag",
             env="LLAMA_ARG_EMBEDDINGS", default_text="disabled"),
-    _routes(("--rerank", "--reranking"), "reranking",
+    _unserved(("--rerank", "--reranking"), "reranking",
             "serve the reranking endpoint (needs a reranker checkpoint)", kind="flag",
             env="LLAMA_ARG_RERANKING", default_text="disabled"),
-    _routes(("--pooling",), "pooling", "embedding pooling; the model's own if unset",
+    _unserved(("--pooling",), "pooling", "embedding pooling; the model's own if unset",
             value=Choice(("none", "mean", "cls", "last", "rank")),
             metavar="{none,mean,cls,last,rank}", env="LLAMA_ARG_POOLING"),
-    _routes(("--embd-normalize",), "embd_normalize",
+    _unserved(("--embd-normalize",), "embd_normalize",
             "embedding normalisation: -1 none, 0 int16 max-abs, 1 taxicab, "
             "2 euclidean, >2 p-norm", value=Int(), metavar="N", default=2),
-    _routes(("-sp", "--special"), "special", "render special tokens in the output",
-            kind="flag", default_text="false", section="server"),
+    Option(("-sp", "--special"), "special", "render special tokens in generated text",
+           kind="flag", default=False, default_text="false", section="server", owner=2),
     _routes(("--spm-infill",), "spm_infill",
             "build infill prompts suffix-first (SPM) instead of prefix-first",
             kind="flag", default_text="disabled"),

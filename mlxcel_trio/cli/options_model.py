@@ -4,8 +4,9 @@ projector family.
 
 GGUF-only sources (a URL, a Docker Hub repo, one file inside a HF repo) and
 the separate projector file have no MLX meaning and are refused with the
-MLX way to say the same thing.  --hf-token is honoured (it authenticates
-the snapshot download); --hf-repo, --offline and LoRA wait for their issue.
+MLX way to say the same thing.  --hf-token authenticates the snapshot
+download, --hf-repo resolves like --model, --offline forbids downloads
+process-wide; LoRA waits for its issue.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from mlxcel_trio.cli.refusals import (
 from mlxcel_trio.cli.values import CsvList, Int, IntPair, Text
 
 MODEL_ISSUE = 2
+ADAPTER_ISSUE = 3  # LoRA has no implementation issue yet: the boundary issue owns it
 POINT_AT_MLX = "point --model at an MLX checkpoint instead"
 
 
@@ -39,15 +41,11 @@ def _model_url_instead(value: str) -> str:
 
 
 def _hf_repo_why(value: str) -> str:
-    if ":" in value:
-        return f"a :quant suffix selects a GGUF quantization; {GGUF_ONLY}"
-    return deferred_why(MODEL_ISSUE)
+    return f"a :quant suffix selects a GGUF quantization; {GGUF_ONLY}"
 
 
 def _hf_repo_instead(value: str) -> str:
-    if ":" in value:
-        return model_ref.INSTEAD
-    return f"use --model {value}"
+    return f"use --hf-repo {value.split(':', 1)[0]} (an MLX snapshot)"
 
 
 SOURCE: tuple[Option, ...] = (
@@ -63,10 +61,10 @@ SOURCE: tuple[Option, ...] = (
                    why=f"Docker Hub model repositories hold GGUF builds; {GGUF_ONLY}",
                    instead=model_ref.INSTEAD),
     Option(("-hf", "-hfr", "--hf-repo"), "hf_repo",
-           "a Hugging Face repo to serve (for now: use --model with the same repo id)",
+           "a Hugging Face repo id to serve, resolved exactly like --model (wins over it)",
            value=Text(), metavar="<user>/<model>[:quant]", env="LLAMA_ARG_HF_REPO",
-           default_text="unused", status="deferred", owner=MODEL_ISSUE,
-           refuse=Refuser(equals(), _hf_repo_why, _hf_repo_instead)),
+           default_text="unused", status="aliased", owner=MODEL_ISSUE,
+           refuse=Refuser(lambda v: ":" not in v, _hf_repo_why, _hf_repo_instead)),
     not_applicable(("-hff", "--hf-file"), "hf_file", "one file inside the --hf-repo repo",
                    value=Text(), metavar="FILE", env="LLAMA_ARG_HF_FILE",
                    default_text="unused",
@@ -78,23 +76,23 @@ SOURCE: tuple[Option, ...] = (
            value=Text(allow_empty=True), metavar="TOKEN", env="HF_TOKEN",
            default_text="value from HF_TOKEN environment variable", secret=True,
            owner=3),
-    deferred(("--offline",), "offline", "never download: use the local cache only",
-             kind="flag", env="LLAMA_ARG_OFFLINE", issue=MODEL_ISSUE,
-             instead="set HF_HUB_OFFLINE=1 instead"),
-    deferred(("--tags",), "tags", "informational model tags, comma-separated",
-             value=CsvList(), metavar="STRING", env="LLAMA_ARG_TAGS",
-             issue=MODEL_ISSUE, section="server"),
+    Option(("--offline",), "offline",
+           "never download: resolve models from the local Hugging Face cache only",
+           kind="flag", default=False, env="LLAMA_ARG_OFFLINE", owner=MODEL_ISSUE),
+    Option(("--tags",), "tags", "informational model tags, comma-separated (shown by /v1/models)",
+           value=CsvList(), metavar="STRING", default=(), env="LLAMA_ARG_TAGS",
+           section="server", owner=MODEL_ISSUE),
 )
 
 ADAPTERS: tuple[Option, ...] = (
     deferred(("--lora",), "lora", "LoRA adapters to apply (comma-separated paths)",
-             value=Text(), metavar="FNAME", issue=MODEL_ISSUE),
+             value=Text(), metavar="FNAME", issue=ADAPTER_ISSUE),
     deferred(("--lora-scaled",), "lora_scaled",
              "LoRA adapters with a scale each (FNAME:SCALE,...)",
-             value=Text(), metavar="FNAME:SCALE,...", issue=MODEL_ISSUE),
+             value=Text(), metavar="FNAME:SCALE,...", issue=ADAPTER_ISSUE),
     deferred(("--lora-init-without-apply",), "lora_init_without_apply",
              "load the LoRA adapters at scale 0 (raise them later over HTTP)",
-             kind="flag", default_text="disabled", issue=MODEL_ISSUE, section="server"),
+             kind="flag", default_text="disabled", issue=ADAPTER_ISSUE, section="server"),
     not_applicable(("--control-vector",), "control_vector",
                    "add control vectors (comma-separated paths)",
                    value=Text(), metavar="FNAME",

@@ -68,12 +68,13 @@ def _model_facts(model, config: dict, path: Path, n_ctx: int, n_slots: int) -> M
 class EngineLoop:
     def __init__(self, model_path: str, *, n_slots: int, ctx_size: int,
                  batch_size: int, warmup: bool,
-                 emit: Callable[[StepEvents], None]) -> None:
+                 emit: Callable[[StepEvents], None], special: bool = False) -> None:
         self._path = Path(model_path)
         self._n_slots = n_slots
         self._ctx_size = ctx_size
         self._batch_size = batch_size
         self._warmup = warmup
+        self._special = special
         self._emit = emit
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self.vocab = None  # published before Loaded is emitted; read-only after
@@ -105,7 +106,7 @@ class EngineLoop:
         vocab = Vocab(self._path, int(config.get("vocab_size", 0)) or None)
         scheduler = Scheduler(model, vocab, n_slots=self._n_slots,
                               n_ctx_slot=n_ctx // self._n_slots,
-                              batch_size=self._batch_size)
+                              batch_size=self._batch_size, special=self._special)
         if self._warmup:
             self._run_warmup(scheduler, vocab)
         self.vocab = vocab

@@ -82,8 +82,9 @@ class _Sequence:
 
 class Scheduler:
     def __init__(self, model, vocab: Vocab, *, n_slots: int, n_ctx_slot: int,
-                 batch_size: int) -> None:
+                 batch_size: int, special: bool = False) -> None:
         self.vocab = vocab
+        self._render_special = special  # -sp: special tokens appear in the text
         self.n_slots = n_slots
         self.n_ctx_slot = n_ctx_slot
         self._model = model
@@ -240,7 +241,7 @@ class Scheduler:
         seq.tokens.append(token)
         vocab = self.vocab
         is_eos = token in vocab.eos_ids and not job.ignore_eos
-        if vocab.table.is_special(token):
+        if not self._render_special and vocab.table.is_special(token):
             text, complete = "", seq.detok.pending_bytes == 0
         else:
             text = seq.detok.push(token)

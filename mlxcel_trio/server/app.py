@@ -73,7 +73,7 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
     handlers = {
         "health": lambda: info.health(),
         "props": lambda: info.props(ctx()),
-        "models": lambda: info.models(ctx(), config.aliases),
+        "models": lambda: info.models(ctx(), config.aliases, config.tags),
         "slots": lambda: info.slots(bridge),
         "completion": lambda body: native.complete(ctx(), body),
         "v1_completions": lambda body: openai_completions.complete_v1(ctx(), body),

@@ -49,7 +49,7 @@ def _created(path: str) -> int:
         return int(time.time())
 
 
-def models(served: Served, aliases: tuple[str, ...]):
+def models(served: Served, aliases: tuple[str, ...], tags: tuple[str, ...] = ()):
     info, vocab = served.bridge.info, served.bridge.vocab
     name = served.model_name
     quant = info.quantization or info.dtype.upper()
@@ -66,7 +66,7 @@ def models(served: Served, aliases: tuple[str, ...]):
         "data": [{
             "id": name,
             "aliases": sorted(aliases),
-            "tags": [],
+            "tags": list(tags),
             "object": "model",
             "created": _created(info.path),
             "owned_by": "llamacpp",

@@ -64,7 +64,7 @@ def test_implicit_negated_env_name() -> None:
 @pytest.mark.parametrize("opt", [o for o in OPTIONS if o.kind != "action" and o.status in LIVE],
                          ids=lambda o: o.name)
 def test_live_option_lands_in_a_config_field_with_the_same_default(opt: Option) -> None:
-    if opt.dest in ("model", "hf_token"):
+    if opt.dest in ("model", "hf_token", "hf_repo"):
         return  # consumed while resolving the model, not ServerConfig fields
     assert opt.default == _config_default(opt.dest)
 

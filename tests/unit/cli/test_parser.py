@@ -33,6 +33,8 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "timeout": ("60", 60),
     "sse_ping_interval": ("-1", -1),
     "hf_token": ("hf_abc", "hf_abc"),
+    "hf_repo": ("some/model", "some/model"),
+    "tags": ("a,b", ("a", "b")),
 }
 
 LIVE = ("supported", "aliased", "by_design")
@@ -60,7 +62,7 @@ def test_every_value_option_has_a_sample() -> None:
 def test_each_spelling_sets_its_field(opt: Option, spelling: str) -> None:
     raw, want = SAMPLES[opt.dest]
     config = config_of([spelling, raw])
-    if opt.dest == "model":
+    if opt.dest in ("model", "hf_repo"):
         assert config.model_ref == want
     elif opt.dest == "hf_token":
         assert parse([spelling, raw], env={}).values["hf_token"] == want
