@@ -81,3 +81,32 @@ def test_verbose_logs_debug_lines(tiny_model, start_server):
     post(srv.url, {"prompt": "x", "n_predict": 1})
     srv.stop()
     assert any(" D mlxcel" in line for line in srv.stderr)
+
+
+def test_tags_special_and_hf_repo(tiny_model, tiny_facts, start_server):
+    srv = start_server(tiny_model, "-np", "1", "--tags", "alpha,beta", "-sp")
+    assert httpx.get(srv.url + "/v1/models").json()["data"][0]["tags"] == ["alpha", "beta"]
+    res = post(srv.url, {"prompt": tiny_facts["eos_prompt"], "n_predict": 64,
+                         "temperature": 0}).json()
+    assert res["stop_type"] == "eos" and res["content"].endswith("<|im_end|>")
+    srv.stop()
+    # --hf-repo resolves exactly like -m (a local checkpoint directory works)
+    # and wins over -m, saying so
+    srv = start_server("/nonexistent-model-dir", "--hf-repo", str(tiny_model), "-np", "1")
+    res = post(srv.url, {"prompt": tiny_facts["eos_prompt"], "n_predict": 64,
+                         "temperature": 0}).json()
+    assert res["stop_type"] == "eos" and not res["content"].endswith("<|im_end|>")
+    assert any("--hf-repo" in line and "supersedes" in line for line in srv.stderr)
+    srv.stop()
+
+
+def test_offline_refuses_to_download(tiny_model, tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlxcel_trio", "--offline", "-m", "nobody/not-cached-model"],
+        capture_output=True, text=True, timeout=60,
+        env={**__import__("os").environ, "HF_HUB_CACHE": str(tmp_path)})
+    assert proc.returncode == 1
+    assert proc.stderr.count("\n") == 1 and "downloading is off" in proc.stderr
