@@ -27,3 +27,13 @@ fixture KIND="tiny":
 # throughput benchmark against raw mlx-lm (not a test)
 bench *ARGS:
     {{py}} bench/throughput.py {{ARGS}}
+
+# regenerate the llama-server compatibility manifest's facts from ../shared (policy kept)
+compat-extract *ARGS:
+    {{py}} scripts/compat/extract_manifest.py {{ARGS}}
+
+# validate the compatibility manifest, its claims against the code, and the doc's counts
+compat-check:
+    {{py}} scripts/ci/check_llama_compat_manifest.py
+    {{py}} scripts/compat/claims.py
+    {{py}} scripts/compat/render_counts.py --check
