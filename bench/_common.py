@@ -1,0 +1,202 @@
+"""Helpers shared by the benchmark driver and its raw mlx-lm worker.
+
+Nothing here imports MLX: the driver process stays light, so that it costs
+the measured processes as little CPU as possible on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import statistics
+from pathlib import Path
+
+OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
+# Environment variables that change what MLX's CPU backend does; both sides
+# get exactly the same values, and the report prints them.
+BLAS_ENV = ("LD_PRELOAD", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
+            "OPENBLAS_CORETYPE", "GOTO_NUM_THREADS", "MLX_DISABLE_COMPILE")
+
+
+# -- prompts -------------------------------------------------------------------
+
+def vocab_ids(model_dir: Path) -> list[int]:
+    """Ordinary (non-special) token ids of the checkpoint's tokenizer, sorted."""
+    tok = json.loads((Path(model_dir) / "tokenizer.json").read_text())
+    special = {t["id"] for t in tok.get("added_tokens", [])}
+    vocab = tok["model"]["vocab"]
+    ids = vocab.values() if isinstance(vocab, dict) else range(len(vocab))
+    return sorted(i for i in ids if i not in special)
+
+
+def make_prompt(ids: list[int], length: int, seed: int) -> list[int]:
+    """A deterministic prompt of `length` ordinary tokens (same seed, same ids)."""
+    rng = random.Random(f"mlxcel-bench-{seed}")
+    return [rng.choice(ids) for _ in range(length)]
+
+
+# -- processes -----------------------------------------------------------------
+
+def proc_status(pid: int | str = "self") -> dict[str, int]:
+    """VmHWM / VmRSS / VmPeak in KiB from /proc/PID/status."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("VmHWM", "VmRSS", "VmPeak", "Threads"):
+            out[key] = int(rest.split()[0])
+    return out
+
+
+def blas_in_use(pid: int | str = "self") -> dict:
+    """Which BLAS libraries are mapped into a process.  A preloaded OpenBLAS
+    wins symbol resolution over mlx's bundled reference libblas, which stays
+    mapped (mlx links it), so OpenBLAS mapped => OpenBLAS in use."""
+    libs = set()
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        parts = line.split(maxsplit=5)
+        if len(parts) == 6:
+            name = os.path.basename(parts[5])
+            if "openblas" in name or name.startswith("libblas") or "mkl" in name:
+                libs.add(parts[5])
+    # numpy wheels bundle their own (symbol-suffixed) scipy_openblas64_,
+    # which mlx cannot resolve: it says nothing about mlx's BLAS.
+    openblas = sorted(p for p in libs if "openblas" in os.path.basename(p)
+                      and "scipy_openblas" not in os.path.basename(p))
+    bundled = sorted(p for p in libs if os.path.basename(p).startswith("libblas"))
+    if openblas:
+        kind = "OpenBLAS"
+    elif bundled:
+        kind = "bundled reference BLAS"
+    else:
+        kind = "none mapped"
+    return {"kind": kind, "libs": sorted(libs)}
+
+
+def blas_env(base: dict | None = None) -> dict[str, str]:
+    env = base if base is not None else os.environ
+    return {k: env[k] for k in BLAS_ENV if k in env}
+
+
+# -- metrics -------------------------------------------------------------------
+
+def median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def single_rate(events: list[tuple[float, int]]) -> float | None:
+    """Decode tokens/s from (time, n_tokens_so_far) events of one stream,
+    excluding prefill: (n_last - n_first) / (t_last - t_first)."""
+    if len(events) < 2:
+        return None
+    (t0, n0), (t1, n1) = events[0], events[-1]
+    return (n1 - n0) / (t1 - t0) if t1 > t0 else None
+
+
+def step_gap(events: list[tuple[float, int]]) -> float | None:
+    """Median time per token between consecutive events of one stream."""
+    gaps = [(b[0] - a[0]) / (b[1] - a[1]) for a, b in zip(events, events[1:]) if b[1] > a[1]]
+    return median(gaps)
+
+
+def aggregate_rate(streams: list[list[tuple[float, int]]]) -> dict:
+    """Aggregate decode tokens/s while every stream is decoding.
+
+    The window runs from the moment the last stream got its first token
+    (everyone has finished prefill) to the moment the first stream got its
+    last token (everyone is still decoding); tokens are counted per stream
+    from the n-so-far of each event.  Event times of one engine step differ a
+    little across client threads, so both window edges are read with a
+    tolerance of a third of the median step.  Also reports the end-to-end
+    rate (all tokens / first send .. last token) for context.
+    """
+    streams = [s for s in streams if s]
+    out: dict = {"streams": len(streams)}
+    if not streams:
+        return out
+    gap = median(step_gap(s) for s in streams) or 0.0
+    tol = gap / 3
+    t0 = max(s[0][0] for s in streams)
+    t1 = min(s[-1][0] for s in streams)
+
+    def n_at(s, t):
+        n = 0
+        for ts, k in s:
+            if ts <= t + tol:
+                n = k
+            else:
+                break
+        return n
+
+    if t1 > t0:
+        count = sum(n_at(s, t1) - n_at(s, t0) for s in streams)
+        out["window_s"] = t1 - t0
+        out["window_tokens"] = count
+        out["rate"] = count / (t1 - t0)
+    else:  # streams never all decoded at once
+        first = min(s[0][0] for s in streams)
+        last = max(s[-1][0] for s in streams)
+        count = sum(s[-1][1] - s[0][1] for s in streams)
+        out["rate"] = count / (last - first) if last > first else None
+        out["window_s"], out["window_tokens"] = last - first, count
+    out["step_s"] = gap
+    return out
+
+
+# -- CPU accounting ------------------------------------------------------------
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu(pid: int | str = "self") -> dict[int, float]:
+    """CPU seconds (user + system) of each live thread of a process."""
+    out = {}
+    base = Path(f"/proc/{pid}/task")
+    for tid in os.listdir(base):
+        try:
+            stat = (base / tid / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        out[int(tid)] = (int(fields[11]) + int(fields[12])) / _TICK
+    return out
+
+
+def cpu_delta(before: dict[int, float], after: dict[int, float], main_tid: int) -> dict:
+    """Process CPU seconds spent between two thread_cpu() snapshots, with the
+    main thread's share and the busiest threads (threads that ended in
+    between are missed; the engine's threads live as long as the process)."""
+    per = {tid: after[tid] - before.get(tid, 0.0) for tid in after}
+    busiest = sorted(per.values(), reverse=True)
+    return {"total": sum(per.values()), "main": per.get(main_tid, 0.0),
+            "top": [round(x, 2) for x in busiest[:4]], "threads": len(after)}
+
+
+def quantile(xs, q: float):
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return None
+    pos = q * (len(xs) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def robust_rate(streams: list[list[tuple[float, int]]], q: float = 0.25) -> float | None:
+    """Aggregate decode tok/s from the q-quantile of per-token intervals over
+    all streams (n_streams / that interval).  Intermittent load from other
+    processes stretches some steps a lot and leaves others alone; a low
+    quantile of the step time is what the engine does when left alone."""
+    gaps = []
+    for s in streams:
+        gaps += [(b[0] - a[0]) / (b[1] - a[1]) for a, b in zip(s, s[1:]) if b[1] > a[1]]
+    g = quantile(gaps, q)
+    return len([s for s in streams if len(s) > 1]) / g if g else None
+
+
+def machine_busy_s() -> float:
+    """CPU seconds all processes on the machine have used since boot."""
+    f = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in f[:8])
+    return (user + nice + system + irq + softirq + steal) / _TICK
