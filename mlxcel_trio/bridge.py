@@ -58,17 +58,36 @@ REQUEST_CLEANUPS: contextvars.ContextVar[list[Callable[[], None]] | None] = (
     contextvars.ContextVar("request_cleanups", default=None))
 
 
-class JobHandle:
-    """One submitted job: its event channel and an idempotent, synchronous,
-    never-blocking `close()` that cancels the job unless it already ended."""
+class _Group:
+    """The jobs of one request sharing one channel; the channel closes when
+    the last of them ends (finished, failed or cancelled)."""
 
-    def __init__(self, bridge: "Bridge", job_id: int, events: trio.MemoryReceiveChannel) -> None:
+    __slots__ = ("send", "live")
+
+    def __init__(self, send: trio.MemorySendChannel, job_ids) -> None:
+        self.send = send
+        self.live = set(job_ids)
+
+    def end(self, job_id: int) -> None:
+        self.live.discard(job_id)
+        if not self.live:
+            self.send.close()
+
+
+class JobHandle:
+    """The jobs of one request: one event channel for all of them (events
+    carry their job_id), and an idempotent, synchronous, never-blocking
+    `close()` that cancels every job that has not ended yet."""
+
+    def __init__(self, bridge: "Bridge", job_ids: tuple[int, ...],
+                 events: trio.MemoryReceiveChannel) -> None:
         self._bridge = bridge
-        self.job_id = job_id
+        self.job_ids = job_ids
         self.events = events
 
     def close(self) -> None:
-        self._bridge._forget(self.job_id)
+        for job_id in self.job_ids:
+            self._bridge._forget(job_id)
         self.events.close()
 
 
@@ -91,7 +110,7 @@ class Bridge:
         self.loaded = trio.Event()
         self.slots = [SlotView(i) for i in range(config.slots)]
         self._ids = itertools.count(1)
-        self._streams: dict[int, trio.MemorySendChannel] = {}
+        self._streams: dict[int, _Group] = {}
         self._engine: EngineLoop | None = None
 
     # -- lifetime ------------------------------------------------------------------
@@ -129,33 +148,35 @@ class Bridge:
 
     # -- requests ------------------------------------------------------------------
 
-    def open(self, job: Job) -> JobHandle:
-        """Submit `job`; the caller must `close()` the handle (it is also
+    def open(self, *jobs: Job) -> JobHandle:
+        """Submit `jobs`; the caller must `close()` the handle (it is also
         closed when the HTTP request ends, whatever way it ends)."""
         assert self._engine is not None and self.info is not None
-        bound = 2 * self.info.n_ctx_slot + 16
+        bound = len(jobs) * (2 * self.info.n_ctx_slot + 16)
         send, recv = trio.open_memory_channel(bound)
-        self._streams[job.id] = send
-        self._engine.post(Submit(job))
-        handle = JobHandle(self, job.id, recv)
+        group = _Group(send, (job.id for job in jobs))
+        for job in jobs:
+            self._streams[job.id] = group
+            self._engine.post(Submit(job))
+        handle = JobHandle(self, tuple(job.id for job in jobs), recv)
         cleanups = REQUEST_CLEANUPS.get()
         if cleanups is not None:
             cleanups.append(handle.close)
         return handle
 
     @asynccontextmanager
-    async def submit(self, job: Job) -> AsyncIterator[trio.MemoryReceiveChannel]:
-        handle = self.open(job)
+    async def submit(self, *jobs: Job) -> AsyncIterator[trio.MemoryReceiveChannel]:
+        handle = self.open(*jobs)
         try:
             yield handle.events
         finally:
             handle.close()
 
     def _forget(self, job_id: int) -> None:
-        send = self._streams.pop(job_id, None)
-        if send is not None:  # still running: cancel it before its next step
+        group = self._streams.pop(job_id, None)
+        if group is not None:  # still running: cancel it before its next step
             self._engine.post(Cancel(job_id))
-            send.close()
+            group.end(job_id)
 
     # -- engine events (trio thread) -------------------------------------------------
 
@@ -180,17 +201,16 @@ class Bridge:
                 self.load_error = ev.message
                 self.loaded.set()
                 continue
-            send = streams.get(job_id)
-            if send is None:
+            group = streams.get(job_id)
+            if group is None:
                 continue  # the request is gone; its Cancel is already queued
             try:
-                send.send_nowait(ev)
+                group.send.send_nowait(ev)
             except (trio.WouldBlock, trio.BrokenResourceError):
                 log.warning("job %s: dropping its stream (reader gone or over bound)", job_id)
-                streams.pop(job_id, None)
-                self._engine.post(Cancel(job_id))
-                send.close()
+                for other in tuple(group.live):
+                    self._forget(other)
                 continue
             if isinstance(ev, (Finished, Failed)):
                 streams.pop(job_id, None)
-                send.close()
+                group.end(job_id)

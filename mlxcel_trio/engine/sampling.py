@@ -71,3 +71,17 @@ def make_sampler(params: SamplingParams, n_vocab: int):
     if params.temperature <= 0.0:
         return GREEDY
     return ChainSampler(params, n_vocab)
+
+
+def make_token_ban(token_ids, n_vocab: int):
+    """A logits processor giving `token_ids` a -inf logit (upstream's
+    ignore_eos: every end-of-generation token is banned, not just ignored)."""
+    mask = mx.zeros((n_vocab,), dtype=mx.bool_)
+    ids = [t for t in token_ids if 0 <= t < n_vocab]
+    if ids:
+        mask[mx.array(ids)] = True
+
+    def ban(_context: mx.array, logits: mx.array) -> mx.array:
+        return mx.where(mask, -mx.inf, logits)
+
+    return ban

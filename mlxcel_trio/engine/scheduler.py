@@ -32,7 +32,7 @@ from .records import (
     Timings,
     TokenPiece,
 )
-from .sampling import GREEDY, make_sampler
+from .sampling import GREEDY, make_sampler, make_token_ban
 from .stops import StopMatcher
 from .vocab import Vocab
 
@@ -89,6 +89,7 @@ class Scheduler:
         self.n_ctx_slot = n_ctx_slot
         self._model = model
         self._batch_size = batch_size
+        self._ban_eos = make_token_ban(vocab.eos_ids, vocab.n_vocab)
         self._gen = self._new_generator()
         self._pending: deque[Job] = deque()
         self._free = list(range(n_slots))
@@ -219,8 +220,9 @@ class Scheduler:
             self._finish(seq, time.perf_counter(), out)
             return
         sampler = make_sampler(job.sampling, self.vocab.n_vocab)
+        processors = [self._ban_eos] if job.ignore_eos else []
         (uid,) = self._gen.insert([list(job.prompt)], max_tokens=[seq.max_tokens],
-                                  samplers=[sampler])
+                                  samplers=[sampler], logits_processors=[processors])
         seq.uid = uid
         self._by_uid[uid] = seq
 

@@ -22,8 +22,16 @@ from ..config import ServerConfig
 from . import info, native, openai_completions, tokens
 from .completion import Served, server_defaults
 from .body import parse_body
-from .errors import ApiError, error_response, invalid_api_key, loading, not_found
-from .routes import ROUTES
+from .errors import (
+    ApiError,
+    error_response,
+    feature_disabled,
+    invalid_api_key,
+    loading,
+    not_found,
+    not_supported,
+)
+from .routes import ROUTES, quart_rule
 
 log = logging.getLogger("mlxcel.http")
 
@@ -67,7 +75,7 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
         nonlocal served
         if served is None:
             served = Served(bridge, model_name, server_defaults(config, bridge.vocab), BUILD_INFO,
-                            n_predict_cap=config.sampling.n_predict)
+                            n_predict_cap=config.sampling.n_predict, n_slots=config.slots)
         return served
 
     handlers = {
@@ -79,13 +87,21 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
         "v1_completions": lambda body: openai_completions.complete_v1(ctx(), body),
         "tokenize": lambda body: tokens.tokenize(bridge.vocab, body),
         "detokenize": lambda body: tokens.detokenize(bridge.vocab, body),
+        "no_metrics": lambda: not_supported("metrics endpoint", "--metrics"),
+        "no_props": lambda: not_supported("changing global properties", "--props"),
+        "no_slot_actions": lambda: not_supported("slots action", "--slot-save-path"),
+        "no_embeddings": lambda: not_supported("embeddings", "--embeddings"),
+        "no_reranking": lambda: not_supported("reranking", "--reranking"),
+        "feature_disabled": feature_disabled,
     }
 
     def mount(route) -> None:
         fn = handlers[route.handler]
 
-        async def view():
-            if route.method == "POST":
+        takes_body = fn.__code__.co_argcount == 1  # stubs answer without reading it
+
+        async def view(**_path_params):
+            if takes_body:
                 result = fn(await _json_body())
             else:
                 result = fn()
@@ -93,7 +109,8 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
                 result = await result
             return result
 
-        app.add_url_rule(route.path, f"{route.method} {route.path}", view, methods=[route.method])
+        app.add_url_rule(quart_rule(route.path), f"{route.method} {route.path}", view,
+                         methods=[route.method])
 
     for route in ROUTES:
         mount(route)

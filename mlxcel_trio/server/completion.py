@@ -37,6 +37,7 @@ class Served:
     defaults: dict[str, Any]          # server-wide field defaults (flags / checkpoint)
     build_info: str
     n_predict_cap: int = -1           # -n: a positive value caps every request
+    n_slots: int = 1                  # n_cmpl's upper limit, as upstream's n_parallel
 
 
 def server_defaults(config, vocab) -> dict[str, Any]:
@@ -107,7 +108,7 @@ def resolve(body: Any, served: Served) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ApiError("[json.exception.type_error.306] cannot use value() with "
                        f"{json_type_name(body)}")
-    values = parse_fields(body, served.defaults)
+    values = parse_fields(body, served.defaults, {"n_cmpl": (1, served.n_slots)})
     cap = served.n_predict_cap
     if cap > 0 and values["n_predict"] > cap:
         # upstream lowers a request's n_predict to the server's -n
@@ -115,17 +116,23 @@ def resolve(body: Any, served: Served) -> dict[str, Any]:
     return values
 
 
-def make_job(served: Served, values: dict, prompt: list[int], body: dict) -> Job:
+def make_job(served: Served, values: dict, prompt: list[int], body: dict,
+             copy: int = 0) -> Job:
+    """One engine job.  Copies after the first (n_cmpl > 1) take any free slot
+    and, when seeded, seed + copy, as upstream's child tasks do."""
     id_slot = body.get("id_slot", -1)
-    if not isinstance(id_slot, int) or isinstance(id_slot, bool):
+    if copy or not isinstance(id_slot, int) or isinstance(id_slot, bool):
         id_slot = -1
+    seed = values["seed"]
+    if copy and seed != 0xFFFF_FFFF:
+        seed = (seed + copy) & 0xFFFF_FFFF
     return Job(
         id=served.bridge.next_job_id(),
         prompt=tuple(prompt),
         n_predict=values["n_predict"],
         sampling=SamplingParams(
             temperature=values["temperature"], top_k=values["top_k"],
-            top_p=values["top_p"], min_p=values["min_p"], seed=values["seed"],
+            top_p=values["top_p"], min_p=values["min_p"], seed=seed,
         ),
         stop=tuple(values["stop"]),
         ignore_eos=values["ignore_eos"],
@@ -136,20 +143,30 @@ def make_job(served: Served, values: dict, prompt: list[int], body: dict) -> Job
     )
 
 
+def make_jobs(served: Served, values: dict, prompts: list[list[int]], body: dict) -> list[Job]:
+    """Every prompt times n_cmpl; a job's result index is its list position
+    (prompt i's copies are i * n_cmpl .. i * n_cmpl + n_cmpl - 1)."""
+    n = values["n_cmpl"]
+    return [make_job(served, values, p, body, copy) for p in prompts for copy in range(n)]
+
+
 def raise_failed(ev: Failed) -> None:
     raise ApiError(ev.message, ev.kind, dict(ev.extra))
 
 
-async def run_to_end(served: Served, job: Job) -> Finished:
-    """Non-streaming: wait for the final record (a disconnect cancels us,
-    and leaving `submit` cancels the job)."""
-    async with served.bridge.submit(job) as events:
+async def run_all(served: Served, jobs: list[Job]) -> list[Finished]:
+    """Non-streaming: every job's final record, in job order (a disconnect
+    cancels us, and closing the handle cancels what is still running)."""
+    results: dict[int, Finished] = {}
+    async with served.bridge.submit(*jobs) as events:
         async for ev in events:
             if isinstance(ev, Finished):
-                return ev
-            if isinstance(ev, Failed):
+                results[ev.job_id] = ev
+            elif isinstance(ev, Failed):
                 raise_failed(ev)
-    raise ApiError("generation ended without a result", "server_error")
+    if len(results) != len(jobs):
+        raise ApiError("generation ended without a result", "server_error")
+    return [results[job.id] for job in jobs]
 
 
 # -- shared renderers ----------------------------------------------------------------

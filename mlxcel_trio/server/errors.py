@@ -87,6 +87,18 @@ def loading() -> Response:
     return _middleware_error("Loading model", "unavailable_error", 503)
 
 
+def feature_disabled() -> Response:
+    """upstream's res_403 stub body: no `code` key."""
+    return json_response({"error": {"message": "this feature is disabled",
+                                    "type": "feature_disabled"}}, 403)
+
+
+def not_supported(what: str, flag: str) -> Response:
+    """The 501 llama-server answers for a feature it was started without."""
+    return error_response(ApiError(f"This server does not support {what}. Start it with "
+                                   f"`{flag}`", "not_supported_error"))
+
+
 def invalid_api_key() -> Response:
     return _middleware_error("Invalid API Key", "authentication_error", 401)
 

@@ -65,7 +65,7 @@ NATIVE_FIELDS: tuple[Field, ...] = (
     F("n_keep", "int32", 0, lim=(-1, INT32_MAX), hard=True, status=D),
     F("n_discard", "int32", 0, lim=I32, hard=True, status=D),
     F("n_cmpl", "int32", 1, aliases=("n",), lim=(1, 1), hard=True,
-      doc="one completion per request; >1 refused"),
+      doc="completions per prompt; the upper limit is the slot count (set per server)"),
     F("n_cache_reuse", "int32", 0, lim=I32, hard=True, status=D),
     F("t_max_predict_ms", "int64", -1, lim=(-1, INT64_MAX), hard=True, doc="prediction time bound"),
     F("response_fields", "json", None, doc="project the final response"),
@@ -173,10 +173,11 @@ def _fmt(v: float | int, field: Field) -> str:
     return f"{v:f}" if field.kind == "float" else str(int(v))
 
 
-def _check_limits(field: Field, value):
-    if field.limits is None:
+def _check_limits(field: Field, value, limits=None):
+    limits = limits or field.limits
+    if limits is None:
         return value
-    lo, hi = field.limits
+    lo, hi = limits
     if lo <= value <= hi:
         return value
     if field.hard:
@@ -208,10 +209,14 @@ def _lookup(body: dict, field: Field):
     return None, None
 
 
-def parse_fields(body: dict, defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+def parse_fields(body: dict, defaults: dict[str, Any] | None = None,
+                 limits: dict[str, tuple[float, float]] | None = None) -> dict[str, Any]:
     """Resolve every field: request value if present, else the server default
-    (`defaults`, from the command line / checkpoint), else the table default."""
+    (`defaults`, from the command line / checkpoint), else the table default.
+    `limits` overrides a field's limits where the server sets them (n_cmpl's
+    upper bound is the slot count)."""
     defaults = defaults or {}
+    limits = limits or {}
     out: dict[str, Any] = {}
     nested = body.get("stream_options")
     for field in NATIVE_FIELDS:
@@ -223,7 +228,7 @@ def parse_fields(body: dict, defaults: dict[str, Any] | None = None) -> dict[str
             out[field.name] = defaults.get(field.name, field.default)
             continue
         try:
-            value = _check_limits(field, _convert(field, raw))
+            value = _check_limits(field, _convert(field, raw), limits.get(field.name))
             if field.name == "stop":
                 value = _stop_list(value)
         except ValueError as exc:

@@ -21,7 +21,20 @@ def _default_values(served: Served) -> dict:
     return parse_fields({}, served.defaults)
 
 
+FTYPE_NAMES = {"float32": "all F32", "float16": "F16", "bfloat16": "BF16"}
+MEDIA_MARKER = "<__media__>"  # upstream's default; no media is served here
+
+
+def ftype_name(info) -> str:
+    """llama.cpp's file-type name where one fits, else the MLX quantization."""
+    if info.quantization:
+        return f"MLX {info.quantization}"
+    return FTYPE_NAMES.get(info.dtype, info.dtype.upper())
+
+
 def props(served: Served):
+    """get_res_props' keys in its order; chat_template_caps waits for the chat
+    issue (#4) and is omitted rather than invented."""
     bridge = served.bridge
     info, vocab = bridge.info, bridge.vocab
     return json_response({
@@ -29,16 +42,21 @@ def props(served: Served):
                                         "n_ctx": info.n_ctx_slot},
         "total_slots": info.n_slots,
         "model_alias": served.model_name,
+        "model_ftype": ftype_name(info),
         "model_path": info.path,
         "modalities": {"vision": False, "video": False, "audio": False},
+        "media_marker": MEDIA_MARKER,
         "endpoint_slots": True,
         "endpoint_props": False,
         "endpoint_metrics": False,
+        "ui": False,
+        "ui_settings": {},
         "chat_template": vocab.chat_template or "",
         "bos_token": vocab.bos_token or "",
         "eos_token": vocab.eos_token or "",
         "build_info": served.build_info,
         "is_sleeping": False,
+        "cors_proxy_enabled": False,
     })
 
 
@@ -52,7 +70,7 @@ def _created(path: str) -> int:
 def models(served: Served, aliases: tuple[str, ...], tags: tuple[str, ...] = ()):
     info, vocab = served.bridge.info, served.bridge.vocab
     name = served.model_name
-    quant = info.quantization or info.dtype.upper()
+    quant = ftype_name(info)
     return json_response({
         "models": [{
             "name": name, "model": name, "modified_at": "", "size": str(info.size_bytes),

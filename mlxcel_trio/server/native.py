@@ -1,29 +1,28 @@
 """POST /completion and /completions: llama-server's native completion shape.
 
-Non-streaming answers one object (a JSON array when the prompt holds several
-prompts).  Streaming sends one partial frame per token that completes a
-UTF-8 sequence (its id in `tokens`, `id_slot: -1`), optional prompt_progress
-frames, then the full object with empty content as the last frame, and no
-[DONE] sentinel.
+Non-streaming answers one object, or a JSON array when the request makes
+several results (several prompts, or n_cmpl > 1).  Streaming sends one
+partial frame per token that completes a UTF-8 sequence (its id in
+`tokens`, `id_slot: -1`), optional prompt_progress frames, then each
+result's full object with empty content, and no [DONE] sentinel.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import trio
 from quart import Response
 
-from ..engine.records import Finished, PromptProgress, Started, TokenPiece
+from ..engine.records import Finished, PromptProgress, TokenPiece
 from .completion import (
     Served,
     generation_settings,
-    make_job,
+    make_jobs,
     resolve,
-    run_to_end,
+    run_all,
     tokenize_prompts,
 )
-from .errors import ApiError, json_response
+from .errors import json_response
 from .sse import event_stream, first_event, frame
 
 
@@ -73,55 +72,48 @@ def final_object(served: Served, values: dict, fin: Finished, prompt: list[int],
 async def complete(served: Served, body: Any) -> Response:
     values = resolve(body, served)
     prompts = tokenize_prompts(body, served.bridge.vocab)
+    jobs = make_jobs(served, values, prompts, body)
     if values["stream"]:
-        return await _stream(served, values, body, prompts)
-    results: list[dict | None] = [None] * len(prompts)
-
-    async def one(i: int, prompt: list[int]) -> None:
-        fin = await run_to_end(served, make_job(served, values, prompt, body))
-        obj = final_object(served, values, fin, prompt, i, streamed=False)
-        results[i] = _project(obj, values["response_fields"])
-
-    if len(prompts) == 1:
-        await one(0, prompts[0])
-        return json_response(results[0])
-    async with trio.open_nursery() as nursery:
-        for i, p in enumerate(prompts):
-            nursery.start_soon(one, i, p)
-    return json_response(results)
+        return await _stream(served, values, jobs)
+    results = [
+        _project(final_object(served, values, fin, list(job.prompt), i, streamed=False),
+                 values["response_fields"])
+        for i, (job, fin) in enumerate(zip(jobs, await run_all(served, jobs)))
+    ]
+    # one result answers an object; several (prompts x n_cmpl) an array
+    return json_response(results[0] if len(results) == 1 else results)
 
 
-async def _stream(served: Served, values: dict, body: dict, prompts: list[list[int]]) -> Response:
-    # Upstream interleaves several prompts' frames by index; not served yet.
-    if len(prompts) != 1:
-        raise ApiError("streaming with multiple prompts is not supported")
-    prompt = prompts[0]
-    handle = served.bridge.open(make_job(served, values, prompt, body))
+async def _stream(served: Served, values: dict, jobs: list) -> Response:
+    """Frames of every job interleaved as they come, told apart by index."""
+    handle = served.bridge.open(*jobs)
     first = await first_event(handle)
     per_token_timings = values["timings_per_token"]
-    n_prompt = len(prompt)
+    index = {job.id: i for i, job in enumerate(jobs)}
+    prompt = {job.id: job.prompt for job in jobs}
 
     def render(ev):
+        i = index[ev.job_id]
+        n_prompt = len(prompt[ev.job_id])
         if isinstance(ev, TokenPiece):
             if not ev.complete and not ev.text:
                 return ()  # mid-UTF-8 with nothing to show: upstream sends no frame
-            obj = {"index": 0, "content": ev.text, "tokens": [ev.token], "stop": False,
+            obj = {"index": i, "content": ev.text, "tokens": [ev.token], "stop": False,
                    "id_slot": -1, "tokens_predicted": ev.n_decoded,
                    "tokens_evaluated": n_prompt}
             if per_token_timings or ev.last:
                 obj["timings"] = ev.timings.to_json()
             return (frame(obj),)
         if isinstance(ev, PromptProgress):
-            return (frame({"index": 0, "content": "", "tokens": [], "stop": False,
+            return (frame({"index": i, "content": "", "tokens": [], "stop": False,
                            "id_slot": -1, "tokens_predicted": 0, "tokens_evaluated": n_prompt,
                            "prompt_progress": {"total": ev.total, "cache": ev.cache,
                                                "processed": ev.processed,
                                                "time_ms": ev.time_ms}}),)
         if isinstance(ev, Finished):
-            obj = final_object(served, values, ev, prompt, 0, streamed=True)
+            obj = final_object(served, values, ev, list(prompt[ev.job_id]), i, streamed=True)
             return (frame(_project(obj, values["response_fields"])),)
         return ()  # Started
 
-    assert isinstance(first, (Started, PromptProgress, TokenPiece, Finished))
     return Response(event_stream(handle, first, render, values["sse_ping_interval"]),
                     content_type="text/event-stream")

@@ -1,8 +1,10 @@
 """POST /v1/completions: the OpenAI text-completion shape.
 
 The request goes through the same native field table (upstream does the
-same at this release); only the rendering differs.  Streams end with
-`data: [DONE]`.
+same at this release); only the rendering differs.  Key order follows
+upstream's to_json_oaicompat: choices, created, model, system_fingerprint,
+object, usage (final results only), id, then the optional timings,
+prompt_progress and __verbose.  Streams end with `data: [DONE]`.
 """
 
 from __future__ import annotations
@@ -12,59 +14,88 @@ from typing import Any
 
 from quart import Response
 
-from ..engine.records import Finished, TokenPiece
-from .completion import Served, make_job, now_s, resolve, run_to_end, tokenize_prompts
-from .errors import ApiError, json_response
+from ..engine.records import Finished, PromptProgress, TokenPiece
+from .completion import Served, make_jobs, now_s, resolve, run_all, tokenize_prompts
+from .errors import json_response
+from .native import final_object
 from .sse import DONE, event_stream, first_event, frame
 
 
 def _finish_reason(fin: Finished) -> str:
-    return "length" if fin.stop_type == "limit" else "stop"
+    return "stop" if fin.stop_type in ("word", "eos") else "length"
 
 
-def _usage(fin: Finished) -> dict:
-    n = len(fin.tokens)
-    return {"completion_tokens": n, "prompt_tokens": fin.n_prompt, "total_tokens": n + fin.n_prompt}
+def _usage(finished: list[Finished]) -> dict:
+    n = sum(len(f.tokens) for f in finished)
+    p = sum(f.n_prompt for f in finished)
+    cached = sum(f.timings.cache_n for f in finished)
+    return {"completion_tokens": n, "prompt_tokens": p, "total_tokens": n + p,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
-def _envelope(served: Served, cmpl_id: str, created: int, choices: list) -> dict[str, Any]:
-    return {"choices": choices, "created": created, "model": served.model_name,
-            "system_fingerprint": served.build_info, "object": "text_completion",
-            "id": cmpl_id}
+def _choice(text: str, index: int, finish_reason: str | None) -> dict:
+    return {"text": text, "index": index, "logprobs": None, "finish_reason": finish_reason}
+
+
+class _Render:
+    """The envelope shared by a request's results."""
+
+    def __init__(self, served: Served, values: dict) -> None:
+        self.served, self.values = served, values
+        self.id = "cmpl-" + secrets.token_hex(16)
+        self.created = now_s()
+
+    def envelope(self, choices: list, usage: dict | None = None) -> dict[str, Any]:
+        res = {"choices": choices, "created": self.created, "model": self.served.model_name,
+               "system_fingerprint": self.served.build_info, "object": "text_completion"}
+        if usage is not None:
+            res["usage"] = usage
+        res["id"] = self.id
+        return res
+
+    def final(self, fins: list[Finished], jobs: list, streamed: bool) -> dict[str, Any]:
+        res = self.envelope([_choice("" if streamed else f.content, jobs.index(job),
+                                     _finish_reason(f)) for job, f in fins],
+                            _usage([f for _, f in fins]))
+        res["timings"] = fins[0][1].timings.to_json()
+        if self.values["verbose"]:
+            job, fin = fins[0]
+            res["__verbose"] = final_object(self.served, self.values, fin, list(job.prompt),
+                                            jobs.index(job), streamed)
+        return res
 
 
 async def complete_v1(served: Served, body: Any) -> Response:
     values = resolve(body, served)
     prompts = tokenize_prompts(body, served.bridge.vocab)
-    if len(prompts) != 1:
-        raise ApiError("multiple prompts are not supported on /v1/completions")
-    prompt = prompts[0]
-    cmpl_id = "cmpl-" + secrets.token_hex(16)
-    created = now_s()
-    job = make_job(served, values, prompt, body)
+    jobs = make_jobs(served, values, prompts, body)
+    out = _Render(served, values)
     if not values["stream"]:
-        fin = await run_to_end(served, job)
-        res = _envelope(served, cmpl_id, created, [{
-            "text": fin.content, "index": 0, "logprobs": None,
-            "finish_reason": _finish_reason(fin)}])
-        res["usage"] = _usage(fin)
-        res["timings"] = fin.timings.to_json()
-        return json_response(res)
+        finished = await run_all(served, jobs)
+        # several results come back as the choices of one object, as upstream
+        return json_response(out.final(list(zip(jobs, finished)), jobs, streamed=False))
 
-    handle = served.bridge.open(job)
+    handle = served.bridge.open(*jobs)
     first = await first_event(handle)
+    by_id = {job.id: job for job in jobs}
+    index = {job.id: i for i, job in enumerate(jobs)}
+    per_token_timings = values["timings_per_token"]
 
     def render(ev):
-        if isinstance(ev, TokenPiece) and ev.text:  # mid-UTF-8 pieces may carry text too
-            return (frame(_envelope(served, cmpl_id, created, [{
-                "text": ev.text, "index": 0, "logprobs": None, "finish_reason": None}])),)
-        if isinstance(ev, Finished):
-            res = _envelope(served, cmpl_id, created, [{
-                "text": "", "index": 0, "logprobs": None,
-                "finish_reason": _finish_reason(ev)}])
-            res["usage"] = _usage(ev)
-            res["timings"] = ev.timings.to_json()
+        if isinstance(ev, TokenPiece):
+            if not ev.complete and not ev.text:
+                return ()  # mid-UTF-8 with nothing to show: no frame, as upstream
+            res = out.envelope([_choice(ev.text, index[ev.job_id], None)])
+            if per_token_timings or ev.last:
+                res["timings"] = ev.timings.to_json()
             return (frame(res),)
+        if isinstance(ev, PromptProgress):
+            res = out.envelope([_choice("", index[ev.job_id], None)])
+            res["prompt_progress"] = {"total": ev.total, "cache": ev.cache,
+                                      "processed": ev.processed, "time_ms": ev.time_ms}
+            return (frame(res),)
+        if isinstance(ev, Finished):
+            return (frame(out.final([(by_id[ev.job_id], ev)], jobs, streamed=True)),)
         return ()
 
     return Response(event_stream(handle, first, render, values["sse_ping_interval"], DONE),

@@ -29,4 +29,25 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/completions", "v1_completions"),
     Route("POST", "/tokenize", "tokenize"),
     Route("POST", "/detokenize", "detokenize"),
+    # Features this server runs without, answered exactly as llama-server
+    # answers them when it was started without the enabling flag.
+    Route("GET", "/metrics", "no_metrics"),
+    Route("POST", "/props", "no_props"),
+    Route("POST", "/slots/:id_slot", "no_slot_actions"),
+    Route("POST", "/embedding", "no_embeddings"),
+    Route("POST", "/embeddings", "no_embeddings"),
+    Route("POST", "/v1/embeddings", "no_embeddings"),
+    Route("POST", "/rerank", "no_reranking"),
+    Route("POST", "/reranking", "no_reranking"),
+    Route("POST", "/v1/rerank", "no_reranking"),
+    Route("POST", "/v1/reranking", "no_reranking"),
+    Route("GET", "/tools", "feature_disabled"),
+    Route("POST", "/tools", "feature_disabled"),
+    Route("GET", "/cors-proxy", "feature_disabled"),
+    Route("POST", "/cors-proxy", "feature_disabled"),
 )
+
+
+def quart_rule(path: str) -> str:
+    """upstream's `/slots/:id_slot` spelling -> Quart's `/slots/<id_slot>`."""
+    return "/".join(f"<{p[1:]}>" if p.startswith(":") else p for p in path.split("/"))

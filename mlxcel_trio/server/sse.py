@@ -43,6 +43,19 @@ async def first_event(handle: JobHandle):
     return ev
 
 
+_END = object()
+
+
+async def _next_or_ping(handle: JobHandle, ping_s: float):
+    """The next event, None after `ping_s` of silence, or _END."""
+    with trio.move_on_after(ping_s if ping_s > 0 else float("inf")):
+        try:
+            return await handle.events.receive()
+        except trio.EndOfChannel:
+            return _END
+    return None
+
+
 async def event_stream(
     handle: JobHandle,
     first,
@@ -50,26 +63,22 @@ async def event_stream(
     ping_s: float,
     trailer: bytes = b"",
 ) -> AsyncIterator[bytes]:
-    """Yield the frames `render` makes of each event, then `trailer`."""
+    """Yield the frames `render` makes of each event until every job of the
+    handle has ended, then `trailer`.  A failure ends the stream with an
+    error frame (and closing the handle cancels the other jobs)."""
     try:
         ev = first
-        while True:
-            if isinstance(ev, Failed):
+        while ev is not _END:
+            if ev is None:
+                yield PING
+            elif isinstance(ev, Failed):
                 yield error_frame(ApiError(ev.message, ev.kind, dict(ev.extra)))
                 return
-            for chunk in render(ev):
-                yield chunk
-            if isinstance(ev, Finished):
-                break
-            ev = None
-            while ev is None:
-                with trio.move_on_after(ping_s if ping_s > 0 else float("inf")):
-                    ev = await handle.events.receive()
-                if ev is None:
-                    yield PING
+            else:
+                for chunk in render(ev):
+                    yield chunk
+            ev = await _next_or_ping(handle, ping_s)
         if trailer:
             yield trailer
-    except trio.EndOfChannel:
-        return
     finally:
         handle.close()

@@ -130,13 +130,37 @@ def test_n_predict_domain_uses_the_spelling_sent(server, spelling):
         "message": f"Field '{spelling}': Value must be between -1 <= value <= 2147483647, but got -2"}}
 
 
-def test_n_cmpl(server):
+def test_n_cmpl(server, tiny_facts):
     assert complete(server, prompt="x", n_predict=1, n_cmpl=1)["tokens_predicted"] == 1
     for name in ("n_cmpl", "n"):
-        r = post(server.url, {"prompt": "x", name: 2})
+        res = post(server.url, {"prompt": "x", name: 2, "n_predict": 3, **GREEDY}).json()
+        assert [r["index"] for r in res] == [0, 1]
+        assert res[0]["content"] == res[1]["content"]  # greedy copies agree
+        # upstream's hard limit is the slot count (-np 4 here)
+        r = post(server.url, {"prompt": "x", name: 5})
         assert r.status_code == 400
         assert r.json()["error"]["message"] == \
-            f"Field '{name}': Value must be between 1 <= value <= 1, but got 2"
+            f"Field '{name}': Value must be between 1 <= value <= 4, but got 5"
+    # seeded copies sample with seed + copy, so they differ
+    seeded = post(server.url, {"prompt": tiny_facts["long_prompt"], "n_cmpl": 2, "n_predict": 24,
+                               "temperature": 1.5, "top_k": 0, "top_p": 1.0, "min_p": 0.0,
+                               "seed": 5, "ignore_eos": True}).json()
+    assert seeded[0]["content"] != seeded[1]["content"]
+    # prompts x copies, indexed prompt-major
+    grid = post(server.url, {"prompt": ["Hello", "World"], "n_cmpl": 2, "n_predict": 3,
+                             **GREEDY}).json()
+    assert [r["index"] for r in grid] == [0, 1, 2, 3]
+    assert grid[0]["content"] == grid[1]["content"] != grid[2]["content"] == grid[3]["content"]
+
+
+def test_streaming_several_results_interleaves_by_index(server):
+    frames, _ = stream_frames(server.url, {"prompt": ["Hello", "World"], "n_predict": 6,
+                                           **GREEDY})
+    finals = [f for f in frames if f["stop"]]
+    assert sorted(f["index"] for f in finals) == [0, 1]
+    for i, prompt in enumerate(["Hello", "World"]):
+        text = "".join(f["content"] for f in frames if f["index"] == i and not f["stop"])
+        assert text == complete(server, prompt=prompt, n_predict=6, **GREEDY)["content"]
 
 
 def test_verbose_is_inert(server):
@@ -217,8 +241,12 @@ def test_eos_stops(server, tiny_facts):
     # upstream counts the end-of-generation token itself
     assert res["tokens_predicted"] == tiny_facts["eos_after_tokens"] + 1
     assert res["truncated"] is False
-    ignored = complete(server, prompt=tiny_facts["eos_prompt"], n_predict=64, **GREEDY)
+    ignored = complete(server, prompt=tiny_facts["eos_prompt"], n_predict=64, return_tokens=True,
+                       **GREEDY)
     assert ignored["stop_type"] == "limit" and ignored["tokens_predicted"] == 64
+    # upstream bans end-of-generation tokens outright: they are never sampled
+    assert not set(ignored["tokens"]) & set(tiny_facts["eos_token_ids"])
+    assert ignored["tokens"][:len(tiny_facts["eos_greedy_ids"])] == tiny_facts["eos_greedy_ids"]
 
 
 def test_seeded_sampling_is_reproducible(server, tiny_facts):

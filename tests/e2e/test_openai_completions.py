@@ -129,3 +129,30 @@ def test_field_errors_reach_the_sdk_as_400(client):
     assert info.value.body["message"] == \
         "Field 'max_tokens': Value must be between -1 <= value <= 2147483647, but got -2"
     assert info.value.body["type"] == "invalid_request_error"
+
+
+def test_several_prompts_are_choices_of_one_object(server):
+    """upstream folds several results into one object's `choices`."""
+    import httpx
+    body = {"prompt": ["Hello", "World"], "max_tokens": 4, "temperature": 0,
+            "ignore_eos": True}
+    res = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
+    assert [c["index"] for c in res["choices"]] == [0, 1]
+    assert res["usage"]["completion_tokens"] == 8
+    solo = httpx.post(server.url + "/v1/completions", json={**body, "prompt": "World"},
+                      timeout=60).json()
+    assert res["choices"][1]["text"] == solo["choices"][0]["text"]
+
+
+def test_key_order_usage_details_and_verbose(server):
+    import httpx
+    body = {"prompt": "Hello", "max_tokens": 3, "temperature": 0, "ignore_eos": True}
+    res = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
+    assert list(res) == ["choices", "created", "model", "system_fingerprint", "object", "usage",
+                         "id", "timings"]
+    assert res["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert "__verbose" not in res
+    verbose = httpx.post(server.url + "/v1/completions", json={**body, "verbose": True},
+                         timeout=60).json()
+    assert verbose["__verbose"]["content"] == verbose["choices"][0]["text"]
+    assert verbose["__verbose"]["tokens_predicted"] == 3

@@ -1,0 +1,48 @@
+"""Features this server runs without answer exactly as llama-server answers
+them when started without the enabling flag (403 stubs and 501s)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.mark.parametrize("method,path", [("GET", "/tools"), ("POST", "/tools"),
+                                         ("GET", "/cors-proxy"), ("POST", "/cors-proxy")])
+def test_ui_tool_routes_are_feature_disabled(server, method, path):
+    r = httpx.request(method, server.url + path, json={"tool": "x"})
+    assert r.status_code == 403
+    assert r.json() == {"error": {"message": "this feature is disabled", "type": "feature_disabled"}}
+
+
+@pytest.mark.parametrize("method,path,message", [
+    ("GET", "/metrics", "This server does not support metrics endpoint. Start it with `--metrics`"),
+    ("POST", "/props", "This server does not support changing global properties. "
+                       "Start it with `--props`"),
+    ("POST", "/slots/0?action=save", "This server does not support slots action. "
+                                     "Start it with `--slot-save-path`"),
+    ("POST", "/embedding", "This server does not support embeddings. Start it with `--embeddings`"),
+    ("POST", "/embeddings", "This server does not support embeddings. Start it with `--embeddings`"),
+    ("POST", "/v1/embeddings", "This server does not support embeddings. "
+                               "Start it with `--embeddings`"),
+    ("POST", "/rerank", "This server does not support reranking. Start it with `--reranking`"),
+    ("POST", "/reranking", "This server does not support reranking. Start it with `--reranking`"),
+    ("POST", "/v1/rerank", "This server does not support reranking. Start it with `--reranking`"),
+    ("POST", "/v1/reranking", "This server does not support reranking. "
+                              "Start it with `--reranking`"),
+])
+def test_features_started_without_answer_501(server, method, path, message):
+    # the body is never read: even a malformed one gets the 501
+    r = httpx.request(method, server.url + path, content=b"{not json")
+    assert r.status_code == 501
+    assert r.json() == {"error": {"code": 501, "message": message, "type": "not_supported_error"}}
+
+
+def test_props_key_set_follows_upstream(server):
+    keys = list(httpx.get(server.url + "/props").json())
+    assert keys == ["default_generation_settings", "total_slots", "model_alias", "model_ftype",
+                    "model_path", "modalities", "media_marker", "endpoint_slots",
+                    "endpoint_props", "endpoint_metrics", "ui", "ui_settings", "chat_template",
+                    "bos_token", "eos_token", "build_info", "is_sleeping", "cors_proxy_enabled"]
