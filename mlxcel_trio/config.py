@@ -54,6 +54,7 @@ class ServerConfig:
     api_keys: tuple[str, ...] = attrs.field(default=(), repr=False)
     warmup: bool = True
     special: bool = False        # -sp: render special tokens in generated text
+    spm_infill: bool = False     # --spm-infill: /infill puts the suffix block first
     verbose: bool = False
     timeout: int = 3600          # HTTP socket read/write timeout, seconds
     sse_ping_interval: int = 30  # seconds; <= 0 disables

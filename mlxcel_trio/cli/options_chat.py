@@ -12,17 +12,11 @@ from mlxcel_trio.cli.refusals import deferred
 from mlxcel_trio.cli.values import Choice, Int, Text
 
 CHAT_ISSUE = 4
-ROUTES_ISSUE = 2
 
 
 def _chat(spellings: tuple[str, ...], dest: str, help: str, **kw: Any) -> Option:
     kw.setdefault("section", "server")
     return deferred(spellings, f"chat_{dest}", help, issue=CHAT_ISSUE, **kw)
-
-
-def _routes(spellings: tuple[str, ...], dest: str, help: str, **kw: Any) -> Option:
-    kw.setdefault("section", "server")
-    return deferred(spellings, dest, help, issue=ROUTES_ISSUE, **kw)
 
 
 def _no_kwargs(value: str) -> bool:
@@ -103,7 +97,7 @@ ROUTES: tuple[Option, ...] = (
             "2 euclidean, >2 p-norm", value=Int(), metavar="N", default=2),
     Option(("-sp", "--special"), "special", "render special tokens in generated text",
            kind="flag", default=False, default_text="false", section="server", owner=2),
-    _routes(("--spm-infill",), "spm_infill",
-            "build infill prompts suffix-first (SPM) instead of prefix-first",
-            kind="flag", default_text="disabled"),
+    Option(("--spm-infill",), "spm_infill",
+           "build /infill prompts suffix-first (SPM) instead of prefix-first",
+           kind="flag", default=False, default_text="disabled", section="server", owner=2),
 )

@@ -15,6 +15,21 @@ from tokenizers import Tokenizer
 from .detokenizer import TokenTable
 
 
+# The fill-in-the-middle marker spellings llama.cpp's vocabulary loader looks
+# for, per role (Qwen, StarCoder-style, Granite, DeepSeek, CodeLlama, ...).
+FIM_SPELLINGS: dict[str, tuple[str, ...]] = {
+    "pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<\uff5cfim\u2581begin\uff5c>",
+            "<PRE>", "\u2581<PRE>", "<|code_prefix|>", "<|prefix|>"),
+    "suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<\uff5cfim\u2581hole\uff5c>",
+            "<SUF>", "\u2581<SUF>", "<|code_suffix|>", "<|suffix|>"),
+    "mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<\uff5cfim\u2581end\uff5c>",
+            "<MID>", "\u2581<MID>", "<|code_middle|>", "<|middle|>"),
+    "pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
+    "rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+    "sep": ("<|file_sep|>",),
+}
+
+
 def _read_json(path: Path) -> dict:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -67,6 +82,12 @@ class Vocab:
             self._tok.token_to_id(self.bos_token) if self.bos_token else None
         )
         self.n_vocab = n_vocab_model or self._tok.get_vocab_size(with_added_tokens=True)
+        self.fim: dict[str, int | None] = {
+            role: next((t for t in map(self._tok.token_to_id, names) if t is not None), None)
+            for role, names in FIM_SPELLINGS.items()
+        }
+        probe = self._tok.encode("a", add_special_tokens=True).ids
+        self.add_bos = self.bos_id is not None and bool(probe) and probe[0] == self.bos_id
         # Sampling defaults the checkpoint author declared (used when the
         # matching flag is absent; recorded by_design).
         self.generation_defaults = {

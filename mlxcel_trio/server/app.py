@@ -19,7 +19,7 @@ from werkzeug.exceptions import HTTPException
 from .. import __version__
 from ..bridge import REQUEST_CLEANUPS, Bridge
 from ..config import ServerConfig
-from . import info, native, openai_completions, tokens
+from . import info, infill, native, openai_completions, tokens
 from .completion import Served, server_defaults
 from .body import parse_body
 from .errors import (
@@ -75,7 +75,8 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
         nonlocal served
         if served is None:
             served = Served(bridge, model_name, server_defaults(config, bridge.vocab), BUILD_INFO,
-                            n_predict_cap=config.sampling.n_predict, n_slots=config.slots)
+                            n_predict_cap=config.sampling.n_predict, n_slots=config.slots,
+                            batch_size=config.batch_size, spm_infill=config.spm_infill)
         return served
 
     handlers = {
@@ -85,6 +86,7 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
         "slots": lambda: info.slots(bridge),
         "completion": lambda body: native.complete(ctx(), body),
         "v1_completions": lambda body: openai_completions.complete_v1(ctx(), body),
+        "infill": lambda body: infill.infill(ctx(), body),
         "tokenize": lambda body: tokens.tokenize(bridge.vocab, body),
         "detokenize": lambda body: tokens.detokenize(bridge.vocab, body),
         "no_metrics": lambda: not_supported("metrics endpoint", "--metrics"),

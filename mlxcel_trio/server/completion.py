@@ -38,6 +38,8 @@ class Served:
     build_info: str
     n_predict_cap: int = -1           # -n: a positive value caps every request
     n_slots: int = 1                  # n_cmpl's upper limit, as upstream's n_parallel
+    batch_size: int = 2048            # -b: /infill keeps its context within one batch
+    spm_infill: bool = False          # --spm-infill: suffix block first
 
 
 def server_defaults(config, vocab) -> dict[str, Any]:

@@ -27,6 +27,7 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/completion", "completion"),
     Route("POST", "/completions", "completion"),
     Route("POST", "/v1/completions", "v1_completions"),
+    Route("POST", "/infill", "infill"),
     Route("POST", "/tokenize", "tokenize"),
     Route("POST", "/detokenize", "detokenize"),
     # Features this server runs without, answered exactly as llama-server
