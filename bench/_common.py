@@ -183,7 +183,7 @@ def quantile(xs, q: float):
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-def robust_rate(streams: list[list[tuple[float, int]]], q: float = 0.25) -> float | None:
+def robust_rate(streams: list[list[tuple[float, int]]], q: float = 0.10) -> float | None:
     """Aggregate decode tok/s from the q-quantile of per-token intervals over
     all streams (n_streams / that interval).  Intermittent load from other
     processes stretches some steps a lot and leaves others alone; a low

@@ -79,7 +79,10 @@ def install() -> None:
           before=lambda self, job_id, out: trace("cancel.begin", f"job={job_id}"),
           after=lambda self, job_id, out: trace("cancel.end", f"job={job_id}"))
     _wrap(BatchGenerator, "next",
-          before=lambda self: trace("gen.next.begin", f"n_gen={len(self._generation_batch)}"),
+          before=lambda self: trace("gen.next.begin",
+                                    f"n_gen={len(self._generation_batch)} "
+                                    f"n_prompt={len(self._prompt_batch)} "
+                                    f"n_waiting={len(self._unprocessed_sequences)}"),
           after=lambda self: trace("gen.next.end"))
 
     def on_deliver(self, batch):
