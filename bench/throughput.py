@@ -491,6 +491,15 @@ def report_throughput(args, rounds: list) -> dict:
     a, b = med.get("foreign_raw"), med.get("foreign_srv")
     print(f"{'other processes, avg CPUs busy meanwhile':44} {fmt(a):>11} {fmt(b):>11}"
           f"{'':>10}(info: contention)")
+    if len(sums) > 1:
+        keys = list(last["raw"]["batch"])
+        for i, sm in enumerate(sums):
+            parts = [f"single {fmt(ratio(sm['single_srv'], sm['single_raw']), '.2f', 'x')}"]
+            parts += [f"{k} streams {fmt(ratio(sm[f'agg{k}_srv'], sm[f'agg{k}_raw']), '.2f', 'x')}"
+                      for k in keys]
+            parts.append(f"TTFT {fmt(ratio(sm['ttft_srv'], sm['ttft_raw']), '.2f', 'x')}")
+            print(f"  round {i + 1}: other processes {sm['foreign_raw']:.2f} / {sm['foreign_srv']:.2f} "
+                  f"CPUs (raw / server); srv/raw " + ", ".join(parts))
     a, b = med.get("step_raw"), med.get("step_srv")
     print(f"{'per-token decode time ms, 1 stream':44} {fmt(a and a * 1e3, '.1f'):>11} "
           f"{fmt(b and b * 1e3, '.1f'):>11} {fmt(ratio(b, a), '.2f', 'x'):>8}  (info, lower is better)")
