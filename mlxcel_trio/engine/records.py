@@ -11,15 +11,52 @@ from __future__ import annotations
 import attrs
 
 
+DEFAULT_CHAIN = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p",
+                 "xtc", "temperature")
+DEFAULT_DRY_BREAKERS = ("\n", ":", "\"", "*")
+
+
 @attrs.frozen
 class SamplingParams:
-    """Resolved per-request sampling settings (no "unset" values left)."""
+    """Resolved per-request sampling settings (no "unset" values left).
+
+    Field names follow llama.cpp's common_params_sampling; the defaults are
+    upstream's.  `samplers` is the resolved chain: upstream's fixed default
+    order, optionally with "adaptive_p" appended (no other order is served).
+    `logit_bias` holds (token, bias) pairs in request order, duplicates
+    included (each adds), -inf for a ban.
+    """
 
     temperature: float = 0.8
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
     top_k: int = 40
     top_p: float = 0.95
     min_p: float = 0.05
+    top_n_sigma: float = -1.0
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    typical_p: float = 1.0
+    repeat_last_n: int = 64
+    repeat_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = 64
+    dry_sequence_breakers: tuple[str, ...] = DEFAULT_DRY_BREAKERS
+    mirostat: int = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
+    adaptive_target: float = -1.0
+    adaptive_decay: float = 0.9
+    min_keep: int = 0
     seed: int = 0xFFFF_FFFF  # uint32; 0xFFFFFFFF = pick a random seed
+    samplers: tuple[str, ...] = DEFAULT_CHAIN
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    n_probs: int = 0
+    post_sampling_probs: bool = False
 
 
 @attrs.frozen
@@ -126,6 +163,18 @@ class Timings:
 
 
 @attrs.frozen
+class TokenProbs:
+    """A drawn token's completion_probabilities entry: its probability and
+    the top candidates as (id, probability), best first.  Pre-sampling:
+    softmax of the raw logits; post-sampling: the chain's final
+    distribution (zero-probability candidates left out)."""
+
+    token: int
+    prob: float
+    top: tuple[tuple[int, float], ...]
+
+
+@attrs.frozen
 class TokenPiece:
     """One generated token.  `text` is what may be shown now: it can be empty
     while a stop-string prefix or an incomplete UTF-8 sequence is held back.
@@ -139,6 +188,7 @@ class TokenPiece:
     complete: bool
     last: bool               # the job's final token (a Finished follows)
     timings: Timings
+    probs: TokenProbs | None = None   # when the job asked for n_probs
 
 
 @attrs.frozen
@@ -155,6 +205,7 @@ class Finished:
     truncated: bool
     n_prompt: int
     timings: Timings
+    probs: tuple[TokenProbs, ...] = ()   # one per token, when asked for
 
 
 @attrs.frozen

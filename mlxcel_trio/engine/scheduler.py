@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from collections import deque
 
+import attrs
 from mlx_lm.generate import BatchGenerator
 
 from .detokenizer import IncrementalDetokenizer
@@ -31,8 +32,11 @@ from .records import (
     Started,
     Timings,
     TokenPiece,
+    TokenProbs,
 )
-from .sampling import GREEDY, make_sampler, make_token_ban
+from .samplers.batch import BatchSampler, dry_on
+from .samplers.history import breakers_for
+from .sampling import GREEDY, plan
 from .stops import StopMatcher
 from .vocab import Vocab
 
@@ -47,7 +51,7 @@ class _Sequence:
     __slots__ = (
         "job", "slot", "uid", "detok", "stops", "tokens", "content", "max_tokens",
         "stop_type", "stopping_word", "truncated", "t_start", "t_first",
-        "t_prompt_ms", "last_nl_pos", "done", "processed",
+        "t_prompt_ms", "last_nl_pos", "done", "processed", "row", "probs",
     )
 
     def __init__(self, job: Job, slot: int, vocab: Vocab, max_tokens: int) -> None:
@@ -68,6 +72,8 @@ class _Sequence:
         self.last_nl_pos = 0
         self.done = False
         self.processed = -1
+        self.row = None                     # sampler state (samplers/batch.Row)
+        self.probs: list[TokenProbs] = []   # completion_probabilities, when asked
 
     def timings(self, now: float) -> Timings:
         n = len(self.tokens)
@@ -89,7 +95,7 @@ class Scheduler:
         self.n_ctx_slot = n_ctx_slot
         self._model = model
         self._batch_size = batch_size
-        self._ban_eos = make_token_ban(vocab.eos_ids, vocab.n_vocab)
+        self._eos_bias = tuple((t, float("-inf")) for t in sorted(vocab.eos_ids))
         self._gen = self._new_generator()
         self._pending: deque[Job] = deque()
         self._free = list(range(n_slots))
@@ -97,6 +103,8 @@ class Scheduler:
         self._by_job: dict[int, _Sequence] = {}
 
     def _new_generator(self) -> BatchGenerator:
+        # the chain rows' shared sampler lives and dies with its generator
+        self._batch = BatchSampler(self.vocab.n_vocab)
         return BatchGenerator(
             self._model,
             sampler=GREEDY,
@@ -166,6 +174,7 @@ class Scheduler:
         """One prefill chunk and/or one decode step for everything admitted."""
         if not self._by_job:
             return
+        self._batch.reset()
         prompt_resps, gen_resps = self._gen.next()
         now = time.perf_counter()
         for r in prompt_resps:
@@ -219,12 +228,20 @@ class Scheduler:
             seq.done = True
             self._finish(seq, time.perf_counter(), out)
             return
-        sampler = make_sampler(job.sampling, self.vocab.n_vocab)
-        processors = [self._ban_eos] if job.ignore_eos else []
+        sampler, processors, seq.row = self._sampling_plan(job)
         (uid,) = self._gen.insert([list(job.prompt)], max_tokens=[seq.max_tokens],
                                   samplers=[sampler], logits_processors=[processors])
         seq.uid = uid
         self._by_uid[uid] = seq
+
+    def _sampling_plan(self, job: Job):
+        params = job.sampling
+        if job.ignore_eos:
+            # upstream's logit_bias_eog: every end-of-generation token banned
+            params = attrs.evolve(params, logit_bias=params.logit_bias + self._eos_bias)
+        breakers = (breakers_for(self.vocab, params.dry_sequence_breakers)
+                    if dry_on(params) else None)
+        return plan(params, self.vocab.n_vocab, self._batch, breakers=breakers)
 
     def _progress(self, seq: _Sequence, processed: int, now: float, out: list) -> None:
         if processed == seq.processed:
@@ -241,6 +258,7 @@ class Scheduler:
             seq.t_first = now
             seq.t_prompt_ms = _ms_since(seq.t_start, now)
         seq.tokens.append(token)
+        probs = self._token_probs(seq, token)
         vocab = self.vocab
         is_eos = token in vocab.eos_ids and not job.ignore_eos
         if not self._render_special and vocab.table.is_special(token):
@@ -272,7 +290,21 @@ class Scheduler:
             emit += tail
             seq.content.append(tail)
         out.append(TokenPiece(job.id, token, emit, n, complete or seq.done, seq.done,
-                              seq.timings(now)))
+                              seq.timings(now), probs))
+
+    @staticmethod
+    def _token_probs(seq: _Sequence, token: int) -> TokenProbs | None:
+        row = seq.row
+        if row is None or not row.reports:
+            return None
+        ids, ps, tok_p = row.reports.popleft()
+        top = tuple((i, p) for i, p in zip(ids.tolist(), ps.tolist()))
+        if row.params.post_sampling_probs:
+            # upstream stops at the first zero-probability candidate
+            top = tuple(e for e in top if e[1] > 0.0)
+        probs = TokenProbs(token, float(tok_p.item()), top)
+        seq.probs.append(probs)
+        return probs
 
     @staticmethod
     def _drain(seq: _Sequence) -> str:
@@ -308,7 +340,7 @@ class Scheduler:
             job_id=seq.job.id, id_slot=seq.slot, content="".join(seq.content),
             tokens=tuple(seq.tokens), stop_type=seq.stop_type,
             stopping_word=seq.stopping_word, truncated=seq.truncated,
-            n_prompt=len(seq.job.prompt), timings=seq.timings(now),
+            n_prompt=len(seq.job.prompt), timings=seq.timings(now), probs=tuple(seq.probs),
         ))
         self._release(seq, out, cancelled=False)
 
