@@ -65,12 +65,25 @@ class Vocab:
         tcfg = _read_json(checkpoint / "tokenizer_config.json")
         gcfg = _read_json(checkpoint / "generation_config.json")
         mcfg = _read_json(checkpoint / "config.json")
-        self.chat_template: str | None = tcfg.get("chat_template")
+        # Chat templates as transformers reads them (chat/template.py):
+        # chat_template.jinja first, then tokenizer_config.json's string or
+        # {name, template} list; `chat_template_tool_use` is the named
+        # "tool_use" one (None when absent).
+        from ..chat.template import checkpoint_templates
+
         template_file = checkpoint / "chat_template.jinja"
-        if self.chat_template is None and template_file.is_file():
-            self.chat_template = template_file.read_text(encoding="utf-8")
+        self.chat_template, self.chat_template_tool_use = checkpoint_templates(
+            tcfg, template_file.read_text(encoding="utf-8") if template_file.is_file() else None)
         self.bos_token = _token_text(tcfg.get("bos_token"))
         self.eos_token = _token_text(tcfg.get("eos_token"))
+        # transformers' special_tokens_map: the named special tokens a chat
+        # template sees (bos_token, eos_token, unk_token, pad_token, ...).
+        smap = _read_json(checkpoint / "special_tokens_map.json")
+        self.special_tokens_map: dict[str, str] = {
+            name: text for name in ("bos_token", "eos_token", "unk_token", "sep_token",
+                                    "pad_token", "cls_token", "mask_token")
+            if (text := _token_text(tcfg.get(name, smap.get(name)))) is not None
+        }
 
         eos = _as_id_set(gcfg.get("eos_token_id")) | _as_id_set(mcfg.get("eos_token_id"))
         if self.eos_token is not None:

@@ -1,0 +1,335 @@
+"""From generated text to a chat message: reasoning, content, tool calls.
+
+Theory of operation: `parse(text, syntax, partial)` is a pure function of
+everything generated so far.  A streaming response re-parses after every
+token and sends the difference from the previous parse (`ChatStream`), so
+the streamed deltas concatenate to the final message by construction, as
+long as a partial parse is always a prefix of every later parse.  That is
+the one rule this module keeps, and it is why a partial parse holds text
+back whenever the text could still turn into something else:
+
+* the start of the output while it could still become the thinking opener;
+* a tail of the thoughts that could be the start of the closing marker;
+* a tail of the content that could be the start of a tool-call marker, and
+  (with tools) trailing blanks, which are dropped next to a tool call;
+* a tool call until its name is complete (from then on it is a call, even
+  if the output ends before the call does, so a call is never reported
+  first as content and then as a call, or the other way round).
+
+Placement (`--reasoning-format`), with thoughts = the text between the
+markers, and answer = the text after the closing marker, tool calls removed:
+
+    none             content = the output as generated (markers included)
+    deepseek, auto   reasoning_content = thoughts, trimmed;
+                     content = answer, leading blanks trimmed
+    deepseek-legacy  reasoning_content = thoughts, trimmed;
+                     content = "<think>" + thoughts + "</think>" + answer
+
+A thinking block is recognised at the very start of the output (after
+blanks), or from the first byte when the prompt left one open (the
+template primed it).  Tool calls are parsed only in the answer.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import string
+
+import attrs
+
+from .jsonscan import Invalid, scan_call, skip_ws
+
+# Thinking marker pairs, the first whose opener a template spells wins.
+THINK_MARKERS: tuple[tuple[str, str], ...] = (
+    ("<think>", "</think>"),
+    ("<seed:think>", "</seed:think>"),
+    ("\u25c1think\u25b7", "\u25c1/think\u25b7"),
+)
+
+HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
+PYTHON_TAG = "<|python_tag|>"
+
+REASONING_FORMATS = ("none", "deepseek", "deepseek-legacy", "auto")
+
+
+@attrs.frozen
+class Syntax:
+    """How one request's output is read."""
+
+    reasoning_format: str = "auto"
+    thinking_open: bool = False       # the prompt left a thinking block open
+    think_start: str = "<think>"
+    think_end: str = "</think>"
+    tool_format: str | None = None    # "hermes" | "llama3" | None: tool calls not parsed
+    skip: bool = False                # --skip-chat-parsing: everything is content
+
+
+@attrs.frozen
+class ToolCall:
+    name: str
+    arguments: str
+    id: str = ""
+
+
+@attrs.frozen
+class ChatMsg:
+    content: str = ""
+    reasoning_content: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+
+
+def _held_suffix(text: str, marker: str) -> int:
+    """Length of the longest tail of `text` that is a proper prefix of `marker`."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-n:]):
+            return n
+    return 0
+
+
+# -- tool calls --------------------------------------------------------------------------
+
+def _call_of(s: str, scan) -> ToolCall:
+    if scan.args_start is None:
+        args = "{}" if scan.end is not None else ""
+    elif scan.args_end is None:
+        args = s[scan.args_start:]
+        if s[scan.args_start] == '"':
+            args = ""  # a JSON-encoded string: decoded once complete
+    else:
+        raw = s[scan.args_start:scan.args_end]
+        args = raw
+        if raw.startswith('"'):
+            args = json.loads(raw)
+    return ToolCall(scan.name, args)
+
+
+Item = "str | ToolCall"  # content text, or a call, in output order
+
+
+def _hermes(rest: str, partial: bool) -> list:
+    """`<tool_call>{json}</tool_call>` calls among content."""
+    items: list = []
+    pos = 0
+    while True:
+        i = rest.find(HERMES_OPEN, pos)
+        if i < 0:
+            tail = rest[pos:]
+            if partial:
+                tail = tail[:len(tail) - _held_suffix(tail, HERMES_OPEN)]
+            return [*items, tail]
+        j = skip_ws(rest, i + len(HERMES_OPEN))
+        if j >= len(rest):
+            # a bare marker: undecided while partial, text at the end
+            return [*items, rest[pos:i] if partial else rest[pos:]]
+        try:
+            scan = scan_call(rest, j)
+        except Invalid:
+            # not a call: the marker is ordinary text; scan on after it
+            items.append(rest[pos:i + len(HERMES_OPEN)])
+            pos = i + len(HERMES_OPEN)
+            continue
+        if scan.name is None:
+            if partial and scan.end is None:
+                return [*items, rest[pos:i]]  # undecided: hold the rest
+            # the object (or the output) ended without a name: text
+            stop = scan.end if scan.end is not None else len(rest)
+            items.append(rest[pos:stop])
+            pos = stop
+            continue
+        items += [rest[pos:i], _call_of(rest, scan)]
+        if scan.end is None:
+            return items
+        k = skip_ws(rest, scan.end)
+        if rest.startswith(HERMES_CLOSE, k):
+            pos = k + len(HERMES_CLOSE)
+        elif partial and HERMES_CLOSE.startswith(rest[k:]):
+            return items
+        else:
+            pos = scan.end
+
+
+def _llama3(rest: str, partial: bool) -> list:
+    """Llama 3.x JSON calls: the answer is `{"name": ..., "parameters": ...}`
+    (after an optional <|python_tag|>; several separated by ';'), then any
+    text.  An answer that does not start that way is plain content."""
+    head = skip_ws(rest, 0)
+    if rest.startswith(PYTHON_TAG, head):
+        head = skip_ws(rest, head + len(PYTHON_TAG))
+    elif partial and PYTHON_TAG.startswith(rest[head:]):
+        return []  # undecided
+    if head >= len(rest):
+        return [] if partial else [rest]
+    calls: list = []
+    pos = head
+    while True:
+        try:
+            scan = scan_call(rest, pos)
+        except Invalid:
+            return [*calls, rest[pos:]] if calls else [rest]
+        if scan.name is None:
+            if partial and scan.end is None:
+                return calls  # undecided
+            return [*calls, rest[pos:]] if calls else [rest]
+        calls.append(_call_of(rest, scan))
+        if scan.end is None:
+            return calls
+        k = skip_ws(rest, scan.end)
+        if rest.startswith(";", k):
+            k = skip_ws(rest, k + 1)
+        if k < len(rest) and rest[k] == "{":
+            pos = k
+            continue
+        return [*calls, rest[k:]]
+
+
+def _split_tools(rest: str, syntax: Syntax, partial: bool) -> tuple[str, tuple[ToolCall, ...]]:
+    if syntax.tool_format is None:
+        return rest, ()
+    items = (_llama3 if syntax.tool_format == "llama3" else _hermes)(rest, partial)
+    # blanks next to a call are dropped; a partial parse holds trailing
+    # blanks back, since a call may still follow them
+    texts: list[str] = []
+    calls: list[ToolCall] = []
+    for k, item in enumerate(items):
+        if isinstance(item, ToolCall):
+            calls.append(item)
+            continue
+        before = k + 1 < len(items) and isinstance(items[k + 1], ToolCall)
+        after = k > 0 and isinstance(items[k - 1], ToolCall)
+        if after:
+            item = item.lstrip()
+        if before or (partial and k == len(items) - 1):
+            item = item.rstrip()
+        texts.append(item)
+    return "".join(texts), tuple(calls)
+
+
+# -- the message ------------------------------------------------------------------------
+
+def parse(text: str, syntax: Syntax, partial: bool) -> ChatMsg:
+    if syntax.skip:
+        return ChatMsg(content=text)
+    start, end = syntax.think_start, syntax.think_end
+    r_start = None
+    if not start:
+        pass  # the template has no thinking block
+    elif syntax.thinking_open:
+        r_start = 0
+    else:
+        lead = skip_ws(text, 0)
+        if text.startswith(start, lead):
+            r_start = lead + len(start)
+        elif partial and start.startswith(text[lead:]):
+            return ChatMsg()  # could still become the opener
+    if r_start is None:
+        content, calls = _split_tools(text, syntax, partial)
+        return ChatMsg(content=content, tool_calls=calls)
+
+    e = text.find(end, r_start)
+    closed = e >= 0
+    if closed:
+        thoughts, rest = text[r_start:e], text[e + len(end):]
+    else:
+        thoughts, rest = text[r_start:], ""
+        if partial:
+            thoughts = thoughts[:len(thoughts) - _held_suffix(thoughts, end)]
+    answer, calls = _split_tools(rest, syntax, partial) if closed else ("", ())
+    fmt = syntax.reasoning_format
+    if fmt == "none":
+        head = text[:r_start]
+        return ChatMsg(content=head + thoughts + (end + answer if closed else ""),
+                       tool_calls=calls)
+    reasoning = thoughts.strip() if closed or not partial else thoughts.lstrip().rstrip()
+    if fmt == "deepseek-legacy":
+        body = start + thoughts + (end + answer if closed else "")
+        return ChatMsg(content=body, reasoning_content=reasoning, tool_calls=calls)
+    return ChatMsg(content=answer.lstrip(), reasoning_content=reasoning, tool_calls=calls)
+
+
+# -- streaming ----------------------------------------------------------------------------
+
+_ID_CHARS = string.digits + string.ascii_uppercase + string.ascii_lowercase
+
+
+def tool_call_id() -> str:
+    """upstream's shape: 32 random alphanumerics."""
+    return "".join(secrets.choice(_ID_CHARS) for _ in range(32))
+
+
+@attrs.frozen
+class Diff:
+    """One change between two parses: a text delta, or a tool call's
+    header (id and name, first time only) and/or arguments delta."""
+
+    reasoning_content: str = ""
+    content: str = ""
+    tool_index: int | None = None
+    tool_id: str = ""
+    tool_name: str = ""
+    tool_arguments: str = ""
+
+
+def _extension(old: str, new: str) -> str:
+    return new[len(old):] if new.startswith(old) else ""
+
+
+def subtract(full: ChatMsg, base: ChatMsg) -> ChatMsg:
+    """What `full` adds to `base` (a continuation's prefill)."""
+    return ChatMsg(content=_extension(base.content, full.content),
+                   reasoning_content=_extension(base.reasoning_content, full.reasoning_content),
+                   tool_calls=full.tool_calls[len(base.tool_calls):])
+
+
+class ChatStream:
+    """Incremental parsing of one generation.
+
+    `prefix` is text the output continues (an assistant prefill); it is
+    parsed with the output, and, unless `echo`, what it parses to is left
+    out of the message.  Tool-call ids are drawn once per call, on first
+    sight, and kept."""
+
+    def __init__(self, syntax: Syntax, prefix: str = "", echo: bool = False) -> None:
+        self.syntax = syntax
+        self.text = prefix
+        self._base = ChatMsg() if echo or not prefix else parse(prefix, syntax, partial=True)
+        self._ids: list[str] = []
+        self.msg = ChatMsg()  # what has been reported so far
+
+    def _message(self, partial: bool) -> ChatMsg:
+        msg = subtract(parse(self.text, self.syntax, partial), self._base)
+        while len(self._ids) < len(msg.tool_calls):
+            self._ids.append(tool_call_id())
+        calls = tuple(attrs.evolve(c, id=i) for c, i in zip(msg.tool_calls, self._ids))
+        return attrs.evolve(msg, tool_calls=calls)
+
+    def update(self, piece: str, final: bool = False) -> list[Diff]:
+        self.text += piece
+        new = self._message(partial=not final)
+        diffs = compute_diffs(self.msg, new)
+        self.msg = new
+        return diffs
+
+    def finish(self) -> list[Diff]:
+        return self.update("", final=True)
+
+
+def compute_diffs(old: ChatMsg, new: ChatMsg) -> list[Diff]:
+    diffs: list[Diff] = []
+    if new.reasoning_content != old.reasoning_content:
+        delta = _extension(old.reasoning_content, new.reasoning_content)
+        if delta:
+            diffs.append(Diff(reasoning_content=delta))
+    if new.content != old.content:
+        delta = _extension(old.content, new.content)
+        if delta:
+            diffs.append(Diff(content=delta))
+    for k, call in enumerate(new.tool_calls):
+        if k < len(old.tool_calls):
+            delta = _extension(old.tool_calls[k].arguments, call.arguments)
+            if delta:
+                diffs.append(Diff(tool_index=k, tool_arguments=delta))
+        else:
+            diffs.append(Diff(tool_index=k, tool_id=call.id, tool_name=call.name,
+                              tool_arguments=call.arguments))
+    return diffs
