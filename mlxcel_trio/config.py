@@ -57,6 +57,25 @@ class ServerConfig:
     spm_infill: bool = False     # --spm-infill: /infill puts the suffix block first
     verbose: bool = False
     timeout: int = 3600          # HTTP socket read/write timeout, seconds
+    # -- transport, CORS, keys (issue #7) --
+    reuse_port: bool = False
+    ssl_key_file: str | None = None
+    ssl_cert_file: str | None = None
+    api_prefix: str = ""
+    api_key_file: str | None = None   # its keys are already in api_keys
+    cors_origins: str = "*"
+    cors_methods: str = "GET, POST, DELETE, OPTIONS"
+    cors_headers: str = "*"
+    cors_credentials: bool = True
+    # -- logging (issue #7); log_file is the resolved destination, None = stdout --
+    log_disable: bool = False
+    log_file: str | None = None
+    log_colors: str = "auto"
+    log_verbosity: int = 3
+    log_prefix: bool = True
+    log_timestamps: bool = True
+    # every value the log sinks redact (keys, key-file lines, HF tokens)
+    secrets: tuple[str, ...] = attrs.field(default=(), repr=False)
     sse_ping_interval: int = 30  # seconds; <= 0 disables
     sampling: SamplingDefaults = SamplingDefaults()
     # The -m value as the operator gave it ("mlx-community/Qwen3-0.6B-bf16");

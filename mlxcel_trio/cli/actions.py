@@ -21,15 +21,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from mlxcel_trio.cli.options import OPTIONS, Option
-from mlxcel_trio.cli.values import Choice, CsvChoice
 
 _PATH_METAVAR = re.compile(r"FNAME|FILE|PATH")
 
 
 def _words(opt: Option) -> tuple[str, ...] | None:
-    if isinstance(opt.value, (Choice, CsvChoice)):
-        return opt.value.choices
-    return None
+    """The words a value completes to: a domain's `choices`, if it has them."""
+    choices = getattr(opt.value, "choices", None)
+    return tuple(choices) if choices else None
 
 
 def completion_bash(prog: str, table: Sequence[Option] = OPTIONS) -> str:

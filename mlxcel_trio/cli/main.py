@@ -23,7 +23,7 @@ from typing import Any
 
 import attrs
 
-from mlxcel_trio.cli import actions, model_ref
+from mlxcel_trio.cli import actions, model_ref, sinks
 from mlxcel_trio.cli.options import BY_DEST, OPTIONS, Option
 from mlxcel_trio.cli.options_ggml import gpu_layers_refusal
 from mlxcel_trio.cli.parser import CliError, Parsed, build_parser, describe, parse, validate
@@ -91,9 +91,11 @@ def check_gpu_layers(parsed: Parsed, model_path: str) -> None:
         raise CliError(f"{describe(BY_DEST['gpu_layers'], parsed)}: {reason}")
 
 
-def configure(parsed: Parsed) -> ServerConfig:
-    """Validate, resolve the model, and build the config (no server starts)."""
+def configure(parsed: Parsed, env: Mapping[str, str] | None = None) -> ServerConfig:
+    """Validate, check the files the server will use (log, keys, TLS),
+    resolve the model, and build the config (no server starts)."""
     validate(parsed)
+    io = sinks.resolve(parsed, os.environ if env is None else env)
     ref = parsed.values.get("model")
     repo = parsed.values.get("hf_repo")
     if repo:
@@ -115,7 +117,7 @@ def configure(parsed: Parsed) -> ServerConfig:
         via = "" if origin == "argv" else f" (from {origin})"
         raise CliError(f"{model_ref.OPTION} {ref!r}{via}: {exc}") from None
     check_gpu_layers(parsed, resolved.path)
-    return build_config(parsed, resolved.path)
+    return attrs.evolve(build_config(parsed, resolved.path), **io)
 
 
 def prepare(
@@ -126,7 +128,7 @@ def prepare(
     parsed = parse(argv, env=env, prog=prog)
     if parsed.action is not None:
         raise CliError(f"{parsed.action} is an action; it starts no server")
-    return configure(parsed)
+    return configure(parsed, env)
 
 
 def server_main(
@@ -154,7 +156,7 @@ def server_main(
         if parsed.action == "cache_list":
             sys.stdout.write(actions.cache_list(os.environ if env is None else env))
             return 0
-        config = configure(parsed)
+        config = configure(parsed, env)
     except CliError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -49,7 +49,8 @@ BASIC: tuple[Option, ...] = (
 )
 
 SERVER: tuple[Option, ...] = (
-    Option(("--host",), "host", "address to listen on",
+    Option(("--host",), "host",
+           "address to listen on, or a Unix domain socket path ending in .sock",
            value=Text(), metavar="HOST", default="127.0.0.1",
            env="LLAMA_ARG_HOST", section="server"),
     Option(("--port",), "port", "TCP port to listen on",
@@ -73,9 +74,10 @@ SERVER: tuple[Option, ...] = (
            "run one short generation before accepting requests",
            kind="bool", negations=("--no-warmup",), default=True,
            section="server"),
-    Option(("-to", "--timeout"), "timeout", "HTTP read/write timeout in seconds",
+    Option(("-to", "--timeout"), "timeout",
+           "HTTP read/write timeout in seconds (also bounds reading a whole request body)",
            value=Int(1, INT32_MAX), metavar="N", default=3600,
-           env="LLAMA_ARG_TIMEOUT", section="server", owner=7),
+           env="LLAMA_ARG_TIMEOUT", section="server", owner=7, status="by_design"),
     Option(("--sse-ping-interval",), "sse_ping_interval",
            "seconds between keep-alive pings on an idle event stream",
            value=Int(), metavar="N", default=30,

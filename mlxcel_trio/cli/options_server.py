@@ -1,25 +1,26 @@
-"""Server options later issues implement: transport, auth and logging
-(issue #7); monitoring endpoints, slots, idle sleep and the router (issue #6).
+"""Server options: logging, transport, CORS and API-key files (issue #7,
+acted on: see logging_setup.py, server/listen.py, server/cors.py); monitoring
+endpoints, slots, idle sleep and the router (issue #6, deferred: upstream's
+default, or the value asking for nothing, is accepted, anything else is
+refused naming the issue).
 
-Each is deferred: upstream's default (or the value asking for nothing) is
-accepted, anything else is refused naming the issue.
+--threads-http is not applicable: requests are served by one Trio event
+loop, and upstream's fixed pool never bounded concurrency either (it grows
+by up to 1024 dynamic threads), so every value is inert.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import attrs
+
 from mlxcel_trio.cli.record import Option
-from mlxcel_trio.cli.refusals import at_most, below, deferred
-from mlxcel_trio.cli.values import Choice, Int, Text
+from mlxcel_trio.cli.refusals import ALWAYS, below, deferred, not_applicable
+from mlxcel_trio.cli.values import BadValue, Choice, Int, Text
 
 TRANSPORT_ISSUE = 7
 ENDPOINTS_ISSUE = 6
-
-
-def _t(spellings: tuple[str, ...], dest: str, help: str, **kw: Any) -> Option:
-    kw.setdefault("section", "server")
-    return deferred(spellings, dest, help, issue=TRANSPORT_ISSUE, **kw)
 
 
 def _e(spellings: tuple[str, ...], dest: str, help: str, **kw: Any) -> Option:
@@ -27,55 +28,96 @@ def _e(spellings: tuple[str, ...], dest: str, help: str, **kw: Any) -> Option:
     return deferred(spellings, dest, help, issue=ENDPOINTS_ISSUE, **kw)
 
 
+@attrs.frozen
+class LogColors(Choice):
+    """upstream's --log-colors vocabulary, case-sensitive: on/enabled/true/1,
+    off/disabled/false/0, auto/-1; folded to "on", "off" or "auto" (the
+    `choices` --completion-bash offers)."""
+
+    choices: tuple[str, ...] = ("on", "off", "auto")
+
+    @property
+    def domain(self) -> str:
+        return "on, off or auto (also enabled/true/1, disabled/false/0, -1)"
+
+    def parse(self, text: str) -> str:
+        if text in ("on", "enabled", "true", "1"):
+            return "on"
+        if text in ("off", "disabled", "false", "0"):
+            return "off"
+        if text in ("auto", "-1"):
+            return "auto"
+        raise BadValue(f"unknown value for --log-colors: {text!r}")
+
+
 LOGGING: tuple[Option, ...] = (
-    _t(("--log-disable",), "log_disable", "write no log at all", kind="flag",
-       section="common"),
-    _t(("--log-file",), "log_file", "write the log to this file", value=Text(),
-       metavar="FNAME", env="LLAMA_ARG_LOG_FILE", section="common"),
-    _t(("--log-colors",), "log_colors", "colour the log: on, off, or auto (terminal only)",
-       value=Choice(("on", "off", "auto")), metavar="[on|off|auto]", default="auto",
-       env="LLAMA_ARG_LOG_COLORS", section="common"),
-    _t(("-lv", "--verbosity", "--log-verbosity"), "log_verbosity",
-       "log threshold: 0 generic, 1 error, 2 warning, 3 info, 4 trace, 5 debug",
-       value=Int(), metavar="N", default=3, env="LLAMA_ARG_LOG_VERBOSITY",
-       section="common"),
-    _t(("--log-prefix",), "log_prefix", "start each log line with its level",
-       kind="bool", negations=("--no-log-prefix",), default=True,
-       env="LLAMA_ARG_LOG_PREFIX", section="common"),
-    _t(("--log-timestamps",), "log_timestamps", "start each log line with a timestamp",
-       kind="bool", negations=("--no-log-timestamps",), default=True,
-       env="LLAMA_ARG_LOG_TIMESTAMPS", section="common"),
+    Option(("--log-disable",), "log_disable",
+           "write no log at all (the readiness lines on stdout stay)", kind="flag",
+           default=False, status="by_design", owner=TRANSPORT_ISSUE),
+    Option(("--log-file",), "log_file",
+           "append the log to this file (created 0600; never a symlink or a directory) "
+           "instead of stdout; LLAMA_LOG_FILE is read when neither is set",
+           value=Text(), metavar="FNAME", env="LLAMA_ARG_LOG_FILE", status="by_design",
+           owner=TRANSPORT_ISSUE),
+    Option(("--log-colors",), "log_colors",
+           "colour the log: on, off, or auto (only when the log goes to a terminal)",
+           value=LogColors(), metavar="[on|off|auto]", default="auto",
+           env="LLAMA_ARG_LOG_COLORS", owner=TRANSPORT_ISSUE),
+    Option(("-lv", "--verbosity", "--log-verbosity"), "log_verbosity",
+           "log threshold: 0 generic output, 1 error, 2 warning, 3 info, 4 trace, 5 debug",
+           value=Int(), metavar="N", default=3, env="LLAMA_ARG_LOG_VERBOSITY",
+           owner=TRANSPORT_ISSUE),
+    Option(("--log-prefix",), "log_prefix",
+           "start each log line with its level (and the timestamp)", kind="bool",
+           negations=("--no-log-prefix",), default=True, env="LLAMA_ARG_LOG_PREFIX",
+           owner=TRANSPORT_ISSUE),
+    Option(("--log-timestamps",), "log_timestamps",
+           "put the time since startup in each line's prefix", kind="bool",
+           negations=("--no-log-timestamps",), default=True, env="LLAMA_ARG_LOG_TIMESTAMPS",
+           owner=TRANSPORT_ISSUE),
 )
 
+
+def _s(spellings: tuple[str, ...], dest: str, help: str, **kw: Any) -> Option:
+    kw.setdefault("section", "server")
+    kw.setdefault("owner", TRANSPORT_ISSUE)
+    return Option(spellings, dest, help, **kw)
+
+
 TRANSPORT: tuple[Option, ...] = (
-    _t(("--reuse-port",), "reuse_port", "let several sockets bind the same port",
-       kind="flag", env="LLAMA_ARG_REUSE_PORT", default_text="disabled"),
-    _t(("--cors-origins",), "cors_origins", "origins allowed by CORS, comma-separated",
-       value=Text(), metavar="ORIGINS", default="*", env="LLAMA_ARG_CORS_ORIGINS"),
-    _t(("--cors-methods",), "cors_methods", "methods allowed by CORS, comma-separated",
-       value=Text(), metavar="METHODS", default="GET, POST, DELETE, OPTIONS",
-       env="LLAMA_ARG_CORS_METHODS", accepts='"GET, POST, DELETE, OPTIONS"'),
-    _t(("--cors-headers",), "cors_headers", "headers allowed by CORS, comma-separated",
-       value=Text(), metavar="HEADERS", default="*", env="LLAMA_ARG_CORS_HEADERS"),
-    _t(("--cors-credentials",), "cors_credentials", "allow credentials in CORS requests",
+    _s(("--reuse-port",), "reuse_port", "let several sockets bind the same port (SO_REUSEPORT)",
+       kind="flag", default=False, env="LLAMA_ARG_REUSE_PORT", default_text="disabled"),
+    _s(("--cors-origins",), "cors_origins",
+       "allowed CORS origins, sent as given; * with credentials echoes the request's "
+       "Origin, and 'localhost' echoes it only for a localhost origin",
+       value=Text(allow_empty=True), metavar="ORIGINS", default="*",
+       env="LLAMA_ARG_CORS_ORIGINS"),
+    _s(("--cors-methods",), "cors_methods", "methods allowed by CORS, comma-separated",
+       value=Text(allow_empty=True), metavar="METHODS", default="GET, POST, DELETE, OPTIONS",
+       env="LLAMA_ARG_CORS_METHODS"),
+    _s(("--cors-headers",), "cors_headers", "headers allowed by CORS, comma-separated",
+       value=Text(allow_empty=True), metavar="HEADERS", default="*",
+       env="LLAMA_ARG_CORS_HEADERS"),
+    _s(("--cors-credentials",), "cors_credentials", "allow credentials in CORS requests",
        kind="bool", negations=("--no-cors-credentials",), default=True,
        env="LLAMA_ARG_CORS_CREDENTIALS"),
-    _t(("--api-prefix",), "api_prefix", "path prefix every route is served under",
+    _s(("--api-prefix",), "api_prefix",
+       "path prefix every route is served under, without the trailing slash",
        value=Text(allow_empty=True), metavar="PREFIX", default="", default_text="",
-       env="LLAMA_ARG_API_PREFIX", accepts='""'),
-    _t(("--api-key-file",), "api_key_file",
-       "read API keys from a file, one per line (# starts a comment)",
-       value=Text(), metavar="FNAME", default_text="none", env="LLAMA_ARG_API_KEY_FILE",
-       instead="pass the keys with --api-key or LLAMA_API_KEY instead"),
-    _t(("--ssl-key-file",), "ssl_key_file", "PEM private key for HTTPS", value=Text(),
-       metavar="FNAME", env="LLAMA_ARG_SSL_KEY_FILE",
-       instead="terminate TLS in a reverse proxy in front of the server"),
-    _t(("--ssl-cert-file",), "ssl_cert_file", "PEM certificate for HTTPS", value=Text(),
-       metavar="FNAME", env="LLAMA_ARG_SSL_CERT_FILE",
-       instead="terminate TLS in a reverse proxy in front of the server"),
-    _t(("--threads-http",), "threads_http", "threads serving HTTP requests",
-       value=Int(), metavar="N", default=-1, env="LLAMA_ARG_THREADS_HTTP",
-       inert=at_most(0), accepts="0 or less (automatic)"),
+       env="LLAMA_ARG_API_PREFIX"),
+    _s(("--api-key-file",), "api_key_file",
+       "read API keys from a file, one per line (a line starting with # is a comment)",
+       value=Text(), metavar="FNAME", default_text="none", env="LLAMA_ARG_API_KEY_FILE"),
+    _s(("--ssl-key-file",), "ssl_key_file", "PEM private key for HTTPS (with --ssl-cert-file)",
+       value=Text(), metavar="FNAME", env="LLAMA_ARG_SSL_KEY_FILE", status="by_design"),
+    _s(("--ssl-cert-file",), "ssl_cert_file",
+       "PEM certificate for HTTPS (with --ssl-key-file)", value=Text(), metavar="FNAME",
+       env="LLAMA_ARG_SSL_CERT_FILE", status="by_design"),
+    not_applicable(("--threads-http",), "threads_http", "threads serving HTTP requests",
+                   value=Int(), metavar="N", default=-1, env="LLAMA_ARG_THREADS_HTTP",
+                   why="mlxcel-trio serves HTTP from one Trio event loop with no thread pool",
+                   inert=ALWAYS, accepts="any value (there is no pool to size)",
+                   section="server", owner=TRANSPORT_ISSUE),
 )
 
 ENDPOINTS: tuple[Option, ...] = (

@@ -118,5 +118,6 @@ MISC: tuple[Option, ...] = (
                    "write every request prompt to files in this directory",
                    value=Text(), metavar="PATH", section="server",
                    why="mlxcel-trio never writes request prompts to disk",
-                   instead="use -v/--verbose for request-level debug logging"),
+                   instead="use --log-file with --verbosity 4 (or -v/--verbose) for "
+                           "request-level logging: route and status, never a prompt"),
 )

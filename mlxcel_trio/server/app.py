@@ -1,9 +1,14 @@
 """The QuartTrio application: middleware, error boundary, route mounting.
 
-Request flow: ASGI wrapper (per-request job cleanup) -> API key check ->
-loading gate (503 until the engine reports Loaded) -> handler.  Every
-exception becomes an upstream-shaped error in `_on_error`; unknown paths and
-wrong methods are both upstream's 404 "File Not Found" (there is no 405).
+Request flow, in upstream's order: CORS (outermost ASGI layer: stamps
+Access-Control-Allow-Origin, answers every OPTIONS itself) -> ASGI wrapper
+(per-request job cleanup) -> loading gate (503 until the engine reports
+Loaded) -> API key check -> handler.  Routes are mounted under --api-prefix;
+the key exemption compares the full path, so a prefixed /health needs the
+key, as upstream.  Every exception becomes an upstream-shaped error in
+`_on_error`; unknown paths and wrong methods are both upstream's 404 "File
+Not Found" (there is no 405).  A body over MAX_BODY_BYTES is a 413 before it
+is read, one not complete within --timeout a 408.
 """
 
 from __future__ import annotations
@@ -12,24 +17,32 @@ import hmac
 import logging
 from typing import Any
 
+import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from .. import __version__
+from ..logging_setup import TRACE
 from ..bridge import REQUEST_CLEANUPS, Bridge
 from ..config import ServerConfig
-from . import info, infill, native, openai_completions, tokens
+from . import info, infill, limits, native, openai_completions, tokens
 from .completion import Served, server_defaults
 from .body import parse_body
+from .cors import CorsMiddleware, CorsPolicy
 from .errors import (
+    JSON_TYPE,
     ApiError,
+    dumps,
     error_response,
+    header_too_large,
     feature_disabled,
     invalid_api_key,
     loading,
     not_found,
     not_supported,
+    payload_too_large,
+    request_timeout,
 )
 from .routes import ROUTES, quart_rule
 
@@ -37,10 +50,26 @@ log = logging.getLogger("mlxcel.http")
 
 BUILD_INFO = f"mlxcel-trio-{__version__}"
 MAX_BODY_BYTES = 64 * 1024 * 1024
+MAX_HEAD_BYTES = 16 * 1024  # the request line and headers (h11 also caps a partial head)
+THREAD_PARSE_BYTES = 256 * 1024  # a larger body is parsed off the event loop
+# upstream's request logger skips these polled paths
+_QUIET = frozenset({"/health", "/v1/health", "/models", "/v1/models", "/props", "/metrics"})
 
 
 async def _json_body() -> Any:
-    return parse_body(await request.get_data())
+    raw = await request.get_data()
+    if len(raw) > THREAD_PARSE_BYTES:
+        return await trio.to_thread.run_sync(parse_body, raw)
+    return parse_body(raw)
+
+
+async def _send_error(send, err: ApiError) -> None:
+    """An error answered below Quart (the request never reaches it)."""
+    body = dumps(err.body()).encode()
+    await send({"type": "http.response.start", "status": err.status, "headers": [
+        (b"content-type", JSON_TYPE.encode()), (b"content-length", str(len(body)).encode()),
+        (b"server", b"llama.cpp"), (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
 
 
 class _Cleanups:
@@ -53,6 +82,10 @@ class _Cleanups:
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        head = len(scope.get("raw_path") or b"") + sum(len(k) + len(v) + 4
+                                                       for k, v in scope.get("headers", ()))
+        if head > MAX_HEAD_BYTES:
+            return await _send_error(send, header_too_large(MAX_HEAD_BYTES))
         cleanups: list = []
         token = REQUEST_CLEANUPS.set(cleanups)
         try:
@@ -104,25 +137,28 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
 
         async def view(**_path_params):
             if takes_body:
-                result = fn(await _json_body())
+                body = await _json_body()
+                limits.check(body)
+                result = fn(body)
             else:
                 result = fn()
             if hasattr(result, "__await__"):
                 result = await result
             return result
 
-        app.add_url_rule(quart_rule(route.path), f"{route.method} {route.path}", view,
-                         methods=[route.method])
+        app.add_url_rule(config.api_prefix + quart_rule(route.path),
+                         f"{route.method} {route.path}", view, methods=[route.method])
 
     for route in ROUTES:
         mount(route)
 
     @app.before_request
     async def _gate():
-        if keys and request.path not in public and not _authorized(keys):
-            return invalid_api_key()
         if not bridge.ready:
             return loading()
+        if keys and request.path not in public and not _authorized(keys):
+            log.warning("unauthorized: Invalid API Key")
+            return invalid_api_key()
         return None
 
     @app.errorhandler(ApiError)
@@ -133,8 +169,13 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
     async def _on_http_error(err: HTTPException):
         if err.code in (404, 405):
             return not_found()
-        return error_response(ApiError(err.description or err.name,
-                                       "invalid_request_error" if err.code < 500 else "server_error"))
+        if err.code in (408, 413):  # the body is left unread: close the connection
+            resp = error_response(payload_too_large(MAX_BODY_BYTES) if err.code == 413
+                                  else request_timeout(config.timeout))
+            resp.headers["Connection"] = "close"
+            return resp
+        kind = "invalid_request_error" if err.code < 500 else "server_error"
+        return error_response(ApiError(err.description or err.name, kind, status=err.code))
 
     @app.errorhandler(Exception)
     async def _on_error(err: Exception):
@@ -144,9 +185,14 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
     @app.after_request
     async def _headers(resp: Response):
         resp.headers["Server"] = "llama.cpp"
+        if request.path not in _QUIET:  # route, status; never a body
+            log.log(TRACE, "done request: %s %s %s %d", request.method, request.path,
+                    request.remote_addr, resp.status_code)
         return resp
 
-    app.asgi_app = _Cleanups(app.asgi_app)
+    policy = CorsPolicy(config.cors_origins, config.cors_methods, config.cors_headers,
+                        config.cors_credentials)
+    app.asgi_app = CorsMiddleware(_Cleanups(app.asgi_app), policy, [("Server", "llama.cpp")])
     return app
 
 

@@ -1,10 +1,18 @@
-"""Request bodies parsed at nlohmann's strictness.
+"""Request bodies parsed at nlohmann's strictness, within hostile-input limits.
 
 Python's json accepts more than nlohmann::json does: NaN and Infinity, numbers
 past a double (as inf), lone surrogate escapes (as unencodable str), an empty
 body.  Each of those would reach the handlers and come back as an invalid
 response (`Infinity` in the JSON, a stream cut short by an encode error);
-upstream answers all of them with a 500 parse error, and so do we.
+upstream answers all of them with a parse error (a 500 there; the 400 it
+meant here, see errors.BAD_BODY), and so do we.
+
+Limits (none upstream, which hands any body to a recursive-descent parser):
+the body size is capped by the app before a byte is parsed (413), and arrays
+and objects may nest at most MAX_DEPTH levels (400): Python's parser and every
+later walk over the value recurse, so depth is what would turn a small body
+into a RecursionError.  The depth is measured before parsing, on the text
+with its strings removed, in C-speed passes.
 """
 
 from __future__ import annotations
@@ -13,9 +21,26 @@ import json
 import math
 import re
 import sys
+from itertools import accumulate
 from typing import Any
 
-from .errors import ApiError, empty_input, number_overflow, parse_error, parse_error_at
+from .errors import (
+    ApiError, empty_input, number_overflow, parse_error, parse_error_at, too_deep,
+)
+
+MAX_DEPTH = 128
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
+_NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
+_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+
+
+def nesting_depth(doc: str) -> int:
+    """How deep arrays and objects nest in a JSON text (malformed text gives
+    some number; the parser reports the malformation)."""
+    if doc.count("[") + doc.count("{") <= MAX_DEPTH:
+        return 0  # cannot exceed the limit: skip the scan
+    brackets = _STRING.sub("", doc).encode("utf-8", "surrogatepass").translate(None, _NOT_BRACKET)
+    return max(accumulate(_STEP[b] for b in brackets), default=0)
 
 
 class _Constant(Exception):
@@ -84,11 +109,14 @@ def _lone_surrogate(doc: str) -> ApiError | None:
 
 def parse_body(raw: bytes) -> Any:
     """Parse at nlohmann's strictness: no empty body, no NaN/Infinity, no
-    number past a double, no lone surrogate (all 500 parse errors upstream)."""
+    number past a double, no lone surrogate (parse errors), no nesting past
+    MAX_DEPTH.  Runs in a worker thread for a large body (see app.py)."""
     if not raw:
         raise empty_input()
     try:
         doc = raw.decode("utf-8-sig")
+        if nesting_depth(doc) > MAX_DEPTH:
+            raise too_deep(MAX_DEPTH)
         body = json.loads(doc, parse_constant=_reject_constant, parse_float=_finite_float,
                           parse_int=_finite_int)
     except json.JSONDecodeError as exc:

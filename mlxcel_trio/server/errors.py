@@ -30,15 +30,17 @@ class ApiError(Exception):
     """An error with an upstream type; the HTTP status follows from it."""
 
     def __init__(self, message: str, type: str = "invalid_request_error",
-                 extra: dict | None = None) -> None:
+                 extra: dict | None = None, status: int | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.type = type
         self.extra = extra or {}
+        self._status = status
 
     @property
     def status(self) -> int:
-        return STATUS_OF_TYPE.get(self.type, 500)
+        """The type's status, unless the error names its own (413, 408)."""
+        return self._status or STATUS_OF_TYPE.get(self.type, 500)
 
     def body(self) -> dict:
         """format_error_response's key order: code, message, type (+extra)."""
@@ -118,14 +120,44 @@ def json_type_name(value) -> str:
     return "object"
 
 
+# A body that cannot be read as a request is the client's error.  Upstream
+# answers these with 500 server_error (its exception boundary maps every
+# JSON-library exception to 500); we answer the 400 invalid_request_error it
+# meant, with the same wording (manifest: routes.json, divergence on each
+# JSON route).
+BAD_BODY = "invalid_request_error"
+
+
+def payload_too_large(limit: int) -> ApiError:
+    """A body over the limit, refused from its Content-Length (or once the
+    limit is passed) before anything is parsed: OpenAI's 413 shape."""
+    return ApiError(f"Request body too large: the limit is {limit} bytes",
+                    "invalid_request_error", status=413)
+
+
+def header_too_large(limit: int) -> ApiError:
+    return ApiError(f"Request header fields too large: the limit is {limit} bytes",
+                    "invalid_request_error", status=431)
+
+
+def request_timeout(seconds: float) -> ApiError:
+    return ApiError(f"Request body not received within {seconds:g} seconds (--timeout)",
+                    "invalid_request_error", status=408)
+
+
+def too_deep(limit: int) -> ApiError:
+    return ApiError(f"Request body nests arrays and objects more than {limit} levels deep",
+                    "invalid_request_error")
+
+
 def parse_error(exc: json.JSONDecodeError) -> ApiError:
-    """A malformed body: upstream answers 500 with the JSON library's text."""
+    """A malformed body, in the JSON library's (nlohmann's) words."""
     last = exc.doc[exc.pos:exc.pos + 1] if exc.doc else ""
     return ApiError(
         f"[json.exception.parse_error.101] parse error at line {exc.lineno}, "
         f"column {exc.colno}: syntax error while parsing value - {exc.msg}; "
         f"last read: '{last}'",
-        "server_error",
+        BAD_BODY,
     )
 
 
@@ -138,23 +170,23 @@ def parse_error_at(doc: str, pos: int, detail: str, last: str) -> ApiError:
     lone surrogate escape); `pos` is the index of the last character read."""
     line, col = _line_col(doc, pos)
     return ApiError(f"[json.exception.parse_error.101] parse error at line {line}, column {col}: "
-                    f"{detail}; last read: '{last}'", "server_error")
+                    f"{detail}; last read: '{last}'", BAD_BODY)
 
 
 def empty_input() -> ApiError:
     return ApiError("[json.exception.parse_error.101] parse error at line 1, column 1: attempting "
                     "to parse an empty input; check that your input string or stream contains "
-                    "the expected JSON", "server_error")
+                    "the expected JSON", BAD_BODY)
 
 
 def number_overflow(text: str) -> ApiError:
     return ApiError(f"[json.exception.out_of_range.406] number overflow parsing '{text}'",
-                    "server_error")
+                    BAD_BODY)
 
 
 def type_error(expected: str, value) -> ApiError:
-    """A request value read with nlohmann's get<T>() outside the completion
+    """A request value of the wrong type read outside the completion
     handler's try-block (e.g. /tokenize `content`): upstream's ex_wrapper
-    answers 500 with the library text."""
+    answers 500 with the library text; we answer 400 with the same text."""
     return ApiError(f"[json.exception.type_error.302] type must be {expected}, "
-                    f"but is {json_type_name(value)}", "server_error")
+                    f"but is {json_type_name(value)}", BAD_BODY)

@@ -31,13 +31,12 @@ def _check(body: Any, vocab) -> list[dict]:
         raise ApiError(f"Infill is not supported by this model: {missing}", "not_supported_error")
     if not isinstance(body, dict):
         raise ApiError(f"[json.exception.type_error.306] cannot use value() with "
-                       f"{json_type_name(body)}", "server_error")
+                       f"{json_type_name(body)}")
     for key in ("input_prefix", "input_suffix"):
         if key not in body:
-            # upstream sets a 400 but does not return; reading the key then
-            # throws, and that 500 is what the client gets
-            raise ApiError(f"[json.exception.out_of_range.403] key '{key}' not found",
-                           "server_error")
+            # upstream means this 400 but does not return after setting it, so
+            # its client gets a 500 out_of_range; we send the 400 (issue #7)
+            raise ApiError(f'"{key}" is required')
     extra = body.get("input_extra", [])
     if "input_extra" in body and not isinstance(extra, list):
         raise ApiError('"input_extra" must be an array of {"filename": string, "text": string}')

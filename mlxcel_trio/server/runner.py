@@ -1,11 +1,15 @@
 """Run the server: one trio nursery tree for its whole lifetime.
 
+    run(config): install the log sinks (logging_setup), bind the socket
     trio.run(_main)
     └── root nursery
         ├── bridge.run          the MLX engine thread's owner
         ├── _signals            SIGINT / SIGTERM -> graceful shutdown
         ├── _watch_load         logs readiness, or stops the server on a load failure
-        └── hypercorn serve     one task per request
+        └── listen.serve        hypercorn's protocol, one task per connection/request
+
+The socket is bound before the model starts loading, so a port in use stops
+the process at once (exit 1) instead of after a load.
 
 Shutdown: the signal sets `shutdown`; hypercorn stops accepting, gives
 in-flight requests `GRACE_S`, then returns; the root scope is cancelled, which
@@ -23,15 +27,18 @@ from pathlib import Path
 
 import trio
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve
 
+from .. import logging_setup
 from ..bridge import Bridge
 from ..config import ServerConfig
-from .app import create_app
+from . import listen
+from .app import MAX_HEAD_BYTES, create_app
 
 log = logging.getLogger("mlxcel.server")
 
 GRACE_S = 5.0
+KEEP_ALIVE_S = 5.0        # upstream's (cpp-httplib's) keep-alive; also bounds a request head
+_TO_FILE = False          # the log goes to a file: lifecycle lines are logged too
 
 
 def _model_name(config: ServerConfig) -> str:
@@ -44,8 +51,11 @@ def _model_name(config: ServerConfig) -> str:
 
 
 def _say(line: str) -> None:
-    """Lifecycle lines on stdout (tests and operators wait for these)."""
+    """Lifecycle lines on stdout (tests and operators wait for these),
+    whatever the log configuration; copied into a log file."""
     print(line, flush=True)
+    if _TO_FILE:
+        log.info("%s", line)
 
 
 async def _signals(signals, shutdown: trio.Event) -> None:
@@ -70,16 +80,27 @@ async def _watch_load(bridge: Bridge, shutdown: trio.Event, status: dict) -> Non
 
 def _hypercorn_config(config: ServerConfig) -> HypercornConfig:
     hc = HypercornConfig()
-    hc.bind = [f"{config.host}:{config.port}"]
-    hc.read_timeout = config.timeout if config.timeout > 0 else None
+    hc.read_timeout = None  # listen.serve applies --timeout to reads and writes itself
+    hc.keep_alive_timeout = KEEP_ALIVE_S
+    hc.h11_max_incomplete_size = MAX_HEAD_BYTES
     hc.graceful_timeout = GRACE_S
     hc.include_server_header = False
     hc.accesslog = None
     hc.errorlog = logging.getLogger("hypercorn.error")
+    hc.alpn_protocols = ["http/1.1"]  # as upstream: no HTTP/2
+    if config.ssl_cert_file and config.ssl_key_file:
+        hc.certfile, hc.keyfile = config.ssl_cert_file, config.ssl_key_file
     return hc
 
 
-async def _main(config: ServerConfig) -> int:
+def _warn_open_cors(config: ServerConfig) -> None:
+    if config.cors_origins == "*" and not config.api_keys:
+        log.warning("CORS allows every origin ('*') and no API key is set: any web page a "
+                    "browser on this network opens can call this server; set --api-key, or "
+                    "--cors-origins localhost")
+
+
+async def _main(config: ServerConfig, sock) -> int:
     status = {"code": 0}
     bridge = Bridge(config)
     app = create_app(bridge, config, _model_name(config))
@@ -87,36 +108,51 @@ async def _main(config: ServerConfig) -> int:
     # Catch signals before anything starts, so a signal during model load is
     # a graceful shutdown too, never a KeyboardInterrupt traceback.
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        return await _serve(config, bridge, app, shutdown, signals, status)
+        return await _serve(config, bridge, app, shutdown, signals, status, sock)
 
 
-async def _serve(config, bridge, app, shutdown, signals, status) -> int:
+async def _serve(config, bridge, app, shutdown, signals, status, sock) -> int:
+    hc = _hypercorn_config(config)
     async with trio.open_nursery() as root:
         root.start_soon(_signals, signals, shutdown)
         await root.start(bridge.run)
         async with trio.open_nursery() as http:
-            binds = await http.start(partial(serve, app, _hypercorn_config(config),
-                                             shutdown_trigger=shutdown.wait))
-            for b in binds:
-                _say(f"main: server is listening on {b}")
+            await http.start(partial(listen.serve, app, hc, [sock], write_timeout=config.timeout,
+                                     # one second later than Quart's body timeout, so a
+                                     # silent body gets its 408 before the socket closes
+                                     read_timeout=config.timeout + 1,
+                                     shutdown_trigger=shutdown.wait))
+            _say(f"main: server is listening on {listen.listening_address(sock, hc.ssl_enabled)}")
+            _warn_open_cors(config)
             root.start_soon(_watch_load, bridge, shutdown, status)
         root.cancel_scope.cancel()
     return status["code"]
 
 
 def run(config: ServerConfig) -> int:
-    logging.basicConfig(
-        level=logging.DEBUG if config.verbose else logging.INFO,
-        format="%(asctime)s %(levelname).1s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    global _TO_FILE
+    try:
+        sinks = logging_setup.install(logging_setup.LogPlan(
+            disabled=config.log_disable, file=config.log_file, threshold=config.log_verbosity,
+            verbose=config.verbose, colors=config.log_colors, prefix=config.log_prefix,
+            timestamps=config.log_timestamps, secrets=(*config.secrets, *config.api_keys)))
+    except logging_setup.LogFileError as exc:
+        print(f"error: --log-file {config.log_file!r}: {exc}", file=sys.stderr, flush=True)
+        return 1
+    _TO_FILE = sinks.to_file
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    code = trio.run(_main, config)
+    try:
+        sock = listen.bind(config.host, config.port, config.reuse_port)
+    except listen.BindError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        sinks.close()
+        return 1
+    code = trio.run(_main, config, sock)
     # Everything is shut down by now (sockets closed, engine thread joined).
     # Skip interpreter finalization: MLX aborts in its static destructors
     # ("terminate called without an active exception") once a model forward
     # has run on a thread other than the main one (measured with mlx 0.32).
-    logging.shutdown()
+    sinks.close()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

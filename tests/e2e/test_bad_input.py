@@ -5,12 +5,13 @@ wrong field types and out-of-range numbers to /completion, /v1/completions,
 /tokenize and /detokenize.  Every answer must be a real HTTP response whose
 error body is upstream's envelope with `code` equal to the status.
 
-The only 500s allowed are the ones upstream itself sends (error_messages.json,
-`ex_wrapper_rule`): an unparseable body (`[json.exception.parse_error...`, or
-`out_of_range.406` for a number past a double), and, on /tokenize and
-/detokenize only, a value of the wrong type (`type_error.302`), because those
-handlers read `content` / `tokens` with nlohmann's get<T>() outside any
-try-block.  The completion routes parse inside one, so there it is a 400.
+No 5xx is allowed.  Upstream itself answers 500 for an unparseable body
+(`[json.exception.parse_error...`, or `out_of_range.406` for a number past a
+double) and, on /tokenize and /detokenize, for a value of the wrong type
+(`type_error.302`): its exception boundary maps every JSON-library exception
+to 500.  We answer the 400 invalid_request_error it meant, with the same
+message (issue #7; the status difference is recorded on each route's
+manifest entry).
 
 Generations are kept to a token or two: `n_predict` is always present and
 small unless it is the field under test, and its bad values are chosen so
@@ -34,8 +35,6 @@ pytestmark = pytest.mark.e2e
 
 ROUTES = ["/completion", "/v1/completions", "/tokenize", "/detokenize"]
 COMPLETION_ROUTES = {"/completion", "/v1/completions"}
-PARSE_500 = ("[json.exception.parse_error.", "[json.exception.out_of_range.406]")
-TYPE_500 = "[json.exception.type_error.302]"
 ERRORS_JSON = SHARED / "upstream" / "llama-server" / "error_messages.json"
 FALLBACK_TYPES = {"invalid_request_error": 400, "authentication_error": 401,
                   "permission_error": 403, "not_found_error": 404, "server_error": 500,
@@ -73,9 +72,7 @@ def check_response(path: str, r: httpx.Response) -> None:
     assert err["code"] == r.status_code, err
     assert TYPE_TO_STATUS[err["type"]] == r.status_code, err
     assert isinstance(err["message"], str) and err["message"], err
-    if r.status_code >= 500:
-        allowed = PARSE_500 if path in COMPLETION_ROUTES else (*PARSE_500, TYPE_500)
-        assert r.status_code == 500 and err["message"].startswith(allowed), (path, err)
+    assert r.status_code < 500, (path, err)
 
 
 # -- strategies -------------------------------------------------------------------
@@ -231,9 +228,9 @@ def test_out_of_vocabulary_prompt_ids(server, prompt):
 @pytest.mark.parametrize("path", ROUTES)
 def test_empty_body_is_a_parse_error(server, path):
     r = post(server.url, b"", path=path)
-    assert r.status_code == 500
+    assert r.status_code == 400
     assert r.json()["error"] == {
-        "code": 500, "type": "server_error",
+        "code": 400, "type": "invalid_request_error",
         "message": "[json.exception.parse_error.101] parse error at line 1, column 1: "
                    "attempting to parse an empty input; check that your input string or "
                    "stream contains the expected JSON"}
@@ -252,17 +249,17 @@ def test_empty_body_is_a_parse_error(server, path):
 ])
 def test_non_standard_literals_are_parse_errors(server, raw, message):
     r = post(server.url, raw)
-    assert r.status_code == 500
-    assert r.json()["error"] == {"code": 500, "type": "server_error",
+    assert r.status_code == 400
+    assert r.json()["error"] == {"code": 400, "type": "invalid_request_error",
                                  "message": f"[json.exception.parse_error.101] {message}"}
 
 
 @pytest.mark.parametrize("number", ["1e400", "-2.5e999", "1" + "0" * 400])
 def test_numbers_past_a_double_overflow(server, number):
     r = post(server.url, f'{{"prompt": "x", "n_predict": 1, "top_p": {number}}}'.encode())
-    assert r.status_code == 500
+    assert r.status_code == 400
     assert r.json()["error"] == {
-        "code": 500, "type": "server_error",
+        "code": 400, "type": "invalid_request_error",
         "message": f"[json.exception.out_of_range.406] number overflow parsing '{number}'"}
 
 
@@ -276,9 +273,9 @@ def test_numbers_past_a_double_overflow(server, number):
 def test_lone_surrogates_are_parse_errors(server, path, raw):
     # before: a 500 with a Python message, or a stream cut mid-body
     r = post(server.url, raw, path=path)
-    assert r.status_code == 500
+    assert r.status_code == 400
     err = r.json()["error"]
-    assert err["type"] == "server_error"
+    assert err["type"] == "invalid_request_error"
     assert err["message"].startswith("[json.exception.parse_error.101] parse error at line 1, ")
     assert "invalid string: surrogate U+" in err["message"]
 

@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 
 from mlxcel_trio.cli.main import prepare
+from mlxcel_trio.cli.parser import CliError
 from tests.unit.cli._upstream import (
     LIVE,
     expect_accepted,
@@ -128,6 +129,11 @@ def test_accepted_value_reaches_a_config(rec: dict[str, Any], tiny_model: Path,
         argv = [argv[0], str(tiny_model)]  # resolved exactly like -m: a local dir works
     elif ours(rec).dest != "model":
         argv += ["-m", str(tiny_model)]
+    if ours(rec).dest in ("ssl_key_file", "ssl_cert_file"):
+        # one half of the TLS pair alone is refused (the pair: tests/e2e/test_transport.py)
+        with pytest.raises(CliError, match="HTTPS needs both"):
+            prepare(argv, env={})
+        return
     config = prepare(argv, env={})
     assert config.model == str(tiny_model.resolve())
 
@@ -150,4 +156,5 @@ def test_every_inert_form_at_once_starts_the_server(
     srv.wait_for_line("main: server is listening", timeout=60)
     srv.signal(signal.SIGTERM)
     assert srv.wait(15) == 0
-    assert not any("Traceback" in line for line in srv.stderr), "".join(srv.stderr)
+    assert not any("Traceback" in line for line in srv.stdout + srv.stderr), \
+        "".join(srv.stdout + srv.stderr)

@@ -49,8 +49,8 @@ def test_sampling_defaults_come_from_flags_else_the_checkpoint(tiny_model, start
 def test_warmup_runs_unless_disabled(tiny_model, start_server):
     warm = start_server(tiny_model, "-np", "1")
     cold = start_server(tiny_model, "-np", "1", "--no-warmup")
-    assert any("warming up" in line for line in warm.stderr)
-    assert not any("warming up" in line for line in cold.stderr)
+    assert any("warming up" in line for line in warm.stdout)  # the log goes to stdout
+    assert not any("warming up" in line for line in cold.stdout)
     warm.stop()
     cold.stop()
 
@@ -80,7 +80,7 @@ def test_verbose_logs_debug_lines(tiny_model, start_server):
     srv = start_server(tiny_model, "-np", "1", "-v")
     post(srv.url, {"prompt": "x", "n_predict": 1})
     srv.stop()
-    assert any(" D mlxcel" in line for line in srv.stderr)
+    assert any(" D mlxcel" in line for line in srv.stdout)  # the log goes to stdout
 
 
 def test_tags_special_and_hf_repo(tiny_model, tiny_facts, start_server):

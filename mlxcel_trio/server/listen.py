@@ -1,0 +1,185 @@
+"""Listening sockets and the HTTP serve loop.
+
+Sockets are bound here rather than by hypercorn so that upstream's rules
+hold exactly: a --host ending in ".sock" is a Unix domain socket path, --port
+0 binds an ephemeral port (and the lifecycle line shows the real one),
+SO_REUSEADDR always and SO_REUSEPORT with --reuse-port.
+
+`serve` is hypercorn's trio worker loop (lifespan, then listeners, graceful
+shutdown by a deadline on the connection nursery) with one change: every
+write to a client is bounded by --timeout.  hypercorn shields each send_all
+and has no write timeout, so a client that stops reading a response would
+hold its request task (and, for a stream, its slot) forever; here the write
+fails after `write_timeout` seconds, the connection closes, and the request
+is cancelled like any disconnect.  Reading is bounded while the server
+waits for the client: the request head by keep_alive_timeout (hypercorn's
+idle timer runs until a complete head arrives, 5 s as upstream's keep-alive),
+each read of the body by `read_timeout` (--timeout) and the whole body by
+Quart's BODY_TIMEOUT (--timeout).  hypercorn's own per-read timeout is not
+used: it also runs while a response streams and the client, rightly, sends
+nothing, so it would cut any stream longer than --timeout; ours stops once
+the request has fully arrived, as upstream's (which reads, then writes).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+from collections.abc import Awaitable, Callable
+from functools import partial
+from math import inf
+
+import h11
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.events import Closed, RawData
+from hypercorn.trio.lifespan import Lifespan
+from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import ConnectionState
+from hypercorn.utils import ShutdownError, raise_shutdown, wrap_app
+
+BACKLOG = 1024
+
+
+class BindError(Exception):
+    """The socket could not be bound; str() is the one-line reason."""
+
+
+def is_unix(host: str) -> bool:
+    return host.endswith(".sock")
+
+
+def bind(host: str, port: int, reuse_port: bool) -> socket.socket:
+    """A listening, non-blocking socket for --host/--port."""
+    try:
+        if is_unix(host):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                if stat.S_ISSOCK(os.lstat(host).st_mode):
+                    os.unlink(host)  # a stale socket from an earlier run
+            except FileNotFoundError:
+                pass
+            sock.bind(host)
+        else:
+            family, kind, proto, _, addr = socket.getaddrinfo(
+                host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+            sock = socket.socket(family, kind, proto)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.bind(addr)
+        sock.listen(BACKLOG)
+    except OSError as exc:
+        where = host if is_unix(host) else f"{host}:{port}"
+        raise BindError(f"cannot listen on {where}: {exc.strerror or exc}") from None
+    sock.setblocking(False)
+    return sock
+
+
+def listening_address(sock: socket.socket, tls: bool) -> str:
+    """upstream's listening address: unix://PATH or http(s)://host:port."""
+    if sock.family == socket.AF_UNIX:
+        return f"unix://{sock.getsockname()}"
+    host, port = sock.getsockname()[:2]
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{'https' if tls else 'http'}://{host}:{port}"
+
+
+class _TimedTCPServer(TCPServer):
+    """hypercorn's connection handler with a bounded write, and a read
+    timeout that applies only while the request is still arriving."""
+
+    write_timeout: float | None = None
+    read_timeout: float | None = None
+
+    def _awaiting_client(self) -> bool:
+        """True unless the request was fully received (its response may be
+        streaming: the client then rightly sends nothing)."""
+        conn = getattr(getattr(self.protocol, "protocol", None), "connection", None)
+        state = getattr(conn, "their_state", None)
+        return state not in (h11.DONE, h11.MUST_CLOSE, h11.CLOSED)
+
+    async def _read_data(self) -> None:
+        while True:
+            limit = self.read_timeout if self.read_timeout and self._awaiting_client() else inf
+            try:
+                with trio.fail_after(limit):
+                    data = await self.stream.receive_some(MAX_RECV)
+            except (trio.ClosedResourceError, trio.BrokenResourceError, trio.TooSlowError):
+                break
+            await self.protocol.handle(RawData(bytes(data)))
+            if data == b"":
+                break
+        await self.protocol.handle(Closed())
+
+    async def protocol_send(self, event) -> None:
+        if not isinstance(event, RawData) or self.write_timeout is None:
+            return await super().protocol_send(event)
+        async with self.send_lock:
+            try:
+                with trio.CancelScope(shield=True):
+                    with trio.fail_after(self.write_timeout):
+                        await self.stream.send_all(event.data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
+                await self.protocol.handle(Closed())
+                return
+        if self._must_close():
+            # a complete "Connection: close" response (a 408/413 that left the
+            # body unread): hypercorn would wait for the rest of that body
+            await super().protocol_send(Closed())
+
+    def _must_close(self) -> bool:
+        conn = getattr(getattr(self.protocol, "protocol", None), "connection", None)
+        return getattr(conn, "our_state", None) is h11.MUST_CLOSE
+
+
+async def serve(app, config: HypercornConfig, sockets: list[socket.socket], *,
+                write_timeout: float | None, read_timeout: float | None,
+                shutdown_trigger: Callable[[], Awaitable[None]],
+                task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Serve `app` on already-listening `sockets` until `shutdown_trigger`
+    returns; in-flight requests get config.graceful_timeout."""
+    wrapped = wrap_app(app, config.wsgi_max_body_size, "asgi")
+    state: dict = {}
+    lifespan = Lifespan(wrapped, config, state)
+    context = WorkerContext(None)
+    server_cls = type("_Server", (_TimedTCPServer,), {"write_timeout": write_timeout,
+                                                       "read_timeout": read_timeout})
+    ssl_context = config.create_ssl_context()
+    async with trio.open_nursery() as lifespan_nursery:
+        await lifespan_nursery.start(lifespan.handle_lifespan)
+        await lifespan.wait_for_startup()
+        async with trio.open_nursery() as connections:
+            listeners = []
+            for sock in sockets:
+                listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+                if ssl_context is not None:
+                    listener = trio.SSLListener(listener, ssl_context, https_compatible=True)
+                listeners.append(listener)
+            task_status.started()
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(raise_shutdown, shutdown_trigger)
+                    nursery.start_soon(partial(
+                        trio.serve_listeners,
+                        partial(server_cls, wrapped, config, context,
+                                ConnectionState(state.copy())),
+                        listeners, handler_nursery=connections))
+            except BaseExceptionGroup as group:
+                _, other = group.split(ShutdownError)
+                if other is not None:
+                    raise other
+            except ShutdownError:
+                pass
+            finally:
+                for listener in listeners:
+                    with trio.CancelScope(shield=True):
+                        await listener.aclose()
+                await context.terminated.set()
+                connections.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
+        await lifespan.wait_for_shutdown()
+        lifespan_nursery.cancel_scope.cancel()
