@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,15 +15,7 @@ from mlxcel_trio.config import ServerConfig
 
 # One sample per value option: the raw text and the ServerConfig value it
 # must produce.  test_every_value_option_has_a_sample keeps this complete.
-_TEMPLATE_FILE = str(Path(__file__).resolve().parents[3] / "fixtures" / "chat_template.jinja")
 SAMPLES: dict[str, tuple[str, Any]] = {
-    # issue #4: chat templates and reasoning
-    "chat_reasoning_format": ("deepseek-legacy", "deepseek-legacy"),
-    "chat_reasoning": ("enabled", "on"),
-    "chat_reasoning_effort": ("high", "high"),
-    "chat_template": ("{{ messages }}", "{{ messages }}"),
-    "chat_template_file": (_TEMPLATE_FILE, _TEMPLATE_FILE),
-    "chat_template_kwargs": ('{"enable_thinking": false}', '{"enable_thinking": false}'),
     "model": ("some/model", "some/model"),
     "ctx_size": ("4096", 4096),
     "sampling.n_predict": ("128", 128),
@@ -44,33 +35,6 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "hf_token": ("hf_abc", "hf_abc"),
     "hf_repo": ("some/model", "some/model"),
     "tags": ("a,b", ("a", "b")),
-    # issue #5: the sampler chain, logit bias, reverse prompts
-    "sampling.samplers": ("penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature;"
-                          "adaptive_p", "penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;"
-                          "xtc;temperature;adaptive_p"),
-    "sampling.sampler_seq": ("edskypmxta", "edskypmxta"),
-    "sampling.top_n_sigma": ("1.5", 1.5),
-    "sampling.xtc_probability": ("0.5", 0.5),
-    "sampling.xtc_threshold": ("0.2", 0.2),
-    "sampling.typical_p": ("0.9", 0.9),
-    "sampling.repeat_last_n": ("32", 32),
-    "sampling.repeat_penalty": ("1.1", 1.1),
-    "sampling.presence_penalty": ("0.5", 0.5),
-    "sampling.frequency_penalty": ("0.25", 0.25),
-    "sampling.dry_multiplier": ("0.8", 0.8),
-    "sampling.dry_base": ("2.0", 2.0),
-    "sampling.dry_allowed_length": ("3", 3),
-    "sampling.dry_penalty_last_n": ("128", 128),
-    "sampling.dry_sequence_breakers": ("none", ("none",)),
-    "sampling.adaptive_target": ("0.3", 0.3),
-    "sampling.adaptive_decay": ("0.5", 0.5),
-    "sampling.dynatemp_range": ("0.5", 0.5),
-    "sampling.dynatemp_exp": ("2.0", 2.0),
-    "sampling.mirostat": ("2", 2),
-    "sampling.mirostat_eta": ("0.2", 0.2),
-    "sampling.mirostat_tau": ("3.0", 3.0),
-    "sampling.logit_bias": ("15043-inf", ((15043, float("-inf")),)),
-    "sampling.reverse_prompt": ("User:", ("User:",)),
     # issue #7: logging, transport, CORS, key files
     "log_file": ("/var/log/mlxcel.log", "/var/log/mlxcel.log"),
     "log_colors": ("enabled", "on"),
