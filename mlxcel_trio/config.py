@@ -78,6 +78,17 @@ class ServerConfig:
     secrets: tuple[str, ...] = attrs.field(default=(), repr=False)
     sse_ping_interval: int = 30  # seconds; <= 0 disables
     sampling: SamplingDefaults = SamplingDefaults()
+    # -- chat (issue #4): templates, reasoning, parsing --
+    chat_jinja: bool = True                  # --no-jinja is refused at startup
+    chat_template: str | None = None         # --chat-template text (wins over the file)
+    chat_template_file: str | None = None    # --chat-template-file path
+    chat_template_kwargs: str | None = None  # JSON object text
+    chat_reasoning_format: str = "auto"      # none | deepseek | deepseek-legacy | auto
+    chat_reasoning: str = "auto"             # on | off | auto -> enable_thinking
+    chat_reasoning_effort: str = "default"   # -> reasoning_effort ("default": unset)
+    chat_reasoning_preserve: bool | None = None  # -> preserve_reasoning (None: unset)
+    chat_skip_chat_parsing: bool = False
+    chat_prefill_assistant: bool = True
     # The -m value as the operator gave it ("mlx-community/Qwen3-0.6B-bf16");
     # `model` is the local checkpoint directory it resolved to.  None when
     # the config was built by hand rather than by cli/.

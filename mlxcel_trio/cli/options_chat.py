@@ -1,17 +1,142 @@
 """Chat templates and reasoning (issue #4), and the endpoint-mode options
 of the native routes (embeddings, reranking, special-token output, infill
-order: issue #2).  All deferred."""
+order: issue #2).
+
+The chat options feed `ServerConfig.chat_*`; chat/ and server/chat_*.py act
+on them.  --reasoning, --reasoning-effort and --reasoning-preserve are, as
+upstream, entries of the template kwargs (see `chat/settings.py`).
+Template text is checked here, before any model is resolved: a built-in
+template name is refused (we have no built-in template library), a
+template that does not compile, an unreadable template file, or kwargs
+that are not a JSON object stop startup with the reason.
+"""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
+import attrs
+
 from mlxcel_trio.cli.record import Option
-from mlxcel_trio.cli.refusals import deferred
-from mlxcel_trio.cli.values import Choice, Int, Text
+from mlxcel_trio.cli.refusals import Refuser, deferred, equals
+from mlxcel_trio.cli.values import BadValue, Choice, Int, Text
 
 CHAT_ISSUE = 4
+
+# upstream's is_truthy / is_falsey / is_autoy vocabularies for --reasoning
+_ON = ("on", "enabled", "true", "1")
+_OFF = ("off", "disabled", "false", "0")
+_AUTO = ("auto", "-1")
+
+
+def _compiles(text: str) -> None:
+    from mlxcel_trio.chat.template import TemplateError, compile_template
+
+    try:
+        compile_template(text)
+    except TemplateError as exc:
+        raise BadValue(str(exc)) from None
+
+
+@attrs.frozen
+class TemplateText:
+    """Jinja template text that compiles (a built-in name is the refuse
+    hook's business, so that it can say what to do instead)."""
+
+    @property
+    def domain(self) -> str:
+        return "Jinja chat template text"
+
+    def parse(self, text: str) -> str:
+        if not text:
+            raise BadValue("empty")
+        _compiles(text)
+        return text
+
+
+def read_template_file(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadValue(f"cannot read the file ({exc.__class__.__name__}: {exc})") from None
+
+
+@attrs.frozen
+class TemplateFile:
+    """A readable UTF-8 file holding Jinja template text that compiles."""
+
+    @property
+    def domain(self) -> str:
+        return "a readable file holding a Jinja chat template"
+
+    def parse(self, text: str) -> str:
+        if not text:
+            raise BadValue("empty")
+        _compiles(read_template_file(text))
+        return text
+
+
+@attrs.frozen
+class JsonObject:
+    """A JSON object, kept as the text given."""
+
+    @property
+    def domain(self) -> str:
+        return "a JSON object, e.g. '{\"key\": \"value\"}'"
+
+    def parse(self, text: str) -> str:
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            raise BadValue(f"not valid JSON ({exc})") from None
+        if not isinstance(value, dict):
+            raise BadValue("not a JSON object")
+        return text
+
+
+@attrs.frozen
+class ReasoningMode:
+    """on / off / auto in upstream's spellings, normalised to those three."""
+
+    @property
+    def domain(self) -> str:
+        return "one of on, off, auto (or " + ", ".join(_ON[1:] + _OFF[1:] + _AUTO[1:]) + ")"
+
+    def parse(self, text: str) -> str:
+        for word, group in (("on", _ON), ("off", _OFF), ("auto", _AUTO)):
+            if text in group:
+                return word
+        raise BadValue("not a known value")
+
+
+def _builtin_refusal(text_of):
+    from mlxcel_trio.chat.template import builtin_name
+
+    def inert(value: Any) -> bool:
+        return builtin_name(text_of(value)) is None
+
+    def why(value: Any) -> str:
+        return (f"{builtin_name(text_of(value))!r} names one of llama-server's built-in "
+                "templates, and mlxcel-trio has no built-in template library (the "
+                "checkpoint's own template is rendered by default)")
+
+    return Refuser(inert, why, "omit the option to use the checkpoint's template, or pass "
+                   "the template's Jinja text", accepts="Jinja template text")
+
+
+def _file_text(path: Any) -> str:
+    try:
+        return read_template_file(path)
+    except BadValue:
+        return ""
+
+
+def _opt(spellings, dest, help, **kw) -> Option:
+    kw.setdefault("section", "server")
+    kw.setdefault("owner", CHAT_ISSUE)
+    return Option(spellings, dest, help, **kw)
 
 
 def _chat(spellings: tuple[str, ...], dest: str, help: str, **kw: Any) -> Option:
@@ -19,29 +144,26 @@ def _chat(spellings: tuple[str, ...], dest: str, help: str, **kw: Any) -> Option
     return deferred(spellings, f"chat_{dest}", help, issue=CHAT_ISSUE, **kw)
 
 
-def _no_kwargs(value: str) -> bool:
-    """'{}' (in any spacing) adds no template arguments."""
-    try:
-        return json.loads(value) == {}
-    except ValueError:
-        return False
-
-
 CHAT: tuple[Option, ...] = (
-    _chat(("--jinja",), "jinja", "render chat prompts with the Jinja template engine",
-          kind="bool", negations=("--no-jinja",), default=True, env="LLAMA_ARG_JINJA"),
-    _chat(("--reasoning-format",), "reasoning_format",
-          "where the model's thoughts go: none, deepseek, deepseek-legacy or auto",
-          value=Choice(("none", "deepseek", "deepseek-legacy", "auto")),
-          metavar="FORMAT", default="auto", env="LLAMA_ARG_THINK"),
-    _chat(("-rea", "--reasoning"), "reasoning",
-          "let the model think: on, off, or auto (from the template)",
-          value=Choice(("on", "off", "auto")), metavar="[on|off|auto]", default="auto",
-          env="LLAMA_ARG_REASONING"),
-    _chat(("--reasoning-effort",), "reasoning_effort",
-          "reasoning effort handed to the chat template (default keeps the template's)",
-          value=Text(), metavar="LEVEL", default="default",
-          env="LLAMA_ARG_REASONING_EFFORT"),
+    _opt(("--jinja",), "chat_jinja", "render chat prompts with the Jinja template engine "
+         "(always on: --no-jinja is refused)", kind="bool", negations=("--no-jinja",),
+         default=True, env="LLAMA_ARG_JINJA", status="by_design",
+         refuse=Refuser(equals(True), "mlxcel-trio renders every chat prompt with the "
+                        "checkpoint's Jinja template and has no legacy (non-Jinja) formatter",
+                        "omit --no-jinja", accepts="--jinja")),
+    _opt(("--reasoning-format",), "chat_reasoning_format",
+         "where the model's thoughts go: none (left in content), deepseek (in "
+         "reasoning_content), deepseek-legacy (in both), auto (as deepseek)",
+         value=Choice(("none", "deepseek", "deepseek-legacy", "auto")), metavar="FORMAT", default="auto", env="LLAMA_ARG_THINK",
+         status="by_design"),
+    _opt(("-rea", "--reasoning"), "chat_reasoning",
+         "let the model think: on, off, or auto (the template decides); sets the "
+         "template's enable_thinking", value=ReasoningMode(), metavar="[on|off|auto]",
+         default="auto", env="LLAMA_ARG_REASONING"),
+    _opt(("--reasoning-effort",), "chat_reasoning_effort",
+         "reasoning effort handed to the chat template as reasoning_effort ('default' "
+         "keeps the template's)", value=Text(), metavar="LEVEL", default="default",
+         env="LLAMA_ARG_REASONING_EFFORT"),
     _chat(("--reasoning-budget",), "reasoning_budget",
           "thinking token budget (-1 unlimited, 0 stop at once)", value=Int(),
           metavar="N", default=-1, env="LLAMA_ARG_THINK_BUDGET"),
@@ -49,30 +171,32 @@ CHAT: tuple[Option, ...] = (
           "text forced in before the end of thinking when the budget runs out",
           value=Text(), metavar="MESSAGE", default_text="none",
           env="LLAMA_ARG_THINK_BUDGET_MESSAGE"),
-    _chat(("--reasoning-preserve",), "reasoning_preserve",
-          "keep earlier turns' reasoning in the rendered history", kind="bool",
-          negations=("--no-reasoning-preserve",), default_text="template default",
-          env="LLAMA_ARG_REASONING_PRESERVE"),
-    _chat(("--chat-template",), "template", "a Jinja chat template to use instead of "
-          "the checkpoint's", value=Text(), metavar="JINJA_TEMPLATE",
-          default_text="template taken from model's metadata",
-          env="LLAMA_ARG_CHAT_TEMPLATE"),
-    _chat(("--chat-template-file",), "template_file",
-          "read the Jinja chat template from a file", value=Text(),
-          metavar="JINJA_TEMPLATE_FILE",
-          default_text="template taken from model's metadata",
-          env="LLAMA_ARG_CHAT_TEMPLATE_FILE"),
-    _chat(("--chat-template-kwargs",), "template_kwargs",
-          "extra template arguments as a JSON object", value=Text(), metavar="STRING",
-          env="LLAMA_ARG_CHAT_TEMPLATE_KWARGS", inert=_no_kwargs, accepts="'{}'"),
-    _chat(("--skip-chat-parsing",), "skip_chat_parsing",
-          "put all model output in content, parsing no reasoning or tool calls",
-          kind="bool", negations=("--no-skip-chat-parsing",), default=False,
-          env="LLAMA_ARG_SKIP_CHAT_PARSING"),
-    _chat(("--prefill-assistant",), "prefill_assistant",
-          "continue a trailing assistant message instead of answering it",
-          kind="bool", negations=("--no-prefill-assistant",), default=True,
-          default_text="prefill enabled", env="LLAMA_ARG_PREFILL_ASSISTANT"),
+    _opt(("--reasoning-preserve",), "chat_reasoning_preserve",
+         "keep earlier turns' reasoning in the rendered history (the template's "
+         "preserve_reasoning)", kind="bool", negations=("--no-reasoning-preserve",),
+         default_text="template default", env="LLAMA_ARG_REASONING_PRESERVE"),
+    _opt(("--chat-template",), "chat_template", "a Jinja chat template to render instead of "
+         "the checkpoint's (wins over --chat-template-file)", value=TemplateText(),
+         metavar="JINJA_TEMPLATE", default_text="template taken from model's metadata",
+         env="LLAMA_ARG_CHAT_TEMPLATE", status="by_design",
+         refuse=_builtin_refusal(lambda v: v)),
+    _opt(("--chat-template-file",), "chat_template_file",
+         "read the Jinja chat template from a file", value=TemplateFile(),
+         metavar="JINJA_TEMPLATE_FILE", default_text="template taken from model's metadata",
+         env="LLAMA_ARG_CHAT_TEMPLATE_FILE", status="by_design",
+         refuse=_builtin_refusal(_file_text)),
+    _opt(("--chat-template-kwargs",), "chat_template_kwargs",
+         "extra template variables as a JSON object (a request's chat_template_kwargs "
+         "override them key by key)", value=JsonObject(), metavar="STRING",
+         env="LLAMA_ARG_CHAT_TEMPLATE_KWARGS"),
+    _opt(("--skip-chat-parsing",), "chat_skip_chat_parsing",
+         "put all model output in content, parsing no reasoning or tool calls",
+         kind="bool", negations=("--no-skip-chat-parsing",), default=False,
+         env="LLAMA_ARG_SKIP_CHAT_PARSING"),
+    _opt(("--prefill-assistant",), "chat_prefill_assistant",
+         "continue a trailing assistant message instead of answering it",
+         kind="bool", negations=("--no-prefill-assistant",), default=True,
+         default_text="prefill enabled", env="LLAMA_ARG_PREFILL_ASSISTANT"),
 )
 
 def _unserved(spellings: tuple[str, ...], dest: str, help: str, **kw) -> Option:

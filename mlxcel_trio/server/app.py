@@ -27,6 +27,7 @@ from ..logging_setup import TRACE
 from ..bridge import REQUEST_CLEANUPS, Bridge
 from ..config import ServerConfig
 from . import info, infill, limits, native, openai_completions, tokens
+from . import chat_routes
 from .completion import Served, server_defaults
 from .body import parse_body
 from .cors import CorsMiddleware, CorsPolicy
@@ -128,6 +129,7 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
         "no_embeddings": lambda: not_supported("embeddings", "--embeddings"),
         "no_reranking": lambda: not_supported("reranking", "--reranking"),
         "feature_disabled": feature_disabled,
+        **chat_routes.handlers(ctx, config),
     }
 
     def mount(route) -> None:

@@ -30,6 +30,12 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/infill", "infill"),
     Route("POST", "/tokenize", "tokenize"),
     Route("POST", "/detokenize", "detokenize"),
+    # chat surfaces (issue #4; handlers in server/chat_routes.py)
+    Route("POST", "/chat/completions", "chat_completions"),
+    Route("POST", "/v1/chat/completions", "chat_completions"),
+    Route("POST", "/apply-template", "apply_template"),
+    Route("POST", "/chat/completions/input_tokens", "chat_input_tokens"),
+    Route("POST", "/v1/chat/completions/input_tokens", "chat_input_tokens"),
     # Features this server runs without, answered exactly as llama-server
     # answers them when it was started without the enabling flag.
     Route("GET", "/metrics", "no_metrics"),

@@ -1,0 +1,109 @@
+"""The server-wide chat settings, resolved once from `ServerConfig` and the
+checkpoint's tokenizer files.
+
+* The template: --chat-template text, else --chat-template-file, else the
+  checkpoint's (chat_template.jinja, then tokenizer_config.json), else
+  llama-server's ChatML fallback.  When both flags are given the inline
+  text wins, and that is logged.
+* The template kwargs: --chat-template-kwargs, then the dedicated flags
+  (--reasoning -> enable_thinking, --reasoning-effort -> reasoning_effort,
+  --reasoning-preserve -> preserve_reasoning) written into the same map as
+  upstream does; where a dedicated flag and the kwargs name the same key
+  the flag wins and the collision is logged.  A request's
+  chat_template_kwargs override this map key by key.
+* What the output looks like: the thinking markers the template spells and
+  the tool-call format it teaches (Hermes/Qwen `<tool_call>` JSON, or
+  Llama 3.x JSON), read from the template source.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from .parser import THINK_MARKERS
+from .template import CHATML, ChatTemplate
+
+log = logging.getLogger("mlxcel.chat")
+
+
+@attrs.frozen
+class ChatSettings:
+    template: ChatTemplate
+    kwargs: dict[str, Any]            # server-wide template kwargs
+    reasoning_format: str = "auto"
+    prefill_assistant: bool = True
+    skip_parsing: bool = False
+    think_start: str = "<think>"      # "" when the template has no thinking block
+    think_end: str = "</think>"
+    tool_format: str | None = None    # "hermes" | "llama3" | None
+
+
+def think_markers(source: str) -> tuple[str, str]:
+    for start, end in THINK_MARKERS:
+        if start in source:
+            return start, end
+    return THINK_MARKERS[0]
+
+
+def tool_format(source: str) -> str | None:
+    """The tool-call syntax a template teaches its model."""
+    if "<tool_call>" in source:
+        return "hermes"
+    if "<|start_header_id|>" in source and ("<|python_tag|>" in source
+                                            or '"parameters"' in source
+                                            or "ipython" in source):
+        return "llama3"
+    return None
+
+
+def template_kwargs(config) -> dict[str, Any]:
+    kwargs: dict[str, Any] = json.loads(config.chat_template_kwargs or "{}")
+    dedicated: dict[str, Any] = {}
+    if config.chat_reasoning in ("on", "off"):
+        dedicated["enable_thinking"] = config.chat_reasoning == "on"
+    if config.chat_reasoning_effort != "default":
+        dedicated["reasoning_effort"] = config.chat_reasoning_effort
+    if config.chat_reasoning_preserve is not None:
+        dedicated["preserve_reasoning"] = config.chat_reasoning_preserve
+    for key, value in dedicated.items():
+        if key in kwargs and kwargs[key] != value:
+            log.warning("--chat-template-kwargs sets %s=%s; the dedicated flag's %s wins",
+                        key, json.dumps(kwargs[key]), json.dumps(value))
+        kwargs[key] = value
+    return kwargs
+
+
+def template_source(config, vocab) -> tuple[str, str | None]:
+    """(default, tool_use) sources in force."""
+    if config.chat_template:
+        if config.chat_template_file:
+            log.warning("both --chat-template and --chat-template-file given: the inline "
+                        "template wins")
+        return config.chat_template, None
+    if config.chat_template_file:
+        return Path(config.chat_template_file).read_text(encoding="utf-8"), None
+    if vocab.chat_template:
+        return vocab.chat_template, vocab.chat_template_tool_use
+    log.warning("the checkpoint has no chat template: rendering chats as ChatML")
+    return CHATML, None
+
+
+def build(config, vocab) -> ChatSettings:
+    source, tool_use = template_source(config, vocab)
+    template = ChatTemplate(source, vocab.special_tokens_map, tool_use)
+    start, end = think_markers(source)
+    return ChatSettings(
+        template=template,
+        kwargs=template_kwargs(config),
+        reasoning_format=config.chat_reasoning_format,
+        prefill_assistant=config.chat_prefill_assistant,
+        skip_parsing=config.chat_skip_chat_parsing,
+        think_start=start,
+        think_end=end,
+        tool_format=tool_format(tool_use or source),
+    )

@@ -1,0 +1,193 @@
+"""POST /v1/chat/completions (and /chat/completions), /apply-template and
+the chat input-token counts.
+
+The body becomes a `ChatPlan` (server/chat_request.py), the plan's tokens
+become native jobs (one per `n`), and the output is parsed by a
+`ChatStream` per job.  Shapes and key order follow upstream's
+to_json_oaicompat_chat / _stream: a streamed response sends a role delta
+first, one chunk per parser diff, then a chunk with the finish_reason and
+an empty delta, an optional usage chunk (empty choices), `timings` on the
+last chunk of each result, and `data: [DONE]`.  Because the non-streamed
+message is the final parse of the same text and every delta is a
+difference between parses, concatenated deltas equal the message.
+"""
+
+from __future__ import annotations
+
+import secrets
+import string
+from typing import Any, Callable, Iterable
+
+from quart import Response
+
+from ..chat import settings as chat_settings
+from ..chat.parser import ChatMsg, ChatStream, Diff
+from ..engine.records import Finished, PromptProgress, TokenPiece
+from .chat_request import ChatPlan, plan
+from .completion import Served, make_jobs, now_s, resolve, run_all
+from .errors import json_response
+from .native import final_object
+from .sse import DONE, event_stream, first_event, frame
+
+_ALNUM = string.digits + string.ascii_uppercase + string.ascii_lowercase
+_SETTINGS: dict[int, tuple[Served, chat_settings.ChatSettings]] = {}
+
+
+def random_string() -> str:
+    return "".join(secrets.choice(_ALNUM) for _ in range(32))
+
+
+def settings_for(served: Served, config) -> chat_settings.ChatSettings:
+    """The server's chat settings, built on first use (the vocab exists once
+    the model loaded; handlers only run after that)."""
+    hit = _SETTINGS.get(id(served))
+    if hit is None or hit[0] is not served:
+        hit = (served, chat_settings.build(config, served.bridge.vocab))
+        _SETTINGS[id(served)] = hit
+    return hit[1]
+
+
+def chat_plan(served: Served, config, body: Any, generating: bool = True) -> ChatPlan:
+    return plan(body, settings_for(served, config), served.bridge.vocab, generating)
+
+
+# -- shapes ---------------------------------------------------------------------------------
+
+def message_json(msg: ChatMsg) -> dict[str, Any]:
+    """common_chat_msg::to_json_oaicompat for an assistant reply."""
+    out: dict[str, Any] = {"role": "assistant", "content": msg.content}
+    if msg.reasoning_content:
+        out["reasoning_content"] = msg.reasoning_content
+    if msg.tool_calls:
+        out["tool_calls"] = [{"type": "function",
+                              "function": {"name": c.name, "arguments": c.arguments},
+                              "id": c.id} for c in msg.tool_calls]
+    return out
+
+
+def delta_json(diff: Diff) -> dict[str, Any]:
+    """server_chat_msg_diff_to_json_oaicompat."""
+    delta: dict[str, Any] = {}
+    if diff.reasoning_content:
+        delta["reasoning_content"] = diff.reasoning_content
+    if diff.content:
+        delta["content"] = diff.content
+    if diff.tool_index is not None:
+        call: dict[str, Any] = {"index": diff.tool_index}
+        if diff.tool_id:
+            call["id"] = diff.tool_id
+            call["type"] = "function"
+        if diff.tool_name or diff.tool_arguments:
+            fn: dict[str, Any] = {}
+            if diff.tool_name:
+                fn["name"] = diff.tool_name
+            if diff.tool_arguments:
+                fn["arguments"] = diff.tool_arguments
+            call["function"] = fn
+        delta["tool_calls"] = [call]
+    return delta
+
+
+def finish_reason(fin: Finished, msg: ChatMsg) -> str:
+    if fin.stop_type in ("word", "eos"):
+        return "tool_calls" if msg.tool_calls else "stop"
+    return "length"
+
+
+def usage_json(fin: Finished) -> dict[str, Any]:
+    n = len(fin.tokens)
+    return {"completion_tokens": n, "prompt_tokens": fin.n_prompt,
+            "total_tokens": n + fin.n_prompt,
+            "prompt_tokens_details": {"cached_tokens": fin.timings.cache_n}}
+
+
+def final_message(chat: ChatPlan, text: str) -> ChatMsg:
+    stream = ChatStream(chat.syntax, chat.prefill, chat.echo)
+    stream.update(text, final=True)
+    return stream.msg
+
+
+# -- the route ------------------------------------------------------------------------------
+
+async def complete(served: Served, config, body: Any) -> Response:
+    chat = chat_plan(served, config, body)
+    values = resolve(chat.native, served)
+    jobs = make_jobs(served, values, [chat.tokens], chat.native)
+    cid, created = "chatcmpl-" + random_string(), now_s()
+    if not chat.stream:
+        finished = await run_all(served, jobs)
+        choices = []
+        for i, fin in enumerate(finished):
+            msg = final_message(chat, fin.content)
+            choices.append({"finish_reason": finish_reason(fin, msg), "index": i,
+                            "message": message_json(msg)})
+        first = finished[0]
+        res = {"choices": choices, "created": created, "model": served.model_name,
+               "system_fingerprint": served.build_info, "object": "chat.completion",
+               "usage": usage_json(first), "id": cid}
+        if values["verbose"]:
+            res["__verbose"] = final_object(served, values, first, chat.tokens, 0, False)
+        res["timings"] = first.timings.to_json()
+        return json_response(res)
+    return await _stream(served, chat, values, jobs, cid, created)
+
+
+def _chunk(served: Served, cid: str, created: int, choices: list) -> dict[str, Any]:
+    return {"choices": choices, "created": created, "id": cid, "model": served.model_name,
+            "system_fingerprint": served.build_info, "object": "chat.completion.chunk"}
+
+
+async def _stream(served, chat: ChatPlan, values, jobs, cid, created) -> Response:
+    handle = served.bridge.open(*jobs)
+    first = await first_event(handle)
+    index = {job.id: i for i, job in enumerate(jobs)}
+    streams = {job.id: ChatStream(chat.syntax, chat.prefill, chat.echo) for job in jobs}
+    role_sent: set[int] = set()
+    per_token_timings = values["timings_per_token"]
+
+    def chunk(i: int, delta: dict, reason=None) -> dict:
+        return _chunk(served, cid, created,
+                      [{"finish_reason": reason, "index": i, "delta": delta}])
+
+    def render(ev) -> Iterable[bytes]:
+        i = index[ev.job_id]
+        out: list[dict] = []
+        if isinstance(ev, (TokenPiece, PromptProgress)) and (
+                ev.job_id not in role_sent or isinstance(ev, PromptProgress)):
+            role_sent.add(ev.job_id)
+            out.append(chunk(i, {"role": "assistant", "content": None}))
+        if isinstance(ev, TokenPiece):
+            out += [chunk(i, delta_json(d)) for d in streams[ev.job_id].update(ev.text)]
+            if out and (per_token_timings or ev.last):
+                out[-1]["timings"] = ev.timings.to_json()
+        elif isinstance(ev, PromptProgress):
+            out[-1]["prompt_progress"] = {"total": ev.total, "cache": ev.cache,
+                                          "processed": ev.processed, "time_ms": ev.time_ms}
+        elif isinstance(ev, Finished):
+            stream = streams[ev.job_id]
+            out += [chunk(i, delta_json(d)) for d in stream.finish()]
+            out.append(chunk(i, {}, finish_reason(ev, stream.msg)))
+            if chat.include_usage:
+                out.append({**_chunk(served, cid, created, []), "usage": usage_json(ev)})
+            out[-1]["timings"] = ev.timings.to_json()
+        return [frame(obj) for obj in out]
+
+    return Response(event_stream(handle, first, render, values["sse_ping_interval"], DONE),
+                    content_type="text/event-stream")
+
+
+# -- prompt-only routes -------------------------------------------------------------------------
+
+def apply_template(served: Served, config, body: Any) -> Response:
+    return json_response({"prompt": chat_plan(served, config, body, False).prompt})
+
+
+def input_tokens(served: Served, config, body: Any,
+                 convert: Callable[[Any], Any] | None = None, oai: bool = True) -> Response:
+    """{"input_tokens": N} from the render and encode generation would run."""
+    if convert is not None:
+        body = convert(body)
+    res: dict[str, Any] = {"input_tokens": len(chat_plan(served, config, body, False).tokens)}
+    if oai:
+        res["object"] = "response.input_tokens"
+    return json_response(res)

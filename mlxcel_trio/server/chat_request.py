@@ -1,0 +1,371 @@
+"""An OpenAI chat-completions body -> the prompt, and how to read the output.
+
+This is llama-server's `oaicompat_chat_params_parse` in our terms, with its
+checks in its order and its wording: a `std::invalid_argument` upstream is
+a 400 here, anything else it throws (a message that fails to parse, a
+template that raises) a 500.  The result is a `ChatPlan`: the rendered
+prompt and its tokens, the parser `Syntax` for the output, the assistant
+prefill the output continues, and the body the native field table reads
+(max_tokens, n, stop, temperature, ...).
+
+Rendering follows transformers' `apply_chat_template` (see chat/template.py);
+a trailing assistant message is continued (--prefill-assistant) by
+rendering the messages before it with the generation prompt and appending
+its text, so the model writes on from where the prefill stops.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import attrs
+
+from ..chat.parser import REASONING_FORMATS, Syntax
+from ..chat.settings import ChatSettings
+from ..chat.template import TemplateError
+from .errors import ApiError, dumps, json_type_name
+
+GRAMMAR_ISSUE = 5
+
+
+def bad(message: str) -> ApiError:
+    """upstream's std::invalid_argument: a 400."""
+    return ApiError(message)
+
+
+def failed(message: str) -> ApiError:
+    """anything else upstream throws: a 500."""
+    return ApiError(message, "server_error")
+
+
+def _dump(value: Any, indent: int | None = None) -> str:
+    if indent is None:
+        return dumps(value)
+    return json.dumps(value, ensure_ascii=False, indent=indent)
+
+
+@attrs.frozen
+class ChatPlan:
+    prompt: str
+    tokens: list[int]
+    syntax: Syntax
+    prefill: str                  # text the output continues ("" if none)
+    echo: bool                    # the prefill leads the response
+    tools: tuple[dict, ...]       # the tools the template saw
+    native: dict                  # the body the native field table reads
+    stream: bool
+    include_usage: bool
+
+
+# -- messages ---------------------------------------------------------------------------
+
+_MEDIA = {
+    "image_url": "image input is not supported - hint: if this is unexpected, you may need "
+                 "to provide the mmproj",
+    "input_audio": "audio input is not supported - hint: if this is unexpected, you may need "
+                   "to provide the mmproj",
+    "input_video": "video input is not supported - hint: if this is unexpected, you may need "
+                   "to provide the mmproj",
+}
+
+
+def _str_or_default(obj: Any, key: str, default: str = "") -> str:
+    """upstream's json_value<std::string>: the value if it is a string."""
+    if isinstance(obj, dict) and isinstance(obj.get(key), str):
+        return obj[key]
+    return default
+
+
+def _check_messages(body: dict) -> list:
+    if "messages" not in body:
+        raise bad("'messages' is required")
+    messages = body["messages"]
+    if not isinstance(messages, list):
+        raise bad("Expected 'messages' to be an array")
+    for msg in messages:
+        role = _str_or_default(msg, "role")
+        has = isinstance(msg, dict)
+        if role != "assistant" and not (has and "content" in msg):
+            raise bad("All non-assistant messages must contain 'content'")
+        if role == "assistant":
+            if "content" not in msg and "tool_calls" not in msg:
+                raise bad("Assistant message must contain either 'content' or 'tool_calls'!")
+            if "content" not in msg:
+                continue
+        content = msg["content"]
+        if content is None or isinstance(content, str):
+            continue
+        if not isinstance(content, list):
+            raise bad("Expected 'content' to be a string or an array")
+        for part in content:
+            kind = _str_or_default(part, "type")
+            if kind in _MEDIA:
+                raise failed(_MEDIA[kind])
+            if kind != "text":
+                raise bad("unsupported content[].type")
+    return messages
+
+
+def _type_error(expected: str, value: Any) -> str:
+    return f"[json.exception.type_error.302] type must be {expected}, but is {json_type_name(value)}"
+
+
+def _parse_messages(messages: list) -> None:
+    """common_chat_msgs_parse_oaicompat's checks (its errors are 500s)."""
+    def fail(why: str):
+        return failed(f"Failed to parse messages: {why}")
+
+    for msg in messages:
+        if "role" not in msg:
+            raise fail(f"Missing 'role' in message: {_dump(msg)}")
+        if not isinstance(msg["role"], str):
+            raise fail(_type_error("string", msg["role"]))
+        content = msg.get("content")
+        if isinstance(content, list):
+            for part in content:
+                if "type" not in part:
+                    raise fail(f"Missing content part type: {_dump(part)}")
+                if "text" not in part:
+                    raise fail("[json.exception.out_of_range.403] key 'text' not found")
+                if not isinstance(part["text"], str):
+                    raise fail(_type_error("string", part["text"]))
+        if "tool_calls" in msg:
+            calls = msg["tool_calls"]
+            for call in (calls.values() if isinstance(calls, dict)
+                         else calls if isinstance(calls, list) else [calls]):
+                if not isinstance(call, dict) or "type" not in call:
+                    raise fail(f"Missing tool call type: {_dump(call)}")
+                if call["type"] != "function":
+                    raise fail(f"Unsupported tool call type: {_dump(call)}")
+                if "function" not in call:
+                    raise fail(f"Missing tool call function: {_dump(call)}")
+                fn = call["function"]
+                if not isinstance(fn, dict) or "name" not in fn:
+                    raise fail(f"Missing tool call name: {_dump(call)}")
+                if not isinstance(fn["name"], str):
+                    raise fail(_type_error("string", fn["name"]))
+                if "arguments" not in fn:
+                    raise fail("[json.exception.out_of_range.403] key 'arguments' not found")
+                if "id" in call and not isinstance(call["id"], str):
+                    raise fail(_type_error("string", call["id"]))
+        for key in ("reasoning_content", "name", "tool_call_id"):
+            if key in msg and not isinstance(msg[key], str):
+                raise fail(_type_error("string", msg[key]))
+
+
+def _parse_tools(tools: Any) -> tuple[dict, ...]:
+    """common_chat_tools_parse_oaicompat's checks (500s, the tools echoed)."""
+    if tools is None:
+        return ()
+
+    def fail(why: str):
+        return failed(f"Failed to parse tools: {why}; tools = {_dump(tools, 2)}")
+
+    if not isinstance(tools, list):
+        raise fail(f"Expected 'tools' to be an array, got {_dump(tools)}")
+    for tool in tools:
+        if not isinstance(tool, dict) or "type" not in tool:
+            raise fail(f"Missing tool type: {_dump(tool)}")
+        if tool["type"] != "function":
+            raise fail(f"Unsupported tool type: {_dump(tool)}")
+        if "function" not in tool:
+            raise fail(f"Missing tool function: {_dump(tool)}")
+        fn = tool["function"]
+        if not isinstance(fn, dict) or "name" not in fn:
+            raise fail("[json.exception.out_of_range.403] key 'name' not found")
+        if not isinstance(fn["name"], str):
+            raise fail(_type_error("string", fn["name"]))
+    return tuple(tools)
+
+
+# -- the plan -----------------------------------------------------------------------------
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(p["text"] for p in content if isinstance(p, dict) and "text" in p)
+    return ""
+
+
+def _continuation(body: dict, settings: ChatSettings, messages: list) -> tuple[str | None, bool]:
+    """(what is continued: None, "content" or "reasoning_content";
+    add_generation_prompt), with upstream's refusals."""
+    add_gen = body.get("add_generation_prompt", True)
+    add_gen = add_gen if isinstance(add_gen, bool) else True
+    mode = None
+    if "continue_final_message" in body:
+        value = body["continue_final_message"]
+        if value is True:
+            mode = "auto"
+        elif value in ("content", "reasoning_content"):
+            mode = value
+    if mode is None and settings.prefill_assistant and messages \
+            and isinstance(messages[-1], dict) and messages[-1].get("role") == "assistant":
+        if len(messages) >= 2 and isinstance(messages[-2], dict) \
+                and messages[-2].get("role") == "assistant":
+            raise bad("Cannot have 2 or more assistant messages at the end of the list.")
+        mode, add_gen = "auto", False
+    if mode is not None and add_gen:
+        raise bad("Cannot set both add_generation_prompt and continue_final_message to true.")
+    if mode == "auto" and messages:
+        last = messages[-1]
+        mode = "content"
+        if last.get("reasoning_content") and not _content_text(last.get("content")):
+            mode = "reasoning_content"
+    return mode, add_gen
+
+
+def _kwargs(body: dict, settings: ChatSettings) -> dict[str, Any]:
+    kwargs = dict(settings.kwargs)
+    request = body.get("chat_template_kwargs")
+    if isinstance(request, dict):
+        kwargs.update(request)
+    if isinstance(kwargs.get("enable_thinking"), str):
+        raise bad('invalid type for "enable_thinking" (expected boolean, got string)')
+    if "reasoning_effort" in body:
+        effort = body["reasoning_effort"]
+        if effort == "none":
+            kwargs["enable_thinking"] = False
+            kwargs.pop("reasoning_effort", None)
+        elif isinstance(effort, str) and effort:
+            kwargs["reasoning_effort"] = effort
+    # upstream hands templates these synonyms too (its jinja caps helpers)
+    if isinstance(kwargs.get("preserve_reasoning"), bool):
+        keep = kwargs["preserve_reasoning"]
+        kwargs.update(preserve_thinking=keep, clear_thinking=not keep,
+                      truncate_history_thinking=not keep, drop_thinking=not keep)
+    if isinstance(kwargs.get("reasoning_effort"), str) and kwargs["reasoning_effort"]:
+        kwargs["reasoning_strength"] = kwargs["reasoning_effort"]
+    return kwargs
+
+
+def _check_constraints(body: dict, has_tools: bool, stream: bool, generating: bool) -> None:
+    """upstream's checks on grammar-shaped fields; when the request is to
+    generate, also refuse what needs constrained decoding (not there yet)."""
+    if body.get("json_schema") is not None and isinstance(body.get("grammar"), str) \
+            and body["grammar"]:
+        raise failed("Cannot use both json_schema and grammar")
+    fmt = body.get("response_format")
+    if "response_format" in body:
+        kind = _str_or_default(fmt, "type")
+        if kind not in ("", "text", "json_object", "json_schema"):
+            raise bad('response_format type must be one of "text" or "json_object", but got: '
+                      + kind)
+        if kind in ("json_object", "json_schema") and generating:
+            raise bad(f"response_format {kind!r} needs constrained decoding, which mlxcel-trio "
+                      f"does not implement yet (tracked by issue #{GRAMMAR_ISSUE}); send "
+                      "response_format {\"type\": \"text\"} or omit it")
+    if has_tools and "grammar" in body:
+        raise bad("Cannot use custom grammar constraints with tools.")
+    for key in ("grammar", "json_schema"):
+        if body.get(key) not in (None, "") and generating:
+            raise bad(f"'{key}' on a chat route needs constrained decoding, which mlxcel-trio "
+                      f"does not implement yet (tracked by issue #{GRAMMAR_ISSUE})")
+    if body.get("logprobs") is True:
+        if has_tools and stream:
+            raise bad("logprobs is not supported with tools + stream")
+        if generating:
+                raise bad("logprobs are not implemented yet in mlxcel-trio (tracked by issue "
+                      f"#{GRAMMAR_ISSUE}); omit logprobs / top_logprobs")
+    if body.get("top_logprobs") is not None and body.get("logprobs") is not True:
+        raise bad("top_logprobs requires logprobs to be set to true")
+
+
+def _tool_choice(body: dict, has_tools: bool, generating: bool) -> str:
+    value = body.get("tool_choice")
+    choice = value if isinstance(value, str) else "auto"  # upstream: a non-string is "auto"
+    if choice not in ("auto", "none", "required"):
+        raise bad(f"Invalid tool_choice: {choice}")
+    if choice == "required" and has_tools and generating:
+        raise bad("tool_choice 'required' needs constrained decoding to force a call, which "
+                  f"mlxcel-trio does not implement yet (tracked by issue #{GRAMMAR_ISSUE}); "
+                  "use 'auto'")
+    return choice
+
+
+def _thinking_open(prompt_tail: str, settings: ChatSettings) -> bool:
+    start, end = settings.think_start, settings.think_end
+    if not start:
+        return False
+    return prompt_tail.rfind(start) > prompt_tail.rfind(end) if start in prompt_tail else False
+
+
+def _generation_prompt(settings: ChatSettings, messages, tools, kwargs, rendered: str) -> str:
+    """The text the template adds for the assistant turn (what the output
+    continues), found by rendering once more without it."""
+    bare = settings.template.render(messages, tools=tools, add_generation_prompt=False,
+                                    kwargs=kwargs)
+    return rendered[len(bare):] if rendered.startswith(bare) else rendered[-256:]
+
+
+def plan(body: Any, settings: ChatSettings, vocab, generating: bool = True) -> ChatPlan:
+    """`generating` False: the prompt only (/apply-template, input-token
+    counts), so fields that only shape decoding are not refused."""
+    if not isinstance(body, dict):
+        raise bad("'messages' is required")
+    tools_value = body.get("tools")
+    has_tools = isinstance(tools_value, list) and bool(tools_value)
+    stream = body.get("stream") if isinstance(body.get("stream"), bool) else False
+    tool_choice = _tool_choice(body, has_tools, generating)
+    _check_constraints(body, has_tools, stream, generating)
+    messages = _check_messages(body)
+    _parse_messages(messages)
+    tools = _parse_tools(tools_value)
+    mode, add_gen = _continuation(body, settings, messages)
+    fmt = settings.reasoning_format
+    if "reasoning_format" in body:
+        fmt = body["reasoning_format"]
+        if not isinstance(fmt, str):
+            raise failed(_type_error("string", fmt))
+        if fmt not in REASONING_FORMATS:
+            raise failed(f"Unknown reasoning format: {fmt}")
+    kwargs = _kwargs(body, settings)
+    echo = body.get("echo") is True
+
+    rendered_tools = tools if tool_choice != "none" else ()
+    history, prefill = messages, ""
+    if mode is not None:
+        history, last = messages[:-1], messages[-1]
+        add_gen = True
+    try:
+        prompt = settings.template.render(history, tools=rendered_tools,
+                                          add_generation_prompt=add_gen, kwargs=kwargs)
+        gen = _generation_prompt(settings, history, rendered_tools, kwargs, prompt) \
+            if add_gen else ""
+    except TemplateError as exc:
+        raise failed(str(exc)) from None
+    primed = _thinking_open(gen, settings)
+    if mode is not None:
+        prefill = _prefill_text(last, mode, primed, settings)
+        prompt += prefill
+    syntax = Syntax(
+        reasoning_format=fmt,
+        thinking_open=primed,
+        think_start=settings.think_start,
+        think_end=settings.think_end,
+        tool_format=settings.tool_format if rendered_tools and body.get(
+            "parse_tool_calls", True) is not False else None,
+        skip=settings.skip_parsing,
+    )
+    native = {k: v for k, v in body.items() if k not in ("logprobs", "top_logprobs")}
+    options = body.get("stream_options")
+    include_usage = isinstance(options, dict) and options.get("include_usage") is True
+    return ChatPlan(prompt=prompt, tokens=vocab.tokenize(prompt, False, True), syntax=syntax,
+                    prefill=prefill, echo=echo, tools=rendered_tools, native=native,
+                    stream=stream, include_usage=include_usage)
+
+
+def _prefill_text(last: dict, mode: str, primed: bool, settings: ChatSettings) -> str:
+    content = _content_text(last.get("content"))
+    reasoning = last.get("reasoning_content") or ""
+    if not reasoning:
+        return content
+    if not primed:
+        raise bad("Cannot continue an assistant message that carries reasoning_content: the "
+                  "chat template does not open a thinking block for the continuation; send "
+                  "the thoughts inside content instead")
+    if mode == "reasoning_content":
+        return reasoning
+    return reasoning + settings.think_end + content

@@ -1,0 +1,301 @@
+"""POST /v1/chat/completions through the official `openai` SDK against a real
+server, plus raw httpx for the llama-server-only routes.
+
+The fixture model's weights are random, so nothing here depends on what it
+says: greedy chat output must equal the native route's output on the same
+rendered prompt, streamed deltas must concatenate to the non-streamed
+message, and reasoning / tool-call placement is driven through assistant
+prefills (the model continues inside an open <think> block it never closes,
+since the fixture's lm_head row for </think> is zero).
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+
+from .sse import post, stream_frames
+
+pytestmark = pytest.mark.e2e
+
+GREEDY = {"temperature": 0, "max_tokens": 12, "extra_body": {"ignore_eos": True}}
+USER = {"role": "user", "content": "Tell me about the engine."}
+THINK = [USER, {"role": "assistant", "content": "<think>\n"}]
+CALL = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="x", timeout=60,
+                       max_retries=0) as c:
+        yield c
+
+
+def prompt_of(url, body) -> str:
+    r = post(url, body, path="/apply-template")
+    assert r.status_code == 200, r.text
+    return r.json()["prompt"]
+
+
+def native_text(url, body, n=12) -> str:
+    """What the model generates greedily after the rendered chat prompt."""
+    prompt = prompt_of(url, body)
+    ids = post(url, {"content": prompt, "parse_special": True}, path="/tokenize").json()["tokens"]
+    r = post(url, {"prompt": ids, "n_predict": n, "temperature": 0, "ignore_eos": True})
+    return r.json()["content"]
+
+
+def stream_chat(client, **kw):
+    chunks = list(client.chat.completions.create(stream=True, **kw))
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    reasoning = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or ""
+                        for c in chunks if c.choices)
+    return chunks, content, reasoning
+
+
+def test_non_streaming_shape_and_greedy_text(server, client):
+    res = client.chat.completions.create(model="m", messages=[USER], **GREEDY)
+    assert res.object == "chat.completion" and res.id.startswith("chatcmpl-")
+    assert len(res.id) == len("chatcmpl-") + 32
+    (choice,) = res.choices
+    assert choice.index == 0 and choice.finish_reason == "length"
+    assert choice.message.role == "assistant"
+    assert choice.message.content == native_text(server.url, {"messages": [USER]})
+    assert res.usage.completion_tokens == 12
+    raw = post(server.url, {"messages": [USER], "max_tokens": 2}, path="/v1/chat/completions")
+    body = raw.json()
+    assert list(body) == ["choices", "created", "model", "system_fingerprint", "object",
+                          "usage", "id", "timings"]
+    assert list(body["choices"][0]) == ["finish_reason", "index", "message"]
+    assert body["timings"]["predicted_n"] == 2
+
+
+def test_usage_counts_the_rendered_prompt(server, client):
+    res = client.chat.completions.create(model="m", messages=[USER], max_tokens=1)
+    n = post(server.url, {"messages": [USER]}, path="/v1/chat/completions/input_tokens").json()
+    assert n == {"input_tokens": res.usage.prompt_tokens, "object": "response.input_tokens"}
+    prompt = prompt_of(server.url, {"messages": [USER]})
+    ids = post(server.url, {"content": prompt}, path="/tokenize").json()["tokens"]
+    assert res.usage.prompt_tokens == len(ids)
+    assert post(server.url, {"messages": [USER]},
+                path="/chat/completions/input_tokens").json()["input_tokens"] == len(ids)
+
+
+def test_streamed_deltas_concatenate_to_the_message(server, client):
+    whole = client.chat.completions.create(model="m", messages=[USER], **GREEDY)
+    chunks, content, _ = stream_chat(client, model="m", messages=[USER],
+                                     stream_options={"include_usage": True}, **GREEDY)
+    assert content == whole.choices[0].message.content
+    first, *_, finish, usage = chunks
+    assert first.choices[0].delta.role == "assistant"
+    assert finish.choices[0].finish_reason == "length"
+    assert usage.choices == [] and usage.usage.completion_tokens == 12
+    assert {c.id for c in chunks} == {first.id} and first.object == "chat.completion.chunk"
+
+
+def test_stream_frames_raw_shape(server):
+    frames, _ = stream_frames(server.url, {"messages": [USER], "max_tokens": 3,
+                                           "temperature": 0}, path="/chat/completions")
+    assert frames[-1] == "[DONE]"
+    assert list(frames[0]) == ["choices", "created", "id", "model", "system_fingerprint",
+                               "object"]
+    assert frames[0]["choices"][0] == {"finish_reason": None, "index": 0,
+                                       "delta": {"role": "assistant", "content": None}}
+    assert "timings" in frames[-2] and frames[-2]["choices"][0]["delta"] == {}
+    assert "usage" not in frames[-2]
+
+
+def test_n_choices_and_the_slot_limit(server, client):
+    res = client.chat.completions.create(model="m", messages=[USER], n=2, **GREEDY)
+    assert [c.index for c in res.choices] == [0, 1]
+    assert res.choices[0].message.content == res.choices[1].message.content  # greedy
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="m", messages=[USER], n=5, max_tokens=1)
+    assert info.value.body["message"] == \
+        "Field 'n': Value must be between 1 <= value <= 4, but got 5"
+
+
+def test_stop_strings_end_the_answer(server, client):
+    text = native_text(server.url, {"messages": [USER]}, n=12)
+    word = text[3:6]
+    res = client.chat.completions.create(model="m", messages=[USER], stop=[word], **GREEDY)
+    assert res.choices[0].finish_reason == "stop"
+    assert res.choices[0].message.content == text[:text.index(word)]
+
+
+@pytest.mark.parametrize("fmt", ["none", "deepseek", "deepseek-legacy", "auto"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_reasoning_placement(server, client, fmt, stream):
+    generated = native_text(server.url, {"messages": THINK})
+    kw = dict(model="m", messages=THINK, **{**GREEDY, "extra_body": {
+        "ignore_eos": True, "reasoning_format": fmt}})
+    if stream:
+        _, content, reasoning = stream_chat(client, **kw)
+    else:
+        msg = client.chat.completions.create(**kw).choices[0].message
+        content, reasoning = msg.content, getattr(msg, "reasoning_content", None) or ""
+    if fmt == "none":
+        assert (content, reasoning) == (generated, "")
+    elif fmt == "deepseek-legacy":
+        assert (content, reasoning) == (generated, generated.strip())
+    else:
+        assert (content, reasoning) == ("", generated.strip())
+
+
+def test_echo_puts_the_prefill_first(server, client):
+    generated = native_text(server.url, {"messages": THINK})
+    body = dict(model="m", messages=THINK, **{**GREEDY, "extra_body": {
+        "ignore_eos": True, "reasoning_format": "none", "echo": True}})
+    assert client.chat.completions.create(**body).choices[0].message.content == \
+        "<think>\n" + generated
+    assert stream_chat(client, **body)[1] == "<think>\n" + generated
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_calls_are_reported_once(server, client, stream):
+    messages = [USER, {"role": "assistant", "content": CALL}]
+    kw = dict(model="m", messages=messages, tools=TOOLS,
+              **{**GREEDY, "extra_body": {"ignore_eos": True, "echo": True}})
+    if stream:
+        chunks, content, _ = stream_chat(client, **kw)
+        calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+        assert calls[0].index == 0 and calls[0].function.name == "get_weather"
+        assert len(calls[0].id) == 32 and calls[0].type == "function"
+        args = "".join(tc.function.arguments or "" for tc in calls)
+        names = [tc.function.name for tc in calls if tc.function.name]
+    else:
+        msg = client.chat.completions.create(**kw).choices[0].message
+        content, args = msg.content, msg.tool_calls[0].function.arguments
+        names = [tc.function.name for tc in msg.tool_calls]
+    assert names == ["get_weather"] and json.loads(args) == {"city": "Paris"}
+    assert "tool_call" not in content and "get_weather" not in content
+    # without tools the same text is content
+    plain = client.chat.completions.create(**{k: v for k, v in kw.items() if k != "tools"})
+    assert plain.choices[0].message.content.startswith(CALL)
+    assert not plain.choices[0].message.tool_calls
+
+
+def test_tool_turns_render_through_the_template(server):
+    messages = [USER, {"role": "assistant", "content": None, "tool_calls": [{
+        "id": "c1", "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+    prompt = prompt_of(server.url, {"messages": messages, "tools": TOOLS})
+    assert '"name": "get_weather"' in prompt and "<tool_response>\nsunny\n</tool_response>" in prompt
+    assert "<tools>" in prompt
+
+
+@pytest.mark.parametrize("body, error, status, message", [
+    ({"messages": []}, None, 200, None),
+    ({"messages": [{"role": "user"}]}, openai.BadRequestError, 400,
+     "All non-assistant messages must contain 'content'"),
+    ({"messages": [{"role": "user", "content": 5}]}, openai.BadRequestError, 400,
+     "Expected 'content' to be a string or an array"),
+    ({"messages": [USER, {"role": "assistant", "content": "a"},
+                   {"role": "assistant", "content": "b"}]}, openai.BadRequestError, 400,
+     "Cannot have 2 or more assistant messages at the end of the list."),
+    ({"messages": [USER], "tool_choice": "maybe"}, openai.BadRequestError, 400,
+     "Invalid tool_choice: maybe"),
+    ({"messages": [{"content": "x"}]}, openai.InternalServerError, 500,
+     "Failed to parse messages: Missing 'role' in message: {\"content\":\"x\"}"),
+])
+def test_malformed_requests_get_upstream_wording(server, body, error, status, message):
+    r = post(server.url, {**body, "max_tokens": 1}, path="/v1/chat/completions")
+    assert r.status_code == status, r.text
+    if message is not None:
+        err = r.json()["error"]
+        assert (err["code"], err["message"]) == (status, message)
+        assert err["type"] == ("invalid_request_error" if status == 400 else "server_error")
+
+
+def test_apply_template_answers_the_prompt_only(server):
+    r = post(server.url, {"messages": [USER]}, path="/apply-template")
+    assert r.json() == {"prompt": "<|im_start|>user\nTell me about the engine.<|im_end|>\n"
+                                  "<|im_start|>assistant\n"}
+
+
+@pytest.fixture(scope="module")
+def primed_server(tiny_model, start_server, tmp_path_factory):
+    """The fixture template, but opening a thinking block in the generation
+    prompt (as DeepSeek R1's does), with thoughts left in content by default."""
+    src = (tiny_model / "chat_template.jinja").read_text()
+    src = src.replace("{{- '<|im_start|>assistant' + nl -}}\n    {%- if enable_thinking",
+                      "{{- '<|im_start|>assistant' + nl + '<think>' + nl -}}\n    {%- if "
+                      "enable_thinking")
+    assert "'<think>' + nl -}}" in src
+    f = tmp_path_factory.mktemp("tmpl") / "primed.jinja"
+    f.write_text(src)
+    srv = start_server(tiny_model, "-np", "2", "-c", "2048", "--chat-template-file", str(f),
+                       "--reasoning-format", "none", "--no-prefill-assistant")
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_primed_thinking_block(primed_server, stream):
+    with openai.OpenAI(base_url=primed_server.url + "/v1", api_key="x", max_retries=0) as c:
+        generated = native_text(primed_server.url, {"messages": [USER]})
+        for fmt, want in (("none", (generated, "")),
+                          ("deepseek", ("", generated.strip())),
+                          ("deepseek-legacy", ("<think>" + generated, generated.strip()))):
+            kw = dict(model="m", messages=[USER], **{**GREEDY, "extra_body": {
+                "ignore_eos": True, **({} if fmt == "none" else {"reasoning_format": fmt})}})
+            if stream:
+                _, content, reasoning = stream_chat(c, **kw)
+            else:
+                msg = c.chat.completions.create(**kw).choices[0].message
+                content = msg.content
+                reasoning = getattr(msg, "reasoning_content", None) or ""
+            assert (content, reasoning) == want, fmt
+
+
+def test_no_prefill_assistant_answers_the_last_message(primed_server):
+    prompt = prompt_of(primed_server.url, {"messages": THINK})
+    assert prompt.endswith("<think>\n<|im_end|>\n<|im_start|>assistant\n<think>\n")
+
+
+def test_skip_chat_parsing_and_server_kwargs(tiny_model, start_server):
+    srv = start_server(tiny_model, "-np", "1", "-c", "1024", "--skip-chat-parsing",
+                       "--chat-template-kwargs", '{"enable_thinking": false}')
+    try:
+        prompt = prompt_of(srv.url, {"messages": [USER]})
+        assert prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+        # a request's kwargs override the server's key by key
+        assert prompt_of(srv.url, {"messages": [USER], "chat_template_kwargs": {
+            "enable_thinking": True}}).endswith("<|im_start|>assistant\n")
+        generated = native_text(srv.url, {"messages": THINK, "tools": TOOLS})
+        assert "<tools>" in prompt_of(srv.url, {"messages": THINK, "tools": TOOLS})
+        r = post(srv.url, {"messages": THINK, "tools": TOOLS, "temperature": 0,
+                           "max_tokens": 12, "ignore_eos": True}, path="/v1/chat/completions")
+        msg = r.json()["choices"][0]["message"]
+        assert msg == {"role": "assistant", "content": generated}
+    finally:
+        srv.stop()
+
+
+def test_builtin_template_name_is_refused_before_loading(tiny_model):
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-m", "mlxcel_trio", "-m", str(tiny_model),
+                           "--chat-template", "chatml"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("error: --chat-template 'chatml': ")
+    assert "main: model loaded" not in proc.stdout
+
+
+def test_chat_routes_need_the_key(tiny_model, start_server):
+    srv = start_server(tiny_model, "-np", "1", "-c", "512", "--api-key", "k")
+    try:
+        r = httpx.post(srv.url + "/v1/chat/completions", json={"messages": [USER]})
+        assert r.status_code == 401
+        with openai.OpenAI(base_url=srv.url + "/v1", api_key="k", max_retries=0) as c:
+            assert c.chat.completions.create(model="m", messages=[USER], max_tokens=1).choices
+    finally:
+        srv.stop()

@@ -1,0 +1,165 @@
+"""server/chat_request.py: a chat body -> prompt, syntax, prefill; every
+malformed request refused with llama-server's wording and status."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from mlxcel_trio.chat.settings import build
+from mlxcel_trio.config import ServerConfig
+from mlxcel_trio.engine.vocab import Vocab
+from mlxcel_trio.server.chat_request import plan
+from mlxcel_trio.server.errors import ApiError
+
+USER = {"role": "user", "content": "Hi"}
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+
+
+@pytest.fixture(scope="module")
+def vocab(tiny_model):
+    return Vocab(tiny_model)
+
+
+@pytest.fixture(scope="module")
+def settings(vocab):
+    return build(ServerConfig(model="x"), vocab)
+
+
+def refused(body, settings, vocab) -> tuple[int, str]:
+    with pytest.raises(ApiError) as info:
+        plan(body, settings, vocab)
+    return info.value.status, info.value.message
+
+
+def test_plain_render_and_tokens(settings, vocab):
+    p = plan({"messages": [USER]}, settings, vocab)
+    assert p.prompt == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    assert p.tokens == vocab.tokenize(p.prompt, False, True)
+    assert not p.syntax.thinking_open and p.syntax.tool_format is None
+    assert p.prefill == "" and not p.stream
+
+
+def test_enable_thinking_false_closes_the_block(settings, vocab):
+    p = plan({"messages": [USER], "chat_template_kwargs": {"enable_thinking": False}},
+             settings, vocab)
+    assert p.prompt.endswith("<think>\n\n</think>\n\n") and not p.syntax.thinking_open
+    p = plan({"messages": [USER], "reasoning_effort": "none"}, settings, vocab)
+    assert p.prompt.endswith("</think>\n\n")
+
+
+def test_tools_render_and_turn_parsing_on(settings, vocab):
+    p = plan({"messages": [USER], "tools": TOOLS}, settings, vocab)
+    assert "<tools>" in p.prompt and p.syntax.tool_format == "hermes"
+    p = plan({"messages": [USER], "tools": TOOLS, "tool_choice": "none"}, settings, vocab)
+    assert "<tools>" not in p.prompt and p.syntax.tool_format is None
+    p = plan({"messages": [USER], "tools": []}, settings, vocab)
+    assert "<tools>" not in p.prompt
+    p = plan({"messages": [USER], "tools": TOOLS,
+              "tool_choice": {"type": "function", "function": {"name": "f"}}}, settings, vocab)
+    assert p.syntax.tool_format == "hermes"  # upstream reads a non-string as "auto"
+
+
+def test_prefill_continues_the_last_assistant_message(settings, vocab):
+    body = {"messages": [USER, {"role": "assistant", "content": "<think>\nHmm"}]}
+    p = plan(body, settings, vocab)
+    assert p.prompt.endswith("<|im_start|>assistant\n<think>\nHmm")
+    assert p.prefill == "<think>\nHmm" and not p.echo
+    no_prefill = attrs.evolve(settings, prefill_assistant=False)
+    p = plan(body, no_prefill, vocab)
+    assert p.prompt.endswith("Hmm<|im_end|>\n<|im_start|>assistant\n") and p.prefill == ""
+    p = plan({**body, "continue_final_message": True, "add_generation_prompt": False},
+             no_prefill, vocab)
+    assert p.prefill == "<think>\nHmm"
+
+
+def test_reasoning_only_prefill_needs_a_primed_block(settings, vocab):
+    body = {"messages": [USER, {"role": "assistant", "content": "",
+                                "reasoning_content": "hmm"}]}
+    status, message = refused(body, settings, vocab)
+    assert status == 400 and "reasoning_content" in message
+
+
+@pytest.mark.parametrize("body, status, message", [
+    ({}, 400, "'messages' is required"),
+    ({"messages": {}}, 400, "Expected 'messages' to be an array"),
+    ({"messages": ["hi"]}, 400, "All non-assistant messages must contain 'content'"),
+    ({"messages": [{"role": "user"}]}, 400, "All non-assistant messages must contain 'content'"),
+    ({"messages": [{"role": "assistant"}]}, 400,
+     "Assistant message must contain either 'content' or 'tool_calls'!"),
+    ({"messages": [{"role": "user", "content": 5}]}, 400,
+     "Expected 'content' to be a string or an array"),
+    ({"messages": [{"role": "user", "content": [{"type": "audio"}]}]}, 400,
+     "unsupported content[].type"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, 500,
+     "image input is not supported - hint: if this is unexpected, you may need to provide "
+     "the mmproj"),
+    ({"messages": [{"content": "x"}]}, 500,
+     'Failed to parse messages: Missing \'role\' in message: {"content":"x"}'),
+    ({"messages": [{"role": 3, "content": "x"}]}, 500,
+     "Failed to parse messages: [json.exception.type_error.302] type must be string, but is "
+     "number"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}]}, 500,
+     "Failed to parse messages: [json.exception.type_error.302] type must be string, but is "
+     "number"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"function": {}}]}]}, 500,
+     'Failed to parse messages: Missing tool call type: {"function":{}}'),
+    ({"messages": [USER, {"role": "assistant", "content": "a"},
+                   {"role": "assistant", "content": "b"}]}, 400,
+     "Cannot have 2 or more assistant messages at the end of the list."),
+    ({"messages": [USER], "continue_final_message": True}, 400,
+     "Cannot set both add_generation_prompt and continue_final_message to true."),
+    ({"messages": [USER], "tool_choice": "sometimes"}, 400, "Invalid tool_choice: sometimes"),
+    ({"messages": [USER], "tools": {"a": 1}}, 500,
+     'Failed to parse tools: Expected \'tools\' to be an array, got {"a":1}; tools = {\n  "a": 1\n}'),
+    ({"messages": [USER], "tools": [{"function": {}}]}, 500,
+     'Failed to parse tools: Missing tool type: {"function":{}}; tools = [\n  {\n    '
+     '"function": {}\n  }\n]'),
+    ({"messages": [USER], "reasoning_format": "loud"}, 500, "Unknown reasoning format: loud"),
+    ({"messages": [USER], "chat_template_kwargs": {"enable_thinking": "no"}}, 400,
+     'invalid type for "enable_thinking" (expected boolean, got string)'),
+    ({"messages": [USER], "response_format": {"type": "yaml"}}, 400,
+     'response_format type must be one of "text" or "json_object", but got: yaml'),
+    ({"messages": [USER], "top_logprobs": 2}, 400,
+     "top_logprobs requires logprobs to be set to true"),
+    ({"messages": [USER], "json_schema": {}, "grammar": "root ::= x"}, 500,
+     "Cannot use both json_schema and grammar"),
+    ({"messages": [USER], "tools": TOOLS, "grammar": "root ::= x"}, 400,
+     "Cannot use custom grammar constraints with tools."),
+])
+def test_upstream_wording(body, status, message, settings, vocab):
+    assert refused(body, settings, vocab) == (status, message)
+
+
+@pytest.mark.parametrize("body", [
+    {"response_format": {"type": "json_object"}},
+    {"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
+    {"grammar": "root ::= \"a\""}, {"json_schema": {"type": "object"}},
+    {"logprobs": True}, {"tools": TOOLS, "tool_choice": "required"},
+])
+def test_unimplemented_constraints_are_refused_not_ignored(body, settings, vocab):
+    status, message = refused({"messages": [USER], **body}, settings, vocab)
+    assert status == 400 and "issue #5" in message
+
+
+def test_a_template_that_raises_is_a_500(settings, vocab):
+    from mlxcel_trio.chat.template import ChatTemplate
+    raising = attrs.evolve(settings, template=ChatTemplate("{{ raise_exception('no system') }}"))
+    assert refused({"messages": [USER]}, raising, vocab) == (500, "no system")
+
+
+def test_prompt_only_routes_do_not_refuse_decoding_fields(settings, vocab):
+    body = {"messages": [USER], "tools": TOOLS, "tool_choice": "required", "logprobs": True,
+            "response_format": {"type": "json_object"}}
+    assert plan(body, settings, vocab, generating=False).prompt.startswith("<|im_start|>system")
+    assert refused({"messages": [USER], "top_logprobs": 1}, settings, vocab)[0] == 400
+
+
+def test_reasoning_kwargs_get_upstreams_synonyms(settings, vocab):
+    from mlxcel_trio.chat.template import ChatTemplate
+    probe = attrs.evolve(settings, template=ChatTemplate(
+        "{{ preserve_thinking }} {{ clear_thinking }} {{ drop_thinking }} "
+        "{{ truncate_history_thinking }} {{ reasoning_effort }} {{ reasoning_strength }}"))
+    p = plan({"messages": [USER], "reasoning_effort": "high",
+              "chat_template_kwargs": {"preserve_reasoning": True}}, probe, vocab)
+    assert p.prompt == "True False False False high high"

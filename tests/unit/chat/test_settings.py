@@ -1,0 +1,152 @@
+"""The chat options (cli/options_chat.py) and the settings they resolve to
+(chat/settings.py): startup refusals before any model resolves, the
+template kwargs the reasoning flags write, the template in force."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from mlxcel_trio.chat import settings
+from mlxcel_trio.cli.main import build_config, prepare
+from mlxcel_trio.cli.parser import CliError, parse
+
+
+@pytest.fixture
+def ckpt(tmp_path: Path) -> Path:
+    path = tmp_path / "ckpt"
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"num_hidden_layers": 2}))
+    (path / "model.safetensors").write_bytes(b"")
+    return path
+
+
+def refusal(argv, ckpt, env=None) -> str | None:
+    try:
+        prepare([*argv, "-m", str(ckpt)], env=env or {})
+    except CliError as exc:
+        return str(exc)
+    return None
+
+
+def config(argv, env=None):
+    return build_config(parse(argv, env=env or {}), "/ckpt")
+
+
+@pytest.mark.parametrize("name", ["chatml", "llama3", " deepseek3\n"])
+def test_builtin_template_names_are_refused(name, ckpt, tmp_path):
+    line = refusal(["--chat-template", name], ckpt)
+    assert line.startswith("--chat-template") and "built-in" in line
+    assert "no built-in template library" in line
+    f = tmp_path / "t.jinja"
+    f.write_text(name)
+    line = refusal(["--chat-template-file", str(f)], ckpt)
+    assert line.startswith("--chat-template-file") and "built-in" in line
+    env_line = refusal([], ckpt, env={"LLAMA_ARG_CHAT_TEMPLATE": name})
+    assert "(from LLAMA_ARG_CHAT_TEMPLATE)" in env_line
+
+
+def test_bad_templates_stop_startup(ckpt, tmp_path):
+    assert "does not compile" in refusal(["--chat-template", "{% if %}"], ckpt)
+    assert "cannot read" in refusal(["--chat-template-file", str(tmp_path / "nope")], ckpt)
+    bad = tmp_path / "bad.jinja"
+    bad.write_bytes(b"\xff\xfe{{")
+    assert "cannot read" in refusal(["--chat-template-file", str(bad)], ckpt)
+
+
+def test_templates_and_kwargs_are_accepted(ckpt, tmp_path):
+    f = tmp_path / "t.jinja"
+    f.write_text("{{ messages[0].content }}")
+    assert refusal(["--chat-template", "{{ x }}", "--chat-template-file", str(f),
+                    "--chat-template-kwargs", '{"a": [1]}'], ckpt) is None
+    cfg = config(["--chat-template-file", str(f), "--chat-template-kwargs", '{"a": 1}'])
+    assert cfg.chat_template_file == str(f) and cfg.chat_template_kwargs == '{"a": 1}'
+
+
+@pytest.mark.parametrize("value", ["x", "[1]", "{bad"])
+def test_kwargs_must_be_a_json_object(value, ckpt):
+    line = refusal(["--chat-template-kwargs", value], ckpt)
+    assert line.startswith("invalid value") and "--chat-template-kwargs" in line
+
+
+def test_no_jinja_is_refused_and_jinja_accepted(ckpt):
+    assert refusal(["--jinja"], ckpt) is None
+    line = refusal(["--no-jinja"], ckpt)
+    assert line.startswith("--no-jinja") and "Jinja" in line
+    assert refusal([], ckpt, env={"LLAMA_ARG_NO_JINJA": "1"}).startswith("--no-jinja")
+
+
+@pytest.mark.parametrize("text, want", [("on", "on"), ("enabled", "on"), ("1", "on"),
+                                        ("true", "on"), ("off", "off"), ("0", "off"),
+                                        ("disabled", "off"), ("auto", "auto"), ("-1", "auto")])
+def test_reasoning_spellings(text, want):
+    assert config(["--reasoning", text]).chat_reasoning == want
+    assert config([], {"LLAMA_ARG_REASONING": text}).chat_reasoning == want
+
+
+def test_reasoning_rejects_other_words(ckpt):
+    assert "--reasoning" in refusal(["-rea", "maybe"], ckpt)
+
+
+def test_reasoning_budget_stays_refused(ckpt):
+    assert "issue #4" in refusal(["--reasoning-budget", "10"], ckpt)
+    assert refusal(["--reasoning-budget", "-1"], ckpt) is None
+
+
+def test_dedicated_flags_write_template_kwargs():
+    cfg = config(["--reasoning", "off", "--reasoning-effort", "low", "--reasoning-preserve",
+                  "--chat-template-kwargs", '{"custom": "x"}'])
+    assert settings.template_kwargs(cfg) == {"custom": "x", "enable_thinking": False,
+                                             "reasoning_effort": "low",
+                                             "preserve_reasoning": True}
+    assert settings.template_kwargs(config([])) == {}
+    assert settings.template_kwargs(config(["--no-reasoning-preserve"])) == \
+        {"preserve_reasoning": False}
+
+
+def test_a_dedicated_flag_wins_a_collision_and_says_so(caplog):
+    cfg = config(["--reasoning", "on", "--chat-template-kwargs", '{"enable_thinking": false}'])
+    with caplog.at_level(logging.WARNING, logger="mlxcel.chat"):
+        assert settings.template_kwargs(cfg) == {"enable_thinking": True}
+    assert "enable_thinking" in caplog.text and "wins" in caplog.text
+
+
+class _Vocab:
+    chat_template = "checkpoint"
+    chat_template_tool_use = None
+    special_tokens_map = {"eos_token": "</s>"}
+
+
+def test_template_in_force(tmp_path, caplog):
+    f = tmp_path / "t.jinja"
+    f.write_text("from file")
+    assert settings.template_source(config([]), _Vocab) == ("checkpoint", None)
+    assert settings.template_source(config(["--chat-template-file", str(f)]), _Vocab)[0] == \
+        "from file"
+    with caplog.at_level(logging.WARNING, logger="mlxcel.chat"):
+        both = config(["--chat-template", "inline", "--chat-template-file", str(f)])
+        assert settings.template_source(both, _Vocab)[0] == "inline"
+    assert "inline template wins" in caplog.text
+    none = type("V", (_Vocab,), {"chat_template": None})
+    assert "<|im_start|>" in settings.template_source(config([]), none)[0]
+
+
+@pytest.mark.parametrize("path, fmt", [
+    ("Qwen-Qwen3-0.6B", "hermes"), ("NousResearch-Hermes-3-Llama-3.1-8B-tool_use", "hermes"),
+    ("meta-llama-Llama-3.1-8B-Instruct", "llama3"), ("meta-llama-Llama-3.2-3B-Instruct", "llama3"),
+    ("google-gemma-2-2b-it", None),
+])
+def test_tool_format_from_template(path, fmt):
+    f = Path(__file__).resolve().parents[4] / "shared/upstream/chat-templates" / f"{path}.jinja"
+    if not f.exists():
+        pytest.skip("../shared/upstream/chat-templates is absent")
+    assert settings.tool_format(f.read_text()) == fmt
+
+
+def test_fixture_template_format_and_markers():
+    src = (Path(__file__).resolve().parents[3] / "fixtures/chat_template.jinja").read_text()
+    assert settings.tool_format(src) == "hermes"
+    assert settings.think_markers(src) == ("<think>", "</think>")
