@@ -59,6 +59,7 @@ _WORDS: dict[str, str] = {
     "ORIGINS": "http://localhost", "METHODS": "GET", "HEADERS": "Authorization",
     "PREFIX": "/api", "TOKEN": "hf_dummy", "JINJA_TEMPLATE": "{{ messages }}",
     "START END": "0 3",
+    "[on|off|auto]": "on",
 }
 _NUMBER = re.compile(r"-?[0-9]+(\.[0-9]+)?")
 
@@ -112,6 +113,8 @@ def plausible(rec: dict[str, Any], some_file: Path, model: Path) -> list[str]:
     default = rec["default"]
     if opt.dest == "model":
         return [opt.name, str(model)]
+    if opt.dest == "chat_template_kwargs":
+        return [opt.name, '{"enable_thinking": false}']
     if isinstance(opt.value, (Choice, CsvChoice)):
         ours_default = opt.default if isinstance(opt.default, tuple) else (opt.default,)
         return [opt.name, [c for c in opt.value.choices if c not in ours_default][-1]]

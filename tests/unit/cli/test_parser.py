@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +16,15 @@ from mlxcel_trio.config import ServerConfig
 
 # One sample per value option: the raw text and the ServerConfig value it
 # must produce.  test_every_value_option_has_a_sample keeps this complete.
+_TEMPLATE_FILE = str(Path(__file__).resolve().parents[3] / "fixtures" / "chat_template.jinja")
 SAMPLES: dict[str, tuple[str, Any]] = {
+    # issue #4: chat templates and reasoning
+    "chat_reasoning_format": ("deepseek-legacy", "deepseek-legacy"),
+    "chat_reasoning": ("enabled", "on"),
+    "chat_reasoning_effort": ("high", "high"),
+    "chat_template": ("{{ messages }}", "{{ messages }}"),
+    "chat_template_file": (_TEMPLATE_FILE, _TEMPLATE_FILE),
+    "chat_template_kwargs": ('{"enable_thinking": false}', '{"enable_thinking": false}'),
     "model": ("some/model", "some/model"),
     "ctx_size": ("4096", 4096),
     "sampling.n_predict": ("128", 128),
