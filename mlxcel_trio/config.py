@@ -38,6 +38,33 @@ class SamplingDefaults:
     min_p: float = 0.05
     seed: int = RANDOM_SEED
     n_predict: int = -1
+    # the rest of upstream's chain (issue #5), upstream's defaults
+    top_n_sigma: float = -1.0
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    typical_p: float = 1.0
+    repeat_last_n: int = 64
+    repeat_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75            # a flag value below 1.0 is ignored, as upstream
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = 64
+    dry_sequence_breakers: tuple[str, ...] | None = None   # None = upstream's set
+    adaptive_target: float = -1.0
+    adaptive_decay: float = 0.9
+    dynatemp_range: float = 0.0
+    dynatemp_exp: float = 1.0
+    mirostat: int = 0
+    mirostat_eta: float = 0.1
+    mirostat_tau: float = 5.0
+    samplers: str = "penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature"
+    sampler_seq: str = "edskypmxt"
+    ignore_eos: bool = False
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    escape: bool = True               # -e: escapes in reverse_prompt and the breakers
+    reverse_prompt: tuple[str, ...] = ()
 
 
 @attrs.frozen

@@ -1,18 +1,94 @@
-"""Sampling options: the five mlxcel-trio acts on, and the rest of
-upstream's sampler chain, penalties and grammar constraints, deferred to
-issue #5 (each accepts only the value that leaves its stage disabled)."""
+"""Sampling options: upstream's whole sampler chain, its penalties, logit
+bias, -r/--reverse-prompt and -e/--escape, every one acted on (issue #5).
+
+Each value lands in `ServerConfig.sampling` (config.SamplingDefaults) and
+from there in the server-wide defaults of the native request fields
+(server/completion.server_defaults).  The grammar options come last.
+"""
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Any
+
+import attrs
+import numpy as np
 
 from mlxcel_trio.cli.record import Option
 from mlxcel_trio.cli.refusals import ALWAYS, deferred, not_applicable
+from mlxcel_trio.cli.values import INT32_MAX, BadValue, Float, Int, Seed, Text
 from mlxcel_trio.config import RANDOM_SEED
-from mlxcel_trio.cli.values import INT32_MAX, Float, Int, Seed, Text
+from mlxcel_trio.engine.samplers import names
 
 SAMPLING_ISSUE = 5
-DEFAULT_SAMPLERS = "penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature"
+DEFAULT_SAMPLERS = names.DEFAULT_NAMES
+DEFAULT_SEQUENCE = names.DEFAULT_LETTERS
+
+
+@attrs.frozen
+class PositiveFloat:
+    """A finite number above 0 whose reciprocal is finite too (upstream's
+    check on --repeat-penalty)."""
+
+    domain: str = "a finite number greater than 0"
+
+    def parse(self, text: str) -> float:
+        value = Float().parse(text)
+        as_float = np.float32(value)  # upstream checks the C++ float
+        with np.errstate(over="ignore", divide="ignore"):
+            inverse = np.float32(1.0) / as_float
+        if as_float <= 0 or not np.isfinite(inverse):
+            raise BadValue("must be finite and greater than 0")
+        return value
+
+
+_BIAS = re.compile(r"\s*([+-]?\d+)\s*([+-])(.*)", re.S)
+
+
+@attrs.frozen
+class LogitBias:
+    """TOKEN_ID(+/-)BIAS, e.g. 15043+1 or 15043-inf."""
+
+    domain: str = "TOKEN_ID+BIAS or TOKEN_ID-BIAS, e.g. 15043+1"
+
+    def parse(self, text: str) -> tuple[int, float]:
+        m = _BIAS.fullmatch(text)
+        if not m:
+            raise BadValue("invalid input format")
+        try:
+            bias = float(m.group(3).strip())
+        except ValueError:
+            raise BadValue("invalid input format") from None
+        token = int(m.group(1))
+        if not -(2**31) <= token < 2**31:
+            raise BadValue("invalid input format")
+        return token, -bias if m.group(2) == "-" else bias
+
+
+def _order_refusal(chain):
+    why = names.unsupported(chain)
+    return None if why is None else f"{why}; give {DEFAULT_SAMPLERS} (or omit the option)"
+
+
+def _samplers_refusal(value: str) -> str | None:
+    return _order_refusal(names.from_names(value.split(";")))
+
+
+def _sequence_refusal(value: str) -> str | None:
+    return _order_refusal(names.from_letters(value))
+
+
+_samplers_refusal.accepts = f"{DEFAULT_SAMPLERS}, optionally with adaptive_p"  # type: ignore[attr-defined]
+_sequence_refusal.accepts = f"{DEFAULT_SEQUENCE}, optionally with a"  # type: ignore[attr-defined]
+
+
+def _opt(spellings, dest, help, value, default, default_text=None, **kw: Any) -> Option:
+    kw.setdefault("section", "sampling")
+    return Option(spellings, f"sampling.{dest}", help, value=value,
+                  metavar=kw.pop("metavar", "N"), default=default, default_text=default_text,
+                  owner=SAMPLING_ISSUE, **kw)
+
 
 ACTED_ON: tuple[Option, ...] = (
     Option(("-s", "--seed"), "sampling.seed", "default random seed for sampling",
@@ -34,84 +110,81 @@ ACTED_ON: tuple[Option, ...] = (
 )
 
 
-def _later(spellings: tuple[str, ...], dest: str, help: str, **kw: Any) -> Option:
-    kw.setdefault("section", "sampling")
-    return deferred(spellings, f"sampling.{dest}", help, issue=SAMPLING_ISSUE, **kw)
-
-
-def _number(spellings: tuple[str, ...], dest: str, help: str, default: float,
-            default_text: str, domain: Any = None) -> Option:
-    return _later(spellings, dest, help, value=domain or Float(), metavar="N",
-                  default=default, default_text=default_text)
-
-
 LATER: tuple[Option, ...] = (
-    _later(("--samplers",), "samplers", "the sampler chain, in order, separated by ';'",
-           value=Text(), metavar="SAMPLERS", default=DEFAULT_SAMPLERS),
-    _later(("--sampler-seq", "--sampling-seq"), "sampler_seq",
-           "the sampler chain as one letter per stage", value=Text(),
-           metavar="SEQUENCE", default="edskypmxt"),
-    _later(("--ignore-eos",), "ignore_eos",
-           "keep generating past the end-of-sequence token", kind="flag"),
-    _number(("--top-nsigma", "--top-n-sigma"), "top_n_sigma", "top-n-sigma sampling",
-            -1.0, "-1.00, -1.0 = disabled"),
-    _number(("--xtc-probability",), "xtc_probability", "XTC sampling probability",
-            0.0, "0.00, 0.0 = disabled"),
-    _number(("--xtc-threshold",), "xtc_threshold", "XTC sampling threshold",
-            0.1, "0.10, 1.0 = disabled"),
-    _number(("--typical", "--typical-p"), "typical_p", "locally typical sampling p",
-            1.0, "1.00, 1.0 = disabled"),
-    _number(("--repeat-last-n",), "repeat_last_n",
-            "how many recent tokens the repetition penalties look at", 64,
-            "64, 0 = disabled", Int(-1, INT32_MAX)),
-    _number(("--repeat-penalty",), "repeat_penalty", "repetition penalty",
-            1.0, "1.00, 1.0 = disabled"),
-    _number(("--presence-penalty",), "presence_penalty", "presence penalty",
-            0.0, "0.00, 0.0 = disabled"),
-    _number(("--frequency-penalty",), "frequency_penalty", "frequency penalty",
-            0.0, "0.00, 0.0 = disabled"),
-    _number(("--dry-multiplier",), "dry_multiplier", "DRY penalty multiplier",
-            0.0, "0.00, 0.0 = disabled"),
-    _number(("--dry-base",), "dry_base", "DRY penalty base", 1.75, "1.75"),
-    _number(("--dry-allowed-length",), "dry_allowed_length",
-            "repeat length DRY tolerates before penalising", 2, "2", Int()),
-    _number(("--dry-penalty-last-n",), "dry_penalty_last_n",
-            "how many recent tokens DRY looks at", 64, "64, 0 = disable",
-            Int(-1, INT32_MAX)),
-    _later(("--dry-sequence-breaker",), "dry_sequence_breakers",
-           "a string that resets DRY matching (replaces the default set; none = no breakers)",
-           value=Text(), metavar="STRING"),
-    _number(("--adaptive-target",), "adaptive_target",
-            "adaptive-p target probability (negative = disabled)", -1.0, "-1.00"),
-    _number(("--adaptive-decay",), "adaptive_decay", "adaptive-p decay rate",
-            0.9, "0.90"),
-    _number(("--dynatemp-range",), "dynatemp_range", "dynamic temperature range",
-            0.0, "0.00, 0.0 = disabled"),
-    _number(("--dynatemp-exp",), "dynatemp_exp", "dynamic temperature exponent",
-            1.0, "1.00"),
-    _number(("--mirostat",), "mirostat", "Mirostat version (1 or 2)", 0,
-            "0, 0 = disabled, 1 = Mirostat, 2 = Mirostat 2.0", Int(0, 2)),
-    _number(("--mirostat-lr",), "mirostat_eta", "Mirostat learning rate (eta)",
-            0.1, "0.10"),
-    _number(("--mirostat-ent",), "mirostat_tau", "Mirostat target entropy (tau)",
-            5.0, "5.00"),
-    _later(("-l", "--logit-bias"), "logit_bias",
-           "raise or lower one token's logit, e.g. 15043+1", value=Text(),
-           metavar="TOKEN_ID(+/-)BIAS"),
-    _later(("--grammar",), "grammar", "a GBNF grammar every completion must follow",
-           value=Text(), metavar="GRAMMAR"),
-    _later(("--grammar-file",), "grammar_file", "read the GBNF grammar from a file",
-           value=Text(), metavar="FNAME"),
-    _later(("-j", "--json-schema"), "json_schema",
-           "a JSON schema every completion must follow", value=Text(), metavar="SCHEMA"),
-    _later(("-jf", "--json-schema-file"), "json_schema_file",
-           "read the JSON schema from a file", value=Text(), metavar="FILE"),
-    _later(("-e", "--escape"), "escape",
-           "turn \\n, \\t and similar escapes into characters in string options",
-           kind="bool", negations=("--no-escape",), default=True, default_text="true",
-           section="common"),
-    _later(("-r", "--reverse-prompt"), "reverse_prompt",
-           "a server-wide stop string", value=Text(), metavar="PROMPT", section="server"),
+    _opt(("--samplers",), "samplers",
+         "the sampler chain, in order, separated by ';' (upstream's default order is "
+         "served, optionally with adaptive_p)", Text(), DEFAULT_SAMPLERS, metavar="SAMPLERS",
+         status="by_design", refuse=_samplers_refusal),
+    _opt(("--sampler-seq", "--sampling-seq"), "sampler_seq",
+         "the sampler chain as one letter per stage", Text(), DEFAULT_SEQUENCE,
+         metavar="SEQUENCE", status="by_design", refuse=_sequence_refusal),
+    Option(("--ignore-eos",), "sampling.ignore_eos",
+           "keep generating past the end-of-sequence token (bans every end-of-generation "
+           "token, as --logit-bias EOS-inf)", kind="flag", default=False, section="sampling",
+           owner=SAMPLING_ISSUE),
+    _opt(("--top-nsigma", "--top-n-sigma"), "top_n_sigma", "top-n-sigma sampling", Float(),
+         -1.0, "-1.00, -1.0 = disabled"),
+    _opt(("--xtc-probability",), "xtc_probability", "XTC sampling probability", Float(), 0.0,
+         "0.00, 0.0 = disabled"),
+    _opt(("--xtc-threshold",), "xtc_threshold", "XTC sampling threshold", Float(), 0.1,
+         "0.10, 1.0 = disabled"),
+    _opt(("--typical", "--typical-p"), "typical_p", "locally typical sampling p", Float(),
+         1.0, "1.00, 1.0 = disabled"),
+    _opt(("--repeat-last-n",), "repeat_last_n",
+         "how many recent tokens the repetition penalties look at", Int(0, INT32_MAX), 64,
+         "64, 0 = disabled"),
+    _opt(("--repeat-penalty",), "repeat_penalty", "repetition penalty", PositiveFloat(), 1.0,
+         "1.00, 1.0 = disabled"),
+    _opt(("--presence-penalty",), "presence_penalty", "presence penalty", Float(), 0.0,
+         "0.00, 0.0 = disabled"),
+    _opt(("--frequency-penalty",), "frequency_penalty", "frequency penalty", Float(), 0.0,
+         "0.00, 0.0 = disabled"),
+    _opt(("--dry-multiplier",), "dry_multiplier", "DRY penalty multiplier", Float(), 0.0,
+         "0.00, 0.0 = disabled"),
+    _opt(("--dry-base",), "dry_base", "DRY penalty base (a value below 1.0 is ignored)",
+         Float(), 1.75, "1.75"),
+    _opt(("--dry-allowed-length",), "dry_allowed_length",
+         "repeat length DRY tolerates before penalising", Int(), 2, "2"),
+    _opt(("--dry-penalty-last-n",), "dry_penalty_last_n",
+         "how many recent tokens DRY looks at", Int(0, INT32_MAX), 64, "64, 0 = disable"),
+    _opt(("--dry-sequence-breaker",), "dry_sequence_breakers",
+         "a string that resets DRY matching; repeatable, replaces the default set "
+         "('\\n', ':', '\"', '*'); none = no breakers", Text(allow_empty=True), None,
+         metavar="STRING", repeat=True),
+    _opt(("--adaptive-target",), "adaptive_target",
+         "adaptive-p target probability (negative = disabled)", Float(), -1.0, "-1.00"),
+    _opt(("--adaptive-decay",), "adaptive_decay", "adaptive-p decay rate", Float(), 0.9,
+         "0.90"),
+    _opt(("--dynatemp-range",), "dynatemp_range", "dynamic temperature range", Float(), 0.0,
+         "0.00, 0.0 = disabled"),
+    _opt(("--dynatemp-exp",), "dynatemp_exp", "dynamic temperature exponent", Float(), 1.0,
+         "1.00"),
+    _opt(("--mirostat",), "mirostat", "Mirostat version (replaces the sampler chain)",
+         Int(0, 2), 0, "0, 0 = disabled, 1 = Mirostat, 2 = Mirostat 2.0"),
+    _opt(("--mirostat-lr",), "mirostat_eta", "Mirostat learning rate (eta)", Float(), 0.1,
+         "0.10"),
+    _opt(("--mirostat-ent",), "mirostat_tau", "Mirostat target entropy (tau)", Float(), 5.0,
+         "5.00"),
+    _opt(("-l", "--logit-bias"), "logit_bias",
+         "raise or lower one token's logit, e.g. 15043+1 or 15043-inf; repeatable",
+         LogitBias(), (), metavar="TOKEN_ID(+/-)BIAS", repeat=True),
+    Option(("-e", "--escape"), "sampling.escape",
+           "turn \\n, \\r, \\t, \\', \\\", \\\\ and \\xNN in -r and --dry-sequence-breaker "
+           "values into characters", kind="bool", negations=("--no-escape",), default=True,
+           default_text="true", owner=SAMPLING_ISSUE),
+    Option(("-r", "--reverse-prompt"), "sampling.reverse_prompt",
+           "a server-wide stop string, used when a request gives none; repeatable",
+           value=Text(allow_empty=True), metavar="PROMPT", default=(), section="server",
+           owner=SAMPLING_ISSUE, repeat=True),
+    *(deferred(spellings, f"sampling.{dest}", help, issue=SAMPLING_ISSUE, value=Text(),
+               metavar=metavar, section="sampling")
+      for spellings, dest, help, metavar in (
+          (("--grammar",), "grammar", "a GBNF grammar every completion must follow", "GRAMMAR"),
+          (("--grammar-file",), "grammar_file", "read the GBNF grammar from a file", "FNAME"),
+          (("-j", "--json-schema"), "json_schema", "a JSON schema every completion must follow",
+           "SCHEMA"),
+          (("-jf", "--json-schema-file"), "json_schema_file",
+           "read the JSON schema from a file", "FILE"))),
     not_applicable(("-bs", "--backend-sampling"), "backend_sampling",
                    "run the sampler on the backend device", kind="flag",
                    env="LLAMA_ARG_BACKEND_SAMPLING", default_text="disabled",

@@ -137,8 +137,8 @@ def build_parser(
         common = dict(dest=opt.dest, default=argparse.SUPPRESS, help=shown)
         if opt.kind == "value":
             nargs = None if opt.nargs == 1 else opt.nargs
-            group.add_argument(*opt.spellings, action="store", metavar=opt.metavar,
-                               nargs=nargs, **common)
+            group.add_argument(*opt.spellings, action="append" if opt.repeat else "store",
+                               metavar=opt.metavar, nargs=nargs, **common)
         else:
             group.add_argument(*opt.all_spellings, action=_SetTrue,
                                negations=opt.negations, **common)
@@ -207,7 +207,10 @@ def parse(
             continue
         if opt.dest in raw:
             value = raw[opt.dest]
-            if opt.kind == "value":
+            if opt.kind == "value" and opt.repeat:
+                texts[opt.dest] = " ".join(value)
+                value = tuple(_typed(opt, v, None) for v in value)
+            elif opt.kind == "value":
                 if isinstance(value, list):  # nargs > 1
                     value = " ".join(value)
                 texts[opt.dest] = value

@@ -90,6 +90,10 @@ class Option:
     """False for mlxcel-trio's own options (not in llama-server)."""
     nargs: int = 1
     """How many arguments a value option consumes (2 for START END)."""
+    repeat: bool = False
+    """A value option that may be given several times (upstream appends each,
+    e.g. -l/--logit-bias): the typed value is the tuple of every occurrence,
+    in command-line order."""
     superseded_by: tuple[str, ...] = ()
     """Dests whose presence (argv or env) means this option is not
     classified at all (the deprecated loaders yield to --load-mode)."""
@@ -105,6 +109,9 @@ class Option:
             raise ValueError(f"{self.dest}: unknown owner issue {self.owner}")
         if self.nargs != 1 and self.kind != "value":
             raise ValueError(f"{self.dest}: nargs goes with kind='value' only")
+        if self.repeat and (self.kind != "value" or self.nargs != 1 or self.env):
+            raise ValueError(f"{self.dest}: repeat goes with a one-argument value option "
+                             "without an env variable")
 
     @property
     def takes_value(self) -> bool:

@@ -12,20 +12,13 @@ import time
 from typing import Any
 
 import attrs
-import numpy as np
 
 from ..bridge import Bridge
-from ..engine.records import Failed, Finished, Job, SamplingParams
+from ..engine.records import Failed, Finished, Job
+from . import sampling
 from .errors import ApiError, json_type_name
 from .fields import parse_fields
-
-SAMPLER_CHAIN = ["top_k", "top_p", "min_p", "temperature"]
-DEFAULT_DRY_BREAKERS = ["\n", ":", "\"", "*"]
-
-
-def f32(x: float) -> float:
-    """The value a C++ float member holds, as nlohmann prints it."""
-    return float(np.float32(x))
+from .sampling import f32  # noqa: F401  (re-exported for the other renderers)
 
 
 @attrs.frozen
@@ -42,21 +35,7 @@ class Served:
     spm_infill: bool = False          # --spm-infill: suffix block first
 
 
-def server_defaults(config, vocab) -> dict[str, Any]:
-    """Flag given -> flag; else the checkpoint's generation_config.json
-    (temperature / top_k / top_p, recorded by_design); else upstream's."""
-    s = config.sampling
-    gen = vocab.generation_defaults
-    pick = lambda flag, key, dflt: flag if flag is not None else gen.get(key, dflt)  # noqa: E731
-    return {
-        "temperature": f32(pick(s.temperature, "temperature", 0.8)),
-        "top_k": int(pick(s.top_k, "top_k", 40)),
-        "top_p": f32(pick(s.top_p, "top_p", 0.95)),
-        "min_p": f32(s.min_p),
-        "seed": s.seed,
-        "n_predict": s.n_predict,
-        "sse_ping_interval": config.sse_ping_interval,
-    }
+server_defaults = sampling.server_defaults
 
 
 # -- prompts --------------------------------------------------------------------
@@ -111,6 +90,8 @@ def resolve(body: Any, served: Served) -> dict[str, Any]:
         raise ApiError("[json.exception.type_error.306] cannot use value() with "
                        f"{json_type_name(body)}")
     values = parse_fields(body, served.defaults, {"n_cmpl": (1, served.n_slots)})
+    sampling.resolve(body, values, served)
+    sampling.check(values)
     cap = served.n_predict_cap
     if cap > 0 and values["n_predict"] > cap:
         # upstream lowers a request's n_predict to the server's -n
@@ -132,10 +113,7 @@ def make_job(served: Served, values: dict, prompt: list[int], body: dict,
         id=served.bridge.next_job_id(),
         prompt=tuple(prompt),
         n_predict=values["n_predict"],
-        sampling=SamplingParams(
-            temperature=values["temperature"], top_k=values["top_k"],
-            top_p=values["top_p"], min_p=values["min_p"], seed=seed,
-        ),
+        sampling=sampling.params(values, seed),
         stop=tuple(values["stop"]),
         ignore_eos=values["ignore_eos"],
         id_slot=id_slot,
@@ -174,37 +152,12 @@ async def run_all(served: Served, jobs: list[Job]) -> list[Finished]:
 # -- shared renderers ----------------------------------------------------------------
 
 def generation_settings(values: dict) -> dict[str, Any]:
-    """task_params::to_json, each key from the value actually in force.
-    Samplers not implemented yet report their neutral value (what really
-    happens); backend_sampling and speculative.types are omitted (no
-    analogue), as the spec records."""
+    """task_params::to_json, each key from the value actually in force;
+    backend_sampling and speculative.types are omitted (no analogue), as
+    the spec records."""
     n_predict = values["n_predict"]
     return {
-        "seed": values["seed"],
-        "temperature": values["temperature"],
-        "dynatemp_range": 0.0,
-        "dynatemp_exponent": 1.0,
-        "top_k": values["top_k"],
-        "top_p": values["top_p"],
-        "min_p": values["min_p"],
-        "top_n_sigma": -1.0,
-        "xtc_probability": 0.0,
-        "xtc_threshold": f32(0.1),
-        "typical_p": 1.0,
-        "repeat_last_n": 64,
-        "repeat_penalty": 1.0,
-        "presence_penalty": 0.0,
-        "frequency_penalty": 0.0,
-        "dry_multiplier": 0.0,
-        "dry_base": 1.75,
-        "dry_allowed_length": 2,
-        "dry_penalty_last_n": 64,
-        "dry_sequence_breakers": DEFAULT_DRY_BREAKERS,
-        "mirostat": 0,
-        "mirostat_tau": 5.0,
-        "mirostat_eta": f32(0.1),
-        "adaptive_target": -1.0,
-        "adaptive_decay": f32(0.9),
+        **sampling.settings(values),
         "stop": list(values["stop"]),
         "max_tokens": n_predict,
         "n_predict": n_predict,
@@ -212,9 +165,9 @@ def generation_settings(values: dict) -> dict[str, Any]:
         "n_discard": 0,
         "ignore_eos": values["ignore_eos"],
         "stream": values["stream"],
-        "logit_bias": [],
-        "n_probs": 0,
-        "min_keep": 0,
+        "logit_bias": sampling.logit_bias_json(values),
+        "n_probs": values["n_probs"],
+        "min_keep": values["min_keep"],
         "grammar": "",
         "grammar_lazy": False,
         "grammar_triggers": [],
@@ -223,9 +176,9 @@ def generation_settings(values: dict) -> dict[str, Any]:
         "reasoning_format": "none",
         "reasoning_in_content": False,
         "generation_prompt": "",
-        "samplers": SAMPLER_CHAIN,
+        "samplers": list(values["samplers"]),
         "timings_per_token": values["timings_per_token"],
-        "post_sampling_probs": False,
+        "post_sampling_probs": values["post_sampling_probs"],
         "lora": [],
     }
 

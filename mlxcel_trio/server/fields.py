@@ -72,36 +72,37 @@ NATIVE_FIELDS: tuple[Field, ...] = (
     F("top_k", "int32", 40, lim=I32, doc="top-k"),
     F("top_p", "float", 0.95, lim=(0.0, 1.0), doc="top-p"),
     F("min_p", "float", 0.05, lim=(0.0, 1.0), doc="min-p"),
-    F("top_n_sigma", "float", -1.0, status=D),
-    F("xtc_probability", "float", 0.0, lim=(0.0, 1.0), status=D),
-    F("xtc_threshold", "float", 0.1, lim=(0.0, 1.0), status=D),
-    F("typical_p", "float", 1.0, status=D),
+    F("top_n_sigma", "float", -1.0),
+    F("xtc_probability", "float", 0.0, lim=(0.0, 1.0)),
+    F("xtc_threshold", "float", 0.1, lim=(0.0, 1.0)),
+    F("typical_p", "float", 1.0),
     F("temperature", "float", 0.8, lim=(0.0, math.inf), doc="temperature; <= 0 is greedy"),
-    F("dynatemp_range", "float", 0.0, status=D),
-    F("dynatemp_exponent", "float", 1.0, status=D),
-    F("repeat_last_n", "int32", 64, lim=I32, hard=True, status=D),
-    F("repeat_penalty", "float", 1.0, status=D),
-    F("frequency_penalty", "float", 0.0, status=D),
-    F("presence_penalty", "float", 0.0, status=D),
-    F("dry_multiplier", "float", 0.0, status=D),
-    F("dry_base", "float", 1.75, status=D),
-    F("dry_allowed_length", "int32", 2, lim=I32, hard=True, status=D),
-    F("dry_penalty_last_n", "int32", 64, lim=I32, hard=True, status=D),
-    F("mirostat", "int32", 0, lim=(0, 2), status=D),
-    F("mirostat_tau", "float", 5.0, status=D),
-    F("mirostat_eta", "float", 0.1, status=D),
-    F("adaptive_target", "float", -1.0, lim=(-FLOAT_MAX, 1.0), status=D),
-    F("adaptive_decay", "float", 0.9, lim=(0.0, 0.99), hard=True, status=D),
+    F("dynatemp_range", "float", 0.0),
+    F("dynatemp_exponent", "float", 1.0),
+    F("repeat_last_n", "int32", 64, lim=I32, hard=True),
+    F("repeat_penalty", "float", 1.0),
+    F("frequency_penalty", "float", 0.0),
+    F("presence_penalty", "float", 0.0),
+    F("dry_multiplier", "float", 0.0),
+    F("dry_base", "float", 1.75),
+    F("dry_allowed_length", "int32", 2, lim=I32, hard=True),
+    F("dry_penalty_last_n", "int32", 64, lim=I32, hard=True),
+    F("mirostat", "int32", 0, lim=(0, 2)),
+    F("mirostat_tau", "float", 5.0),
+    F("mirostat_eta", "float", 0.1),
+    F("adaptive_target", "float", -1.0, lim=(-FLOAT_MAX, 1.0)),
+    F("adaptive_decay", "float", 0.9, lim=(0.0, 0.99), hard=True),
     F("seed", "uint32", 0xFFFF_FFFF, doc="RNG seed; -1 = random"),
-    F("n_probs", "int32", 0, aliases=("logprobs",), status=D),
-    F("min_keep", "int32", 0, lim=I32, hard=True, status=D),
-    F("backend_sampling", "bool", False, status=D),
-    F("post_sampling_probs", "bool", False, status=D),
+    F("n_probs", "int32", 0, aliases=("logprobs",)),
+    F("min_keep", "int32", 0, lim=I32, hard=True),
+    F("backend_sampling", "bool", False, status="inert",
+      doc="MLX samples in the model's own graph; there is no other path to choose"),
+    F("post_sampling_probs", "bool", False),
     # compiled out upstream (#if 0): accepted and ignored there too
     *(F(f"speculative.{n}", "json", None, status="inert")
       for n in ("n_max", "n_min", "p_min", "type", "ngram_size_n", "ngram_size_m", "ngram_min_hits")),
     F("lora", "json", None, status=D),
-    F("dry_sequence_breakers", "json", None, status=D),
+    F("dry_sequence_breakers", "json", None),
     F("json_schema", "json", None, aliases=("grammar",), status=D),
     F("grammar_lazy", "bool", False, status=D),
     F("chat_format", "json", None, status=D),
@@ -118,10 +119,10 @@ NATIVE_FIELDS: tuple[Field, ...] = (
     F("reasoning_budget_start_tag", "str", None, status=D),
     F("reasoning_budget_end_tags", "json", None, aliases=("reasoning_budget_end_tag",), status=D),
     F("reasoning_budget_message", "str", None, status=D),
-    F("logit_bias", "json", None, status=D),
+    F("logit_bias", "json", None),
     F("ignore_eos", "bool", False, doc="never stop on an end-of-generation token"),
     F("stop", "json", (), doc="stop strings"),
-    F("samplers", "json", None, status=D),
+    F("samplers", "json", None),
 )
 
 FIELDS_BY_NAME = {f.name: f for f in NATIVE_FIELDS}
@@ -178,6 +179,8 @@ def _check_limits(field: Field, value, limits=None):
     if limits is None:
         return value
     lo, hi = limits
+    if field.kind == "float":  # upstream compares float members with float limits
+        lo, hi = float(np.float32(lo)), float(np.float32(hi))
     if lo <= value <= hi:
         return value
     if field.hard:

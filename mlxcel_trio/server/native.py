@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from quart import Response
 
 from ..engine.records import Finished, PromptProgress, TokenPiece
@@ -46,10 +47,76 @@ def _project(obj: dict, paths) -> dict:
     return out
 
 
+FLOAT_LOWEST = float(np.finfo(np.float32).min)
+
+
+def _valid_utf8_prefix(raw: bytes) -> int:
+    """validate_utf8: the length without a multi-byte sequence cut off at
+    the end."""
+    n = len(raw)
+    for i in range(1, min(4, n) + 1):
+        c = raw[n - i]
+        if (c & 0xE0) == 0xC0 and i < 2 or (c & 0xF0) == 0xE0 and i < 3 \
+                or (c & 0xF8) == 0xF0 and i < 4:
+            return n - i
+    return n
+
+
+def _logprob(p: float) -> float:
+    """completion_token_output::logarithm: log in float, 0 -> lowest float."""
+    return FLOAT_LOWEST if p == 0.0 else float(np.log(np.float32(p)))
+
+
+class ProbsRenderer:
+    """completion_probabilities entries, shaped as upstream's
+    probs_vector_to_json: {id, token, bytes, logprob|prob,
+    top_logprobs|top_probs: [{id, token, bytes, logprob|prob}]}."""
+
+    def __init__(self, served: Served, post: bool) -> None:
+        self.vocab = served.bridge.vocab
+        self.special = served.bridge.config.special
+        self.post = post
+        self.key, self.top_key = ("prob", "top_probs") if post else ("logprob", "top_logprobs")
+
+    def _piece(self, token: int) -> bytes:
+        table = self.vocab.table
+        if not self.special and table.is_special(token):
+            return b""
+        return self.vocab.piece(token)
+
+    def _one(self, token: int, p: float) -> dict:
+        raw = self._piece(token)
+        text = raw[:_valid_utf8_prefix(raw)].decode("utf-8", "replace")
+        return {"id": token, "token": text, "bytes": list(raw),
+                self.key: p if self.post else _logprob(p)}
+
+    def entry(self, tp) -> dict:
+        out = self._one(tp.token, tp.prob)
+        out[self.top_key] = [self._one(t, p) for t, p in tp.top]
+        return out
+
+    def entries(self, probs) -> list[dict]:
+        return [self.entry(tp) for tp in probs]
+
+
+def final_probs(served: Served, values: dict, fin: Finished) -> list[dict] | None:
+    """The non-streamed report: a stop word's own tokens are left out."""
+    probs = list(fin.probs)
+    if values["n_probs"] <= 0 or not probs:
+        return None
+    if fin.stop_type == "word":
+        n = len(served.bridge.vocab.tokenize(fin.stopping_word, add_special=False,
+                                             parse_special=False))
+        probs = probs[:len(probs) - min(n, len(probs))]
+    if not probs:
+        return None
+    return ProbsRenderer(served, values["post_sampling_probs"]).entries(probs)
+
+
 def final_object(served: Served, values: dict, fin: Finished, prompt: list[int],
                  index: int, streamed: bool) -> dict:
     n = len(fin.tokens)
-    return {
+    obj = {
         "index": index,
         "content": "" if streamed else fin.content,
         "tokens": list(fin.tokens) if values["return_tokens"] and not streamed else [],
@@ -67,6 +134,11 @@ def final_object(served: Served, values: dict, fin: Finished, prompt: list[int],
         "tokens_cached": max(0, fin.n_prompt + n - 1),
         "timings": fin.timings.to_json(),
     }
+    if not streamed:
+        probs = final_probs(served, values, fin)
+        if probs is not None:
+            obj["completion_probabilities"] = probs
+    return obj
 
 
 async def complete(served: Served, body: Any) -> Response:
@@ -89,6 +161,7 @@ async def _stream(served: Served, values: dict, jobs: list) -> Response:
     handle = served.bridge.open(*jobs)
     first = await first_event(handle)
     per_token_timings = values["timings_per_token"]
+    probs = ProbsRenderer(served, values["post_sampling_probs"])
     index = {job.id: i for i, job in enumerate(jobs)}
     prompt = {job.id: job.prompt for job in jobs}
 
@@ -103,6 +176,8 @@ async def _stream(served: Served, values: dict, jobs: list) -> Response:
                    "tokens_evaluated": n_prompt}
             if per_token_timings or ev.last:
                 obj["timings"] = ev.timings.to_json()
+            if ev.probs is not None and ev.probs.top:
+                obj["completion_probabilities"] = [probs.entry(ev.probs)]
             return (frame(obj),)
         if isinstance(ev, PromptProgress):
             return (frame({"index": i, "content": "", "tokens": [], "stop": False,

@@ -17,7 +17,7 @@ from quart import Response
 from ..engine.records import Finished, PromptProgress, TokenPiece
 from .completion import Served, make_jobs, now_s, resolve, run_all, tokenize_prompts
 from .errors import json_response
-from .native import final_object
+from .native import ProbsRenderer, final_object, final_probs
 from .sse import DONE, event_stream, first_event, frame
 
 
@@ -33,8 +33,11 @@ def _usage(finished: list[Finished]) -> dict:
             "prompt_tokens_details": {"cached_tokens": cached}}
 
 
-def _choice(text: str, index: int, finish_reason: str | None) -> dict:
-    return {"text": text, "index": index, "logprobs": None, "finish_reason": finish_reason}
+def _choice(text: str, index: int, finish_reason: str | None, probs=None) -> dict:
+    """logprobs: null, or {"content": completion_probabilities} when the
+    request asked for n_probs / logprobs."""
+    logprobs = {"content": probs} if probs else None
+    return {"text": text, "index": index, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
 class _Render:
@@ -55,7 +58,9 @@ class _Render:
 
     def final(self, fins: list[Finished], jobs: list, streamed: bool) -> dict[str, Any]:
         res = self.envelope([_choice("" if streamed else f.content, jobs.index(job),
-                                     _finish_reason(f)) for job, f in fins],
+                                     _finish_reason(f),
+                                     None if streamed else final_probs(self.served, self.values, f))
+                             for job, f in fins],
                             _usage([f for _, f in fins]))
         res["timings"] = fins[0][1].timings.to_json()
         if self.values["verbose"]:
@@ -80,12 +85,14 @@ async def complete_v1(served: Served, body: Any) -> Response:
     by_id = {job.id: job for job in jobs}
     index = {job.id: i for i, job in enumerate(jobs)}
     per_token_timings = values["timings_per_token"]
+    probs = ProbsRenderer(served, values["post_sampling_probs"])
 
     def render(ev):
         if isinstance(ev, TokenPiece):
             if not ev.complete and not ev.text:
                 return ()  # mid-UTF-8 with nothing to show: no frame, as upstream
-            res = out.envelope([_choice(ev.text, index[ev.job_id], None)])
+            entry = [probs.entry(ev.probs)] if ev.probs is not None and ev.probs.top else None
+            res = out.envelope([_choice(ev.text, index[ev.job_id], None, entry)])
             if per_token_timings or ev.last:
                 res["timings"] = ev.timings.to_json()
             return (frame(res),)

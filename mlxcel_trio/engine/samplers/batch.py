@@ -163,8 +163,11 @@ class BatchSampler:
     # -- one group of rows sharing a mode -----------------------------------------
 
     def _params(self, rows) -> chain.ChainParams:
-        key = tuple(id(r) for r in rows)
-        if key != self._chain_key:
+        # keyed on the row objects themselves (held, so their ids cannot be
+        # reused by a later row while the entry lives)
+        key = tuple(rows)
+        if len(key) != len(self._chain_key) or any(a is not b for a, b in
+                                                   zip(key, self._chain_key)):
             self._chain_params = chain.ChainParams.build([r.params for r in rows], self.n_vocab)
             self._chain_key = key
         return self._chain_params

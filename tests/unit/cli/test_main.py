@@ -210,7 +210,9 @@ def test_dump_flag_surface_record_shape() -> None:
     assert kv["env_negated"] == "LLAMA_ARG_NO_KV_OFFLOAD"
     assert kv["negations"] == ["-nkvo", "--no-kv-offload"] and kv["default"] is True
     rp = by_name["--repeat-penalty"]
-    assert (rp["status"], rp["owner_issue"], rp["accepts"]) == ("deferred", 5, "1.00")
+    assert (rp["status"], rp["owner_issue"], rp["accepts"]) == ("supported", 5, None)
+    gr = by_name["--grammar"]
+    assert (gr["status"], gr["owner_issue"], gr["refuses"]) == ("deferred", 5, True)
     assert by_name["--control-vector-layer-range"]["nargs"] == 2
     assert by_name["--defrag-thold"]["refuses"] is False
     assert {r["owner_issue"] for r in by_name.values()} <= set(range(2, 9))

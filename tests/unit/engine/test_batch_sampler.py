@@ -176,3 +176,14 @@ def test_which_jobs_are_greedy(kw, greedy):
 def test_plain_greedy_jobs_need_no_processor():
     sampler, processors, _ = plan(SamplingParams(temperature=0.0), V, BatchSampler(V))
     assert sampler is GREEDY and processors == []
+
+
+def test_parameters_follow_the_rows_even_when_an_id_is_reused():
+    import gc
+
+    batch = BatchSampler(V)
+    for i in range(40):  # freed rows' ids get reused: the cache must not key on them
+        row = Row(SamplingParams(seed=i, temperature=float(i)), V, sampler=batch)
+        assert float(np.array(batch._params([row]).temperature)[0, 0]) == float(i)
+        del row
+        gc.collect()
