@@ -123,7 +123,19 @@ ARGUMENT_KEYS = ("arguments", "parameters")
 
 def scan_call(s: str, i: int) -> CallScan:
     """Read the object starting at `s[i]` ('{').  Raises Invalid when the
-    text can never become a call object; otherwise reports what is known."""
+    text can never become a call object.  Once the name is known the call
+    stands: text that breaks the object after that ends the call there
+    (reported as still open), so a call once seen is never taken back."""
+    known = [None, None, None]  # name, args_start, args_end seen so far
+    try:
+        return _scan_call(s, i, known)
+    except Invalid:
+        if known[0] is None:
+            raise
+        return CallScan(*known, None)
+
+
+def _scan_call(s: str, i: int, known: list) -> CallScan:
     if s[i] != "{":
         raise Invalid
     name = args_start = args_end = None
@@ -151,15 +163,15 @@ def scan_call(s: str, i: int) -> CallScan:
         start = j
         is_args = key in ARGUMENT_KEYS and args_start is None
         if is_args:
-            args_start = start
+            args_start = known[1] = start
         try:
             j = scan_value(s, j)
         except Incomplete:
             return CallScan(name, args_start, args_end, None)
         if is_args:
-            args_end = j
+            args_end = known[2] = j
         elif key == "name" and name is None and s[start] == '"':
-            name = json.loads(s[start:j])
+            name = known[0] = json.loads(s[start:j])
         j = skip_ws(s, j)
         if j >= len(s):
             return CallScan(name, args_start, args_end, None)

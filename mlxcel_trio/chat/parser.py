@@ -70,6 +70,7 @@ class ToolCall:
     name: str
     arguments: str
     id: str = ""
+    complete: bool = attrs.field(default=True, eq=False)  # its object was closed
 
 
 @attrs.frozen
@@ -101,7 +102,7 @@ def _call_of(s: str, scan) -> ToolCall:
         args = raw
         if raw.startswith('"'):
             args = json.loads(raw)
-    return ToolCall(scan.name, args)
+    return ToolCall(scan.name, args, complete=scan.end is not None)
 
 
 Item = "str | ToolCall"  # content text, or a call, in output order
@@ -275,10 +276,15 @@ def _extension(old: str, new: str) -> str:
 
 
 def subtract(full: ChatMsg, base: ChatMsg) -> ChatMsg:
-    """What `full` adds to `base` (a continuation's prefill)."""
+    """What `full` adds to `base` (a continuation's prefill).  A call the
+    prefill opened but did not close is the output's: it is reported whole
+    (a prefill that starts a call is how a client forces one)."""
+    done = len(base.tool_calls)
+    if done and not base.tool_calls[-1].complete:
+        done -= 1
     return ChatMsg(content=_extension(base.content, full.content),
                    reasoning_content=_extension(base.reasoning_content, full.reasoning_content),
-                   tool_calls=full.tool_calls[len(base.tool_calls):])
+                   tool_calls=full.tool_calls[done:])
 
 
 class ChatStream:

@@ -41,6 +41,7 @@ class ChatSettings:
     think_start: str = "<think>"      # "" when the template has no thinking block
     think_end: str = "</think>"
     tool_format: str | None = None    # "hermes" | "llama3" | None
+    typed_content: bool = True        # the template renders [{"type": "text"}] parts
 
 
 def think_markers(source: str) -> tuple[str, str]:
@@ -59,6 +60,21 @@ def tool_format(source: str) -> str | None:
                                             or "ipython" in source):
         return "llama3"
     return None
+
+
+_PROBE = "mlxcel-typed-content-probe"
+
+
+def renders_typed_content(template: ChatTemplate) -> bool:
+    """Whether a content-parts list reaches the output (upstream's caps
+    probe); a template that only reads string content would drop it, so such
+    a template is given the parts' text joined by newlines instead."""
+    try:
+        out = template.render([{"role": "user", "content": [{"type": "text", "text": _PROBE}]}],
+                              add_generation_prompt=True)
+    except Exception:  # noqa: BLE001 - a template that cannot render parts does not take them
+        return False
+    return _PROBE in out
 
 
 def template_kwargs(config) -> dict[str, Any]:
@@ -106,4 +122,5 @@ def build(config, vocab) -> ChatSettings:
         think_start=start,
         think_end=end,
         tool_format=tool_format(tool_use or source),
+        typed_content=renders_typed_content(template),
     )

@@ -189,6 +189,13 @@ def _content_text(content: Any) -> str:
     return ""
 
 
+def _flatten(msg: dict) -> dict:
+    """Text parts -> one string, for a template that reads string content only."""
+    if isinstance(msg.get("content"), list):
+        return {**msg, "content": _content_text(msg["content"])}
+    return msg
+
+
 def _continuation(body: dict, settings: ChatSettings, messages: list) -> tuple[str | None, bool]:
     """(what is continued: None, "content" or "reasoning_content";
     add_generation_prompt), with upstream's refusals."""
@@ -325,6 +332,8 @@ def plan(body: Any, settings: ChatSettings, vocab, generating: bool = True) -> C
     echo = body.get("echo") is True
 
     rendered_tools = tools if tool_choice != "none" else ()
+    if not settings.typed_content:
+        messages = [_flatten(m) for m in messages]
     history, prefill = messages, ""
     if mode is not None:
         history, last = messages[:-1], messages[-1]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from . import chat_completions
+from . import anthropic, chat_completions
 
 
 def handlers(ctx: Callable[[], Any], config) -> dict[str, Callable]:
@@ -16,4 +16,6 @@ def handlers(ctx: Callable[[], Any], config) -> dict[str, Callable]:
         "chat_completions": lambda body: chat_completions.complete(ctx(), config, body),
         "apply_template": lambda body: chat_completions.apply_template(ctx(), config, body),
         "chat_input_tokens": lambda body: chat_completions.input_tokens(ctx(), config, body),
+        "anthropic_messages": lambda body: anthropic.messages(ctx(), config, body),
+        "anthropic_count_tokens": lambda body: anthropic.count_tokens(ctx(), config, body),
     }

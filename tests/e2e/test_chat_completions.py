@@ -299,3 +299,19 @@ def test_chat_routes_need_the_key(tiny_model, start_server):
             assert c.chat.completions.create(model="m", messages=[USER], max_tokens=1).choices
     finally:
         srv.stop()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_prefill_that_opens_a_call_forces_it(client, stream):
+    forced = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}'
+    kw = dict(model="m", tools=TOOLS, messages=[USER, {"role": "assistant", "content": forced}],
+              **GREEDY)
+    if stream:
+        chunks, content, _ = stream_chat(client, **kw)
+        calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+        got = [(calls[0].function.name, "".join(tc.function.arguments or "" for tc in calls))]
+    else:
+        msg = client.chat.completions.create(**kw).choices[0].message
+        content = msg.content
+        got = [(tc.function.name, tc.function.arguments) for tc in msg.tool_calls]
+    assert got == [("get_weather", '{"city": "Paris"}')] and content == ""

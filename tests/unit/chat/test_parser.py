@@ -191,3 +191,23 @@ def test_tool_call_ids_are_stable_and_distinct():
     stream.finish()
     assert [c.id for c in stream.msg.tool_calls] == first
     assert len(set(first)) == 2 and all(len(i) == 32 for i in first)
+
+
+def test_a_broken_call_ends_where_it_breaks():
+    text = '<tool_call>{"name": "a", "arguments": {"x": 1} garbage here'
+    msg = final(text, tool_format="hermes")
+    assert msg.tool_calls == (ToolCall("a", '{"x": 1}'),) and msg.content == ""
+    _, diffs = _replay(text, Syntax(tool_format="hermes"), list(text))
+    assert "".join(d.content for d in diffs) == ""
+
+
+def test_a_prefill_that_opens_a_call_is_reported_whole():
+    syntax = Syntax(tool_format="hermes")
+    prefix = 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par'
+    msg, diffs = _replay("", syntax, ['is"}}', "\n</tool_call>"], prefix=prefix)
+    assert msg.content == ""
+    assert [(c.name, c.arguments) for c in msg.tool_calls] == [("get_weather", '{"city": "Paris"}')]
+    assert diffs[0].tool_name == "get_weather"
+    closed = prefix + 'is"}}\n</tool_call>\n'
+    msg, _ = _replay("", syntax, ["Done."], prefix=closed)
+    assert msg.tool_calls == () and msg.content == "Done."

@@ -163,3 +163,14 @@ def test_reasoning_kwargs_get_upstreams_synonyms(settings, vocab):
     p = plan({"messages": [USER], "reasoning_effort": "high",
               "chat_template_kwargs": {"preserve_reasoning": True}}, probe, vocab)
     assert p.prompt == "True False False False high high"
+
+
+def test_parts_are_joined_for_a_string_only_template(settings, vocab):
+    from mlxcel_trio.chat.template import ChatTemplate
+    strict = attrs.evolve(settings, typed_content=False, template=ChatTemplate(
+        "{% for m in messages %}{% if m.content is string %}[{{ m.content }}]{% endif %}"
+        "{% endfor %}"))
+    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
+                                                      {"type": "text", "text": "b"}]}]}
+    assert plan(body, strict, vocab).prompt == "[a\nb]"
+    assert "ab" in plan(body, settings, vocab).prompt  # the fixture template takes parts

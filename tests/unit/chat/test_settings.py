@@ -150,3 +150,12 @@ def test_fixture_template_format_and_markers():
     src = (Path(__file__).resolve().parents[3] / "fixtures/chat_template.jinja").read_text()
     assert settings.tool_format(src) == "hermes"
     assert settings.think_markers(src) == ("<think>", "</think>")
+
+
+def test_typed_content_probe():
+    from mlxcel_trio.chat.template import ChatTemplate
+    assert settings.renders_typed_content(ChatTemplate(
+        (Path(__file__).resolve().parents[3] / "fixtures/chat_template.jinja").read_text()))
+    assert not settings.renders_typed_content(ChatTemplate(
+        "{% for m in messages %}{% if m.content is string %}{{ m.content }}{% endif %}"
+        "{% endfor %}"))
