@@ -82,7 +82,10 @@ def _hypercorn_config(config: ServerConfig) -> HypercornConfig:
     hc = HypercornConfig()
     hc.read_timeout = None  # listen.serve applies --timeout to reads and writes itself
     hc.keep_alive_timeout = KEEP_ALIVE_S
-    hc.h11_max_incomplete_size = MAX_HEAD_BYTES
+    # h11 drops an over-long partial head with an empty 431 of its own; give
+    # it room beyond our limit so that a head between the two, however TCP
+    # splits it, reaches the app's check and its JSON 431.
+    hc.h11_max_incomplete_size = 4 * MAX_HEAD_BYTES
     hc.graceful_timeout = GRACE_S
     hc.include_server_header = False
     hc.accesslog = None
