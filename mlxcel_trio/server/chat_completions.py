@@ -26,7 +26,7 @@ from ..engine.records import Finished, PromptProgress, TokenPiece
 from .chat_request import ChatPlan, plan
 from .completion import Served, make_jobs, now_s, resolve, run_all
 from .errors import json_response
-from .native import final_object
+from .native import ProbsRenderer, final_object, final_probs
 from .sse import DONE, event_stream, first_event, frame
 
 _ALNUM = string.digits + string.ascii_uppercase + string.ascii_lowercase
@@ -119,8 +119,12 @@ async def complete(served: Served, config, body: Any) -> Response:
         choices = []
         for i, fin in enumerate(finished):
             msg = final_message(chat, fin.content)
-            choices.append({"finish_reason": finish_reason(fin, msg), "index": i,
-                            "message": message_json(msg)})
+            choice = {"finish_reason": finish_reason(fin, msg), "index": i,
+                      "message": message_json(msg)}
+            probs = final_probs(served, values, fin)
+            if probs:
+                choice["logprobs"] = {"content": probs}
+            choices.append(choice)
         first = finished[0]
         res = {"choices": choices, "created": created, "model": served.model_name,
                "system_fingerprint": served.build_info, "object": "chat.completion",
@@ -144,6 +148,7 @@ async def _stream(served, chat: ChatPlan, values, jobs, cid, created) -> Respons
     streams = {job.id: ChatStream(chat.syntax, chat.prefill, chat.echo) for job in jobs}
     role_sent: set[int] = set()
     per_token_timings = values["timings_per_token"]
+    probs = ProbsRenderer(served, values["post_sampling_probs"])
 
     def chunk(i: int, delta: dict, reason=None) -> dict:
         return _chunk(served, cid, created,
@@ -158,6 +163,8 @@ async def _stream(served, chat: ChatPlan, values, jobs, cid, created) -> Respons
             out.append(chunk(i, {"role": "assistant", "content": None}))
         if isinstance(ev, TokenPiece):
             out += [chunk(i, delta_json(d)) for d in streams[ev.job_id].update(ev.text)]
+            if out and ev.probs is not None and ev.probs.top:
+                out[-1]["choices"][0]["logprobs"] = {"content": [probs.entry(ev.probs)]}
             if out and (per_token_timings or ev.last):
                 out[-1]["timings"] = ev.timings.to_json()
         elif isinstance(ev, PromptProgress):

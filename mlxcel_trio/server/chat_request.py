@@ -249,8 +249,9 @@ def _kwargs(body: dict, settings: ChatSettings) -> dict[str, Any]:
 
 
 def _check_constraints(body: dict, has_tools: bool, stream: bool, generating: bool) -> None:
-    """upstream's checks on grammar-shaped fields; when the request is to
-    generate, also refuse what needs constrained decoding (not there yet)."""
+    """upstream's checks on grammar-shaped fields and logprobs; when the
+    request is to generate, also refuse what needs constrained decoding
+    (not there yet)."""
     if body.get("json_schema") is not None and isinstance(body.get("grammar"), str) \
             and body["grammar"]:
         raise failed("Cannot use both json_schema and grammar")
@@ -273,10 +274,7 @@ def _check_constraints(body: dict, has_tools: bool, stream: bool, generating: bo
     if body.get("logprobs") is True:
         if has_tools and stream:
             raise bad("logprobs is not supported with tools + stream")
-        if generating:
-                raise bad("logprobs are not implemented yet in mlxcel-trio (tracked by issue "
-                      f"#{GRAMMAR_ISSUE}); omit logprobs / top_logprobs")
-    if body.get("top_logprobs") is not None and body.get("logprobs") is not True:
+    elif body.get("top_logprobs") is not None:
         raise bad("top_logprobs requires logprobs to be set to true")
 
 
@@ -359,6 +357,9 @@ def plan(body: Any, settings: ChatSettings, vocab, generating: bool = True) -> C
         skip=settings.skip_parsing,
     )
     native = {k: v for k, v in body.items() if k not in ("logprobs", "top_logprobs")}
+    if body.get("logprobs") is True:
+        top = body.get("top_logprobs")
+        native["n_probs"] = top if isinstance(top, int) and not isinstance(top, bool) else 20
     options = body.get("stream_options")
     include_usage = isinstance(options, dict) and options.get("include_usage") is True
     return ChatPlan(prompt=prompt, tokens=vocab.tokenize(prompt, False, True), syntax=syntax,

@@ -315,3 +315,18 @@ def test_a_prefill_that_opens_a_call_forces_it(client, stream):
         content = msg.content
         got = [(tc.function.name, tc.function.arguments) for tc in msg.tool_calls]
     assert got == [("get_weather", '{"city": "Paris"}')] and content == ""
+
+
+def test_logprobs(server, client):
+    res = client.chat.completions.create(model="m", messages=[USER], logprobs=True,
+                                         top_logprobs=3, **{**GREEDY, "max_tokens": 4})
+    content = res.choices[0].logprobs.content
+    assert len(content) == 4 and all(len(e.top_logprobs) == 3 for e in content)
+    assert "".join(e.token for e in content) == res.choices[0].message.content
+    assert all(e.top_logprobs[0].logprob >= e.top_logprobs[-1].logprob for e in content)
+    chunks = list(client.chat.completions.create(
+        model="m", messages=[USER], logprobs=True, top_logprobs=2, stream=True,
+        **{**GREEDY, "max_tokens": 4}))
+    streamed = [e for c in chunks if c.choices and c.choices[0].logprobs
+                for e in c.choices[0].logprobs.content]
+    assert [e.token for e in streamed] == [e.token for e in content]

@@ -135,7 +135,7 @@ def test_upstream_wording(body, status, message, settings, vocab):
     {"response_format": {"type": "json_object"}},
     {"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
     {"grammar": "root ::= \"a\""}, {"json_schema": {"type": "object"}},
-    {"logprobs": True}, {"tools": TOOLS, "tool_choice": "required"},
+    {"tools": TOOLS, "tool_choice": "required"},
 ])
 def test_unimplemented_constraints_are_refused_not_ignored(body, settings, vocab):
     status, message = refused({"messages": [USER], **body}, settings, vocab)
@@ -174,3 +174,11 @@ def test_parts_are_joined_for_a_string_only_template(settings, vocab):
                                                       {"type": "text", "text": "b"}]}]}
     assert plan(body, strict, vocab).prompt == "[a\nb]"
     assert "ab" in plan(body, settings, vocab).prompt  # the fixture template takes parts
+
+
+def test_logprobs_become_n_probs(settings, vocab):
+    assert plan({"messages": [USER], "logprobs": True}, settings, vocab).native["n_probs"] == 20
+    p = plan({"messages": [USER], "logprobs": True, "top_logprobs": 3}, settings, vocab)
+    assert p.native["n_probs"] == 3 and "logprobs" not in p.native
+    assert refused({"messages": [USER], "logprobs": True, "tools": TOOLS, "stream": True},
+                   settings, vocab) == (400, "logprobs is not supported with tools + stream")
