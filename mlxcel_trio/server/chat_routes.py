@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from . import anthropic, chat_completions
+from . import anthropic, chat_completions, responses
 
 
 def handlers(ctx: Callable[[], Any], config) -> dict[str, Callable]:
@@ -18,4 +18,6 @@ def handlers(ctx: Callable[[], Any], config) -> dict[str, Callable]:
         "chat_input_tokens": lambda body: chat_completions.input_tokens(ctx(), config, body),
         "anthropic_messages": lambda body: anthropic.messages(ctx(), config, body),
         "anthropic_count_tokens": lambda body: anthropic.count_tokens(ctx(), config, body),
+        "responses": lambda body: responses.create(ctx(), config, body),
+        "responses_input_tokens": lambda body: responses.input_tokens(ctx(), config, body),
     }

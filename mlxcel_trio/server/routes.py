@@ -38,6 +38,10 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/chat/completions/input_tokens", "chat_input_tokens"),
     Route("POST", "/v1/messages", "anthropic_messages"),
     Route("POST", "/v1/messages/count_tokens", "anthropic_count_tokens"),
+    Route("POST", "/v1/responses", "responses"),
+    Route("POST", "/responses", "responses"),
+    Route("POST", "/responses/input_tokens", "responses_input_tokens"),
+    Route("POST", "/v1/responses/input_tokens", "responses_input_tokens"),
     # Features this server runs without, answered exactly as llama-server
     # answers them when it was started without the enabling flag.
     Route("GET", "/metrics", "no_metrics"),

@@ -1,0 +1,340 @@
+"""POST /v1/responses (and /responses) and the Responses input-token count.
+
+As upstream, a Responses body is translated into a chat-completions body
+(`to_chat_body`: `instructions` -> a system message, `input` items ->
+messages, function tools -> chat tools, `max_output_tokens` -> max_tokens,
+`reasoning.effort` -> reasoning_effort) and runs the chat path.  The reply
+is a `response` object whose output items are a reasoning item, a message
+item and one function_call item per tool call.  A stream sends
+response.created / response.in_progress, then output_item.added,
+content_part.added and the reasoning_text / output_text /
+function_call_arguments deltas as they come, the matching .done events and
+response.completed, each as `event: <type>` plus `data:`.
+
+`previous_response_id` is refused with upstream's wording: no response is
+stored, so there is nothing to continue from.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from quart import Response
+
+from ..chat.parser import ChatMsg, ChatStream
+from ..engine.records import Finished, PromptProgress, TokenPiece
+from .chat_completions import chat_plan, random_string
+from .chat_request import GRAMMAR_ISSUE, bad
+from .completion import Served, make_jobs, now_s, resolve, run_all
+from .errors import dumps, json_response
+from .sse import event_stream, first_event
+
+_ROLES_IN = ("user", "system", "developer")
+
+
+def _is(obj: Any, key: str, kind: type) -> bool:
+    return isinstance(obj, dict) and isinstance(obj.get(key), kind)
+
+
+def _input_message(item: dict) -> dict:
+    content = []
+    for part in item["content"]:
+        kind = part.get("type") if isinstance(part, dict) and isinstance(part.get("type"), str) \
+            else ""
+        if kind == "input_text":
+            if "text" not in part:
+                raise bad("'Input text' requires 'text'")
+            content.append({"text": part["text"], "type": "text"})
+        elif kind == "input_image":
+            if "image_url" not in part:
+                raise bad("'image_url' is required")
+            content.append({"image_url": {"url": part["image_url"]}, "type": "image_url"})
+        elif kind == "input_file":
+            raise bad("'input_file' is not supported by llamacpp at this moment")
+        else:
+            raise bad("'type' must be one of 'input_text', 'input_image', or 'input_file'")
+    msg = {k: v for k, v in item.items() if k not in ("type", "status")}
+    msg["content"] = content
+    return msg
+
+
+def _output_content(item: dict) -> list:
+    content: list = []
+    if isinstance(item.get("content"), str):
+        content.append({"text": item["content"], "type": "text"})
+    elif isinstance(item.get("content"), list):
+        for part in item["content"]:
+            kind = part.get("type") if _is(part, "type", str) else ""
+            if kind in ("output_text", "input_text"):
+                if not _is(part, "text", str):
+                    raise bad("'Output text' requires 'text'")
+                content.append({"text": part["text"], "type": "text"})
+            elif kind == "refusal":
+                if not _is(part, "refusal", str):
+                    raise bad("'Refusal' requires 'refusal'")
+                content.append({"refusal": part["refusal"], "type": "refusal"})
+            else:
+                raise bad("'type' must be one of 'output_text' or 'refusal'")
+    return content
+
+
+def _items(items: list) -> list:
+    out: list = []
+    for item in items:
+        merge = bool(out) and isinstance(out[-1], dict) and out[-1].get("role") == "assistant"
+        if _is(item, "content", str):
+            item = {**item, "content": [{"text": item["content"], "type": "input_text"}]}
+        if _is(item, "content", list) and _is(item, "role", str) and item["role"] in _ROLES_IN:
+            out.append(_input_message(item))
+        elif _is(item, "role", str) and item["role"] == "assistant" and \
+                _is(item, "type", str) and item["type"] == "message":
+            content = _output_content(item)
+            if merge:
+                prev = out[-1]
+                if not isinstance(prev.get("content"), list):
+                    prev["content"] = []
+                prev["content"] += content
+            else:
+                out.append({**{k: v for k, v in item.items() if k not in ("status", "type")},
+                            "content": content})
+        elif all(_is(item, k, str) for k in ("arguments", "call_id", "name", "type")) and \
+                item["type"] == "function_call":
+            call = {"function": {"arguments": item["arguments"], "name": item["name"]},
+                    "id": item["call_id"], "type": "function"}
+            if merge:
+                out[-1].setdefault("tool_calls", []).append(call)
+            else:
+                out.append({"role": "assistant", "tool_calls": [call]})
+        elif _is(item, "call_id", str) and (_is(item, "output", str) or _is(item, "output", list)) \
+                and _is(item, "type", str) and item["type"] == "function_call_output":
+            output = item["output"]
+            if isinstance(output, list):
+                converted = []
+                for part in output:
+                    if not _is(part, "type", str) or part["type"] != "input_text":
+                        raise bad("Output of tool call should be 'Input text'")
+                    converted.append({**part, "type": "text"})
+                output = converted
+            out.append({"content": output, "role": "tool", "tool_call_id": item["call_id"]})
+        elif _is(item, "summary", list) and _is(item, "type", str) and item["type"] == "reasoning":
+            if not _is(item, "content", list):
+                raise bad("item['content'] is not an array")
+            if not item["content"]:
+                raise bad("item['content'] is empty")
+            if not _is(item["content"][0], "text", str):
+                raise bad("item['content']['text'] is not a string")
+            text = item["content"][0]["text"]
+            if merge:
+                out[-1]["reasoning_content"] = text
+            else:
+                out.append({"role": "assistant", "content": [], "reasoning_content": text})
+        else:
+            raise bad("Cannot determine type of 'item'")
+    return out
+
+
+def to_chat_body(body: Any, generating: bool = True) -> dict:
+    """server_chat_convert_responses_to_chatcmpl."""
+    if not isinstance(body, dict) or "input" not in body:
+        raise bad("'input' is required")
+    if isinstance(body.get("previous_response_id"), str) and body["previous_response_id"]:
+        raise bad("llama.cpp does not support 'previous_response_id'.")
+    fmt = body.get("text", {}).get("format") if isinstance(body.get("text"), dict) else None
+    if generating and _is(fmt, "type", str) and fmt["type"] in ("json_schema", "json_object"):
+        raise bad(f"text.format {fmt['type']!r} needs constrained decoding, which mlxcel-trio does "
+                  f"not implement yet (tracked by issue #{GRAMMAR_ISSUE}); omit text.format")
+    chat = {k: v for k, v in body.items() if k not in ("input", "instructions")}
+    messages: list = []
+    if "instructions" in body:
+        messages.append({"role": "system", "content": body["instructions"]
+                         if isinstance(body["instructions"], str) else ""})
+    value = body["input"]
+    if isinstance(value, str):
+        messages.append({"role": "user", "content": value})
+    elif isinstance(value, list):
+        messages += _items(value)
+    else:
+        raise bad("'input' must be a string or array of objects")
+    chat["messages"] = messages
+    if "tools" in body:
+        if not isinstance(body["tools"], list):
+            raise bad("'tools' must be an array of objects")
+        tools = []
+        for tool in body["tools"]:
+            if not _is(tool, "type", str) or tool["type"] != "function":
+                continue  # no chat-completions equivalent (upstream logs and skips)
+            fn = {k: v for k, v in tool.items() if k != "type"}
+            fn.setdefault("strict", True)
+            tools.append({"type": "function", "function": fn})
+        del chat["tools"]
+        if tools:
+            chat["tools"] = tools
+    if "max_output_tokens" in body:
+        del chat["max_output_tokens"]
+        chat["max_tokens"] = body["max_output_tokens"]
+    if "reasoning" in body:
+        if isinstance(body["reasoning"], dict) and "effort" in body["reasoning"]:
+            chat["reasoning_effort"] = body["reasoning"]["effort"]
+        del chat["reasoning"]
+    return chat
+
+
+# -- shapes -------------------------------------------------------------------------------
+
+def _usage(fin: Finished) -> dict:
+    n = len(fin.tokens)
+    return {"input_tokens": fin.n_prompt, "output_tokens": n, "total_tokens": n + fin.n_prompt,
+            "input_tokens_details": {"cached_tokens": fin.timings.cache_n}}
+
+
+def _call_item(call, status: str = "completed") -> dict:
+    return {"id": "fc_" + call.id, "type": "function_call", "status": status,
+            "arguments": call.arguments, "call_id": "call_" + call.id, "name": call.name}
+
+
+def _text_part(text: str) -> dict:
+    return {"type": "output_text", "annotations": [], "logprobs": [], "text": text}
+
+
+def output_items(msg: ChatMsg) -> list[dict]:
+    items: list[dict] = []
+    if msg.reasoning_content:
+        items.append({"id": "rs_" + random_string(), "summary": [], "type": "reasoning",
+                      "content": [{"text": msg.reasoning_content, "type": "reasoning_text"}],
+                      "encrypted_content": "", "status": "completed"})
+    if msg.content:
+        items.append({"content": [_text_part(msg.content)], "id": "msg_" + random_string(),
+                      "role": "assistant", "status": "completed", "type": "message"})
+    items += [_call_item(c) for c in msg.tool_calls]
+    return items
+
+
+def _event(kind: str, data: dict) -> bytes:
+    return f"event: {kind}\ndata: ".encode() + dumps({"type": kind, **data}).encode() + b"\n\n"
+
+
+# -- routes -------------------------------------------------------------------------------
+
+async def create(served: Served, config, body: Any) -> Response:
+    chat = chat_plan(served, config, to_chat_body(body))
+    values = resolve(chat.native, served)
+    (job,) = make_jobs(served, values, [chat.tokens], chat.native)
+    rid = "resp_" + random_string()
+    if not chat.stream:
+        (fin,) = await run_all(served, [job])
+        stream = ChatStream(chat.syntax, chat.prefill, chat.echo)
+        stream.update(fin.content, final=True)
+        t = now_s()
+        return json_response({"completed_at": t, "created_at": t, "id": rid,
+                              "model": served.model_name, "object": "response",
+                              "output": output_items(stream.msg), "status": "completed",
+                              "usage": _usage(fin)})
+    handle = served.bridge.open(job)
+    first = await first_event(handle)
+    renderer = _Renderer(served, chat, rid, values["timings_per_token"])
+    return Response(event_stream(handle, first, renderer.render, values["sse_ping_interval"]),
+                    content_type="text/event-stream")
+
+
+class _Renderer:
+    def __init__(self, served: Served, chat, rid: str, per_token_timings: bool) -> None:
+        self.served, self.rid = served, rid
+        self.stream = ChatStream(chat.syntax, chat.prefill, chat.echo)
+        self.created = False
+        self.reasoning_id = "rs_" + random_string()
+        self.message_id = "msg_" + random_string()
+        self.thinking_started = self.text_started = False
+        self.fc_id = ""
+        self.per_token_timings = per_token_timings
+
+    def _state(self) -> dict:
+        return {"response": {"id": self.rid, "object": "response", "status": "in_progress"}}
+
+    def _diffs(self, diffs) -> list[tuple[str, dict]]:
+        out: list[tuple[str, dict]] = []
+        for d in diffs:
+            if d.reasoning_content:
+                if not self.thinking_started:
+                    self.thinking_started = True
+                    out.append(("response.output_item.added", {"item": {
+                        "id": self.reasoning_id, "summary": [], "type": "reasoning",
+                        "content": [], "encrypted_content": "", "status": "in_progress"}}))
+                out.append(("response.reasoning_text.delta", {
+                    "delta": d.reasoning_content, "item_id": self.reasoning_id}))
+            if d.content:
+                if not self.text_started:
+                    self.text_started = True
+                    out.append(("response.output_item.added", {"item": {
+                        "content": [], "id": self.message_id, "role": "assistant",
+                        "status": "in_progress", "type": "message"}}))
+                    out.append(("response.content_part.added", {
+                        "item_id": self.message_id, "part": {"type": "output_text", "text": ""}}))
+                out.append(("response.output_text.delta", {"item_id": self.message_id,
+                                                           "delta": d.content}))
+            if d.tool_name:
+                self.fc_id = d.tool_id
+                call = self.stream.msg.tool_calls[d.tool_index]
+                out.append(("response.output_item.added", {"item": {
+                    "id": "fc_" + call.id, "arguments": "", "call_id": "call_" + call.id,
+                    "name": call.name, "type": "function_call", "status": "in_progress"}}))
+            if d.tool_arguments:
+                out.append(("response.function_call_arguments.delta", {
+                    "delta": d.tool_arguments, "item_id": "fc_" + self.fc_id}))
+        return out
+
+    def render(self, ev) -> list[bytes]:
+        events: list[tuple[str, dict]] = []
+        if isinstance(ev, (TokenPiece, PromptProgress)):
+            if not self.created:
+                self.created = True
+                events += [("response.created", self._state()),
+                           ("response.in_progress", self._state())]
+            elif isinstance(ev, PromptProgress):
+                events.append(("response.in_progress", self._state()))
+        if isinstance(ev, TokenPiece):
+            events += self._diffs(self.stream.update(ev.text))
+            if events and (self.per_token_timings or ev.last):
+                events[-1][1]["timings"] = ev.timings.to_json()
+        elif isinstance(ev, PromptProgress):
+            events[-1][1]["prompt_progress"] = {"total": ev.total, "cache": ev.cache,
+                                                "processed": ev.processed,
+                                                "time_ms": ev.time_ms}
+        elif isinstance(ev, Finished):
+            events += self._diffs(self.stream.finish())
+            events += self._done(ev)
+        return [_event(kind, data) for kind, data in events]
+
+    def _done(self, fin: Finished) -> list[tuple[str, dict]]:
+        msg = self.stream.msg
+        out: list[tuple[str, dict]] = []
+        output: list[dict] = []
+        if msg.reasoning_content:
+            item = {"id": self.reasoning_id, "summary": [], "type": "reasoning",
+                    "content": [{"text": msg.reasoning_content, "type": "reasoning_text"}],
+                    "encrypted_content": ""}
+            out.append(("response.output_item.done", {"item": item}))
+            output.append(item)
+        if msg.content:
+            part = _text_part(msg.content)
+            out.append(("response.output_text.done", {"item_id": self.message_id,
+                                                      "text": msg.content}))
+            out.append(("response.content_part.done", {"item_id": self.message_id,
+                                                       "part": part}))
+            item = {"type": "message", "status": "completed", "id": self.message_id,
+                    "content": [part], "role": "assistant"}
+            out.append(("response.output_item.done", {"item": item}))
+            output.append(item)
+        for call in msg.tool_calls:
+            item = _call_item(call)
+            out.append(("response.output_item.done", {"item": item}))
+            output.append(item)
+        out.append(("response.completed", {"response": {
+            "id": self.rid, "object": "response", "created_at": now_s(), "status": "completed",
+            "model": self.served.model_name, "output": output, "usage": _usage(fin)},
+            "timings": fin.timings.to_json()}))
+        return out
+
+
+def input_tokens(served: Served, config, body: Any) -> Response:
+    chat = chat_plan(served, config, to_chat_body(body, generating=False), generating=False)
+    return json_response({"input_tokens": len(chat.tokens), "object": "response.input_tokens"})
