@@ -73,6 +73,9 @@ class Job:
     n_indent: int = 0                   # 0 = off
     t_max_predict_ms: int = -1          # <= 0 = off
     return_progress: bool = False
+    # a compiled grammar (grammar/compile.CompiledGrammar): its start(n_prompt)
+    # gives the sequence's constraint; None = unconstrained
+    grammar: object = attrs.field(default=None, eq=False, repr=False)
 
 
 # --- commands ---------------------------------------------------------------

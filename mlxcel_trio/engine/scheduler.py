@@ -241,7 +241,9 @@ class Scheduler:
             params = attrs.evolve(params, logit_bias=params.logit_bias + self._eos_bias)
         breakers = (breakers_for(self.vocab, params.dry_sequence_breakers)
                     if dry_on(params) else None)
-        return plan(params, self.vocab.n_vocab, self._batch, breakers=breakers)
+        constraint = job.grammar.start(len(job.prompt)) if job.grammar is not None else None
+        return plan(params, self.vocab.n_vocab, self._batch, breakers=breakers,
+                    constraint=constraint)
 
     def _progress(self, seq: _Sequence, processed: int, now: float, out: list) -> None:
         if processed == seq.processed:

@@ -107,6 +107,11 @@ class Vocab:
             k: gcfg[k] for k in ("temperature", "top_k", "top_p", "min_p") if k in gcfg
         }
 
+    def tokenizer_json(self) -> str:
+        """The tokenizer as tokenizer.json text (llguidance builds its own
+        tokenizer from it for grammar masks)."""
+        return self._tok.to_str()
+
     # -- text -> ids ---------------------------------------------------------
 
     def tokenize(self, text: str, add_special: bool = False, parse_special: bool = True) -> list[int]:

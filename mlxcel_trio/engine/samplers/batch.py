@@ -117,7 +117,8 @@ class Row:
             logits = apply_dry(logits, dry_penalties(window, self._breakers, p.dry_multiplier,
                                                      p.dry_base, p.dry_allowed_length))
         if self.constraint is not None:
-            self.mask = self.constraint.mask_for(self.history)
+            mask = self.constraint.mask_for(self.history)
+            self.mask = None if mask is None else mx.array(mask)
         if self._sampler is not None:
             self._sampler.enqueue(self)
         return logits
