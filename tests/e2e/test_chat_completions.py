@@ -330,3 +330,22 @@ def test_logprobs(server, client):
     streamed = [e for c in chunks if c.choices and c.choices[0].logprobs
                 for e in c.choices[0].logprobs.content]
     assert [e.token for e in streamed] == [e.token for e in content]
+
+
+def test_streaming_several_choices(server, client):
+    whole = client.chat.completions.create(model="m", messages=[USER], n=2, **GREEDY)
+    chunks = list(client.chat.completions.create(model="m", messages=[USER], n=2, stream=True,
+                                                 **GREEDY))
+    for i in (0, 1):
+        mine = [c.choices[0] for c in chunks if c.choices and c.choices[0].index == i]
+        assert "".join(c.delta.content or "" for c in mine) == whole.choices[i].message.content
+        assert [c.finish_reason for c in mine if c.finish_reason] == ["length"]
+
+
+def test_a_prompt_past_the_slot_context_is_refused(server, client):
+    long = {"role": "user", "content": "word " * 2000}
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(model="m", messages=[long], max_tokens=1,
+                                           stream=stream)
+        assert info.value.body["type"] == "exceed_context_size_error"
