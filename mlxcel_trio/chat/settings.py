@@ -42,6 +42,7 @@ class ChatSettings:
     think_end: str = "</think>"
     tool_format: str | None = None    # "hermes" | "llama3" | None
     typed_content: bool = True        # the template renders [{"type": "text"}] parts
+    caps: dict[str, bool] = attrs.field(factory=dict)  # /props chat_template_caps
 
 
 def think_markers(source: str) -> tuple[str, str]:
@@ -123,4 +124,62 @@ def build(config, vocab) -> ChatSettings:
         think_end=end,
         tool_format=tool_format(tool_use or source),
         typed_content=renders_typed_content(template),
+        caps=template_caps(template),
     )
+
+
+# -- /props chat_template_caps -------------------------------------------------------------
+
+def _renders(template: ChatTemplate, messages, tools=None, kwargs=None) -> str | None:
+    try:
+        return template.render(messages, tools=tools, add_generation_prompt=True, kwargs=kwargs)
+    except Exception:  # noqa: BLE001 - a probe that fails to render proves nothing
+        return None
+
+
+def template_caps(template: ChatTemplate) -> dict[str, bool]:
+    """upstream's chat_template_caps keys, in its (sorted) order.  Upstream
+    reads them off its engine's variable-access statistics; here each is
+    probed by rendering a small conversation and looking for a marker in
+    the output, which answers the same question for templates that print
+    what they read."""
+    user = {"role": "user", "content": "User message"}
+    tool = {"type": "function", "function": {
+        "name": "probe_tool_name", "description": "Tool description",
+        "parameters": {"type": "object", "properties": {"arg": {"type": "string"}}}}}
+
+    def call(args, n=1):
+        return {"role": "assistant", "content": "", "tool_calls": [
+            {"id": f"call0000{i}", "type": "function",
+             "function": {"name": f"probe_call_{i}", "arguments": args}} for i in range(n)]}
+
+    def shows(marker, messages, **kw) -> bool:
+        out = _renders(template, messages, **kw)
+        return out is not None and marker in out
+
+    after = [{"role": "tool", "content": "Tool response", "tool_call_id": "call00000"},
+             {"role": "assistant", "content": "The tool response was 'tool response'"}, user]
+    objects = shows("probe_value_obj", [user, call({"arg": "probe_value_obj"}), *after],
+                    tools=[tool])
+    args = {"arg": "v"} if objects else '{"arg": "v"}'
+    reasoning = [user, {"role": "assistant", "content": "Answer",
+                        "reasoning_content": "probe_reasoning"}, user]
+    return {
+        "supports_object_arguments": objects,
+        "supports_parallel_tool_calls": shows("probe_call_1", [user, call(args, 2), *after],
+                                              tools=[tool]),
+        "supports_preserve_reasoning": shows("probe_reasoning", reasoning, kwargs={
+            "enable_thinking": True, "preserve_reasoning": True, "preserve_thinking": True,
+            "clear_thinking": False, "truncate_history_thinking": False,
+            "drop_thinking": False}),
+        "supports_reasoning_effort": (_renders(template, [user], kwargs={"reasoning_effort": "low"})
+                                      != _renders(template, [user],
+                                                  kwargs={"reasoning_effort": "high"})),
+        "supports_string_content": shows("STRING_MARKER", [{"role": "user",
+                                                            "content": "STRING_MARKER"}]),
+        "supports_system_role": shows("System message", [
+            {"role": "system", "content": "System message"}, user]),
+        "supports_tool_calls": shows("probe_call_0", [user, call(args), *after]),
+        "supports_tools": shows("probe_tool_name", [user], tools=[tool]),
+        "supports_typed_content": renders_typed_content(template),
+    }

@@ -33,11 +33,15 @@ def ftype_name(info) -> str:
 
 
 def props(served: Served):
-    """get_res_props' keys in its order; chat_template_caps waits for the chat
-    issue (#4) and is omitted rather than invented."""
+    """get_res_props' keys in its order; the chat template and its caps are
+    the ones in force (chat/settings.py), and chat_template_tool_use is
+    added when the checkpoint has a separate tool-use template, as upstream."""
+    from .chat_completions import settings_for
+
     bridge = served.bridge
     info, vocab = bridge.info, bridge.vocab
-    return json_response({
+    chat = settings_for(served, bridge.config)
+    res = {
         "default_generation_settings": {"params": reduced_settings(_default_values(served)),
                                         "n_ctx": info.n_ctx_slot},
         "total_slots": info.n_slots,
@@ -51,13 +55,17 @@ def props(served: Served):
         "endpoint_metrics": False,
         "ui": False,
         "ui_settings": {},
-        "chat_template": vocab.chat_template or "",
+        "chat_template": chat.template.source,
+        "chat_template_caps": chat.caps,
         "bos_token": vocab.bos_token or "",
         "eos_token": vocab.eos_token or "",
         "build_info": served.build_info,
         "is_sleeping": False,
         "cors_proxy_enabled": False,
-    })
+    }
+    if chat.template.tool_use_source:
+        res["chat_template_tool_use"] = chat.template.tool_use_source
+    return json_response(res)
 
 
 def _created(path: str) -> int:

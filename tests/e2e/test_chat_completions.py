@@ -349,3 +349,15 @@ def test_a_prompt_past_the_slot_context_is_refused(server, client):
             client.chat.completions.create(model="m", messages=[long], max_tokens=1,
                                            stream=stream)
         assert info.value.body["type"] == "exceed_context_size_error"
+
+
+def test_props_report_the_template_in_force(server, primed_server):
+    props = httpx.get(server.url + "/props").json()
+    assert "{%- macro text(content) -%}" in props["chat_template"]
+    assert props["chat_template_caps"] == {
+        "supports_object_arguments": True, "supports_parallel_tool_calls": True,
+        "supports_preserve_reasoning": True, "supports_reasoning_effort": False,
+        "supports_string_content": True, "supports_system_role": True,
+        "supports_tool_calls": True, "supports_tools": True, "supports_typed_content": True}
+    primed = httpx.get(primed_server.url + "/props").json()["chat_template"]
+    assert "'<think>' + nl -}}" in primed and primed != props["chat_template"]

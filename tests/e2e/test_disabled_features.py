@@ -45,4 +45,5 @@ def test_props_key_set_follows_upstream(server):
     assert keys == ["default_generation_settings", "total_slots", "model_alias", "model_ftype",
                     "model_path", "modalities", "media_marker", "endpoint_slots",
                     "endpoint_props", "endpoint_metrics", "ui", "ui_settings", "chat_template",
-                    "bos_token", "eos_token", "build_info", "is_sleeping", "cors_proxy_enabled"]
+                    "chat_template_caps", "bos_token", "eos_token", "build_info", "is_sleeping",
+                    "cors_proxy_enabled"]

@@ -159,3 +159,20 @@ def test_typed_content_probe():
     assert not settings.renders_typed_content(ChatTemplate(
         "{% for m in messages %}{% if m.content is string %}{{ m.content }}{% endif %}"
         "{% endfor %}"))
+
+
+def test_template_caps_probe_real_families():
+    from mlxcel_trio.chat.template import ChatTemplate
+    root = Path(__file__).resolve().parents[4] / "shared/upstream/chat-templates"
+    if not root.is_dir():
+        pytest.skip("../shared/upstream/chat-templates is absent")
+    caps = {name: settings.template_caps(ChatTemplate((root / f"{name}.jinja").read_text(),
+                                                      {"bos_token": "<s>", "eos_token": "</s>"}))
+            for name in ("Qwen-Qwen3-0.6B", "google-gemma-2-2b-it", "openai-gpt-oss-120b")}
+    assert list(caps["Qwen-Qwen3-0.6B"]) == sorted(caps["Qwen-Qwen3-0.6B"])
+    assert caps["Qwen-Qwen3-0.6B"]["supports_tools"] and \
+        caps["Qwen-Qwen3-0.6B"]["supports_parallel_tool_calls"]
+    assert not caps["Qwen-Qwen3-0.6B"]["supports_typed_content"]
+    assert not caps["google-gemma-2-2b-it"]["supports_system_role"]
+    assert not caps["google-gemma-2-2b-it"]["supports_tools"]
+    assert caps["openai-gpt-oss-120b"]["supports_reasoning_effort"]
