@@ -143,6 +143,9 @@ def to_chat_body(body: Any, generating: bool = True) -> dict:
     if generating and _is(fmt, "type", str) and fmt["type"] in ("json_schema", "json_object"):
         raise bad(f"text.format {fmt['type']!r} needs constrained decoding, which mlxcel-trio does "
                   f"not implement yet (tracked by issue #{GRAMMAR_ISSUE}); omit text.format")
+    for key in ("n", "n_cmpl"):
+        if body.get(key) not in (None, 1):
+            raise bad(f"'{key}' must be 1 on this route: a response carries one output")
     chat = {k: v for k, v in body.items() if k not in ("input", "instructions")}
     messages: list = []
     if "instructions" in body:

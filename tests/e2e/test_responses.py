@@ -133,6 +133,7 @@ def test_items_render_like_chat_messages(server):
      "'input_file' is not supported by llamacpp at this moment"),
     ({"input": [{"type": "mystery"}]}, "Cannot determine type of 'item'"),
     ({"input": "x", "tools": {}}, "'tools' must be an array of objects"),
+    ({"input": "x", "n": 2}, "'n' must be 1 on this route: a response carries one output"),
 ])
 def test_upstream_refusals(server, body, message):
     r = post(server.url, body, path="/v1/responses")
