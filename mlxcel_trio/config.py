@@ -65,6 +65,11 @@ class SamplingDefaults:
     logit_bias: tuple[tuple[int, float], ...] = ()
     escape: bool = True               # -e: escapes in reverse_prompt and the breakers
     reverse_prompt: tuple[str, ...] = ()
+    # the server's grammar: GBNF / JSON-schema text, or the files holding them
+    grammar: str | None = None
+    grammar_file: str | None = None
+    json_schema: str | None = None
+    json_schema_file: str | None = None
 
 
 @attrs.frozen

@@ -16,7 +16,7 @@ import attrs
 import numpy as np
 
 from mlxcel_trio.cli.record import Option
-from mlxcel_trio.cli.refusals import ALWAYS, deferred, not_applicable
+from mlxcel_trio.cli.refusals import ALWAYS, not_applicable
 from mlxcel_trio.cli.values import INT32_MAX, BadValue, Float, Int, Seed, Text
 from mlxcel_trio.config import RANDOM_SEED
 from mlxcel_trio.engine.samplers import names
@@ -64,6 +64,49 @@ class LogitBias:
         if not -(2**31) <= token < 2**31:
             raise BadValue("invalid input format")
         return token, -bias if m.group(2) == "-" else bias
+
+
+def _unreadable(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"cannot read the file ({getattr(exc, 'strerror', None) or exc})"
+    return None
+
+
+def _bad_schema(text: str) -> str | None:
+    from mlxcel_trio.grammar.compile import GrammarError, schema_grammar
+
+    try:
+        schema_grammar(text)
+    except GrammarError as exc:
+        return f"not a usable JSON schema: {exc}"
+    return None
+
+
+def _schema_refusal(value: str) -> str | None:
+    why = _bad_schema(value)
+    return None if why is None else f"{why}; fix the schema"
+
+
+def _schema_file_refusal(value: str) -> str | None:
+    why = _unreadable(value)
+    if why is None:
+        with open(value, encoding="utf-8") as f:
+            why = _bad_schema(f.read())
+    return None if why is None else f"{why}; fix the file"
+
+
+def _grammar_file_refusal(value: str) -> str | None:
+    why = _unreadable(value)
+    return None if why is None else f"{why}; give a readable GBNF file"
+
+
+for _hook, _words in ((_schema_refusal, "a JSON schema llguidance compiles"),
+                      (_schema_file_refusal, "a readable file holding such a schema"),
+                      (_grammar_file_refusal, "a readable file")):
+    _hook.accepts = _words  # type: ignore[attr-defined]
 
 
 def _order_refusal(chain):
@@ -176,15 +219,22 @@ LATER: tuple[Option, ...] = (
            "a server-wide stop string, used when a request gives none; repeatable",
            value=Text(allow_empty=True), metavar="PROMPT", default=(), section="server",
            owner=SAMPLING_ISSUE, repeat=True),
-    *(deferred(spellings, f"sampling.{dest}", help, issue=SAMPLING_ISSUE, value=Text(),
-               metavar=metavar, section="sampling")
-      for spellings, dest, help, metavar in (
-          (("--grammar",), "grammar", "a GBNF grammar every completion must follow", "GRAMMAR"),
-          (("--grammar-file",), "grammar_file", "read the GBNF grammar from a file", "FNAME"),
-          (("-j", "--json-schema"), "json_schema", "a JSON schema every completion must follow",
-           "SCHEMA"),
-          (("-jf", "--json-schema-file"), "json_schema_file",
-           "read the JSON schema from a file", "FILE"))),
+    Option(("--grammar",), "sampling.grammar",
+           "a GBNF grammar every completion must follow (a broken one is logged at startup "
+           "and refused per request)", value=Text(), metavar="GRAMMAR", section="sampling",
+           status="by_design", owner=SAMPLING_ISSUE),
+    Option(("--grammar-file",), "sampling.grammar_file",
+           "read the GBNF grammar from a file (an unreadable file stops startup)",
+           value=Text(), metavar="FNAME", section="sampling", status="by_design",
+           owner=SAMPLING_ISSUE, refuse=_grammar_file_refusal),
+    Option(("-j", "--json-schema"), "sampling.json_schema",
+           "a JSON schema every completion must follow, e.g. {} for any JSON value (a "
+           "malformed one stops startup)", value=Text(), metavar="SCHEMA", section="sampling",
+           status="by_design", owner=SAMPLING_ISSUE, refuse=_schema_refusal),
+    Option(("-jf", "--json-schema-file"), "sampling.json_schema_file",
+           "read the JSON schema from a file (unreadable or malformed stops startup)",
+           value=Text(), metavar="FILE", section="sampling", status="by_design",
+           owner=SAMPLING_ISSUE, refuse=_schema_file_refusal),
     not_applicable(("-bs", "--backend-sampling"), "backend_sampling",
                    "run the sampler on the backend device", kind="flag",
                    env="LLAMA_ARG_BACKEND_SAMPLING", default_text="disabled",

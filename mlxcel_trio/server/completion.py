@@ -15,7 +15,7 @@ import attrs
 
 from ..bridge import Bridge
 from ..engine.records import Failed, Finished, Job
-from . import sampling
+from . import grammar, sampling
 from .errors import ApiError, json_type_name
 from .fields import parse_fields
 from .sampling import f32  # noqa: F401  (re-exported for the other renderers)
@@ -35,7 +35,11 @@ class Served:
     spm_infill: bool = False          # --spm-infill: suffix block first
 
 
-server_defaults = sampling.server_defaults
+def server_defaults(config, vocab) -> dict[str, Any]:
+    """Every server-wide field default (see server/sampling.py), plus the
+    server's grammar (--grammar / --json-schema)."""
+    return {**sampling.server_defaults(config, vocab),
+            "grammar_spec": grammar.default_spec(config)}
 
 
 # -- prompts --------------------------------------------------------------------
@@ -92,6 +96,7 @@ def resolve(body: Any, served: Served) -> dict[str, Any]:
     values = parse_fields(body, served.defaults, {"n_cmpl": (1, served.n_slots)})
     sampling.resolve(body, values, served)
     sampling.check(values)
+    grammar.resolve(body, values, served)
     cap = served.n_predict_cap
     if cap > 0 and values["n_predict"] > cap:
         # upstream lowers a request's n_predict to the server's -n
@@ -114,6 +119,7 @@ def make_job(served: Served, values: dict, prompt: list[int], body: dict,
         prompt=tuple(prompt),
         n_predict=values["n_predict"],
         sampling=sampling.params(values, seed),
+        grammar=grammar.compiled(served, values),
         stop=tuple(values["stop"]),
         ignore_eos=values["ignore_eos"],
         id_slot=id_slot,
@@ -168,10 +174,10 @@ def generation_settings(values: dict) -> dict[str, Any]:
         "logit_bias": sampling.logit_bias_json(values),
         "n_probs": values["n_probs"],
         "min_keep": values["min_keep"],
-        "grammar": "",
-        "grammar_lazy": False,
-        "grammar_triggers": [],
-        "preserved_tokens": [],
+        "grammar": values.get("grammar", ""),
+        "grammar_lazy": values["grammar_lazy"],
+        "grammar_triggers": values.get("grammar_triggers", []),
+        "preserved_tokens": values.get("preserved_tokens", []),
         "chat_format": "Content-only",
         "reasoning_format": "none",
         "reasoning_in_content": False,

@@ -23,6 +23,7 @@ from .completion import (
     run_all,
     tokenize_prompts,
 )
+from . import grammar
 from .errors import json_response
 from .sse import event_stream, first_event, frame
 
@@ -143,6 +144,7 @@ def final_object(served: Served, values: dict, fin: Finished, prompt: list[int],
 
 async def complete(served: Served, body: Any) -> Response:
     values = resolve(body, served)
+    await grammar.prepare(served, values)
     prompts = tokenize_prompts(body, served.bridge.vocab)
     jobs = make_jobs(served, values, prompts, body)
     if values["stream"]:

@@ -16,6 +16,7 @@ from quart import Response
 
 from ..engine.records import Finished, PromptProgress, TokenPiece
 from .completion import Served, make_jobs, now_s, resolve, run_all, tokenize_prompts
+from . import grammar
 from .errors import json_response
 from .native import ProbsRenderer, final_object, final_probs
 from .sse import DONE, event_stream, first_event, frame
@@ -72,6 +73,7 @@ class _Render:
 
 async def complete_v1(served: Served, body: Any) -> Response:
     values = resolve(body, served)
+    await grammar.prepare(served, values)
     prompts = tokenize_prompts(body, served.bridge.vocab)
     jobs = make_jobs(served, values, prompts, body)
     out = _Render(served, values)

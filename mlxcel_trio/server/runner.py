@@ -31,6 +31,7 @@ from hypercorn.config import Config as HypercornConfig
 from .. import logging_setup
 from ..bridge import Bridge
 from ..config import ServerConfig
+from . import grammar as server_grammar
 from . import listen
 from .app import MAX_HEAD_BYTES, create_app
 
@@ -74,6 +75,9 @@ async def _watch_load(bridge: Bridge, shutdown: trio.Event, status: dict) -> Non
         shutdown.set()
     else:
         info = bridge.info
+        # the server grammar is compiled once now; a broken one is logged and
+        # refused per request (issue #5)
+        await trio.to_thread.run_sync(server_grammar.startup, bridge.config, bridge.vocab)
         _say(f"main: model loaded ({info.model_type}, {info.dtype}, n_ctx {info.n_ctx}, "
              f"{info.n_slots} slots of {info.n_ctx_slot})")
 

@@ -212,7 +212,7 @@ def test_dump_flag_surface_record_shape() -> None:
     rp = by_name["--repeat-penalty"]
     assert (rp["status"], rp["owner_issue"], rp["accepts"]) == ("supported", 5, None)
     gr = by_name["--grammar"]
-    assert (gr["status"], gr["owner_issue"], gr["refuses"]) == ("deferred", 5, True)
+    assert (gr["status"], gr["owner_issue"], gr["refuses"]) == ("by_design", 5, False)
     assert by_name["--control-vector-layer-range"]["nargs"] == 2
     assert by_name["--defrag-thold"]["refuses"] is False
     assert {r["owner_issue"] for r in by_name.values()} <= set(range(2, 9))

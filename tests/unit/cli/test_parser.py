@@ -71,6 +71,10 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "sampling.mirostat_tau": ("3.0", 3.0),
     "sampling.logit_bias": ("15043-inf", ((15043, float("-inf")),)),
     "sampling.reverse_prompt": ("User:", ("User:",)),
+    "sampling.grammar": ('root ::= "x"', 'root ::= "x"'),
+    "sampling.grammar_file": ("/srv/g.gbnf", "/srv/g.gbnf"),
+    "sampling.json_schema": ("{}", "{}"),
+    "sampling.json_schema_file": ("/srv/s.json", "/srv/s.json"),
     # issue #7: logging, transport, CORS, key files
     "log_file": ("/var/log/mlxcel.log", "/var/log/mlxcel.log"),
     "log_colors": ("enabled", "on"),
