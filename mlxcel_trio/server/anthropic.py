@@ -162,6 +162,8 @@ def to_chat_body(body: Any, generating: bool = True) -> dict:
         kind = _str(choice, "type")
         if kind == "auto":
             out["tool_choice"] = "auto"
+        elif kind == "tool" and isinstance(choice.get("name"), str):
+            out["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
         elif kind in ("any", "tool"):
             out["tool_choice"] = "required"
     if "stop_sequences" in body:

@@ -278,16 +278,48 @@ def _check_constraints(body: dict, has_tools: bool, stream: bool, generating: bo
         raise bad("top_logprobs requires logprobs to be set to true")
 
 
-def _tool_choice(body: dict, has_tools: bool, generating: bool) -> str:
+def _tool_choice(body: dict) -> tuple[str, str | None]:
+    """(choice, the function a named choice forces).  A string is upstream's
+    (auto, none, required); an object naming a function, in the chat
+    ({"type": "function", "function": {"name": ...}}) or the Responses
+    ({"type": "function", "name": ...}) shape, forces that function (upstream
+    reads any object as "auto")."""
     value = body.get("tool_choice")
-    choice = value if isinstance(value, str) else "auto"  # upstream: a non-string is "auto"
+    if isinstance(value, dict):
+        fn = value.get("function") if isinstance(value.get("function"), dict) else value
+        if value.get("type") == "function" and isinstance(fn.get("name"), str):
+            return "named", fn["name"]
+        return "auto", None
+    choice = value if isinstance(value, str) else "auto"
     if choice not in ("auto", "none", "required"):
         raise bad(f"Invalid tool_choice: {choice}")
-    if choice == "required" and has_tools and generating:
-        raise bad("tool_choice 'required' needs constrained decoding to force a call, which "
-                  f"mlxcel-trio does not implement yet (tracked by issue #{GRAMMAR_ISSUE}); "
-                  "use 'auto'")
-    return choice
+    return choice, None
+
+
+def _forced_call(choice: str, name: str | None, tools, settings: ChatSettings,
+                 primed: bool, generating: bool) -> str:
+    """The text a required or named tool_choice starts the answer with: the
+    opening of a call in the template's format (the parser then reports the
+    call whole).  Without constrained decoding the arguments are the model's
+    own; the call itself is certain."""
+    if choice not in ("required", "named") or not tools:
+        return ""
+    if name is not None and name not in {t["function"]["name"] for t in tools}:
+        raise bad(f"tool_choice names {name!r}, which is not one of the request's tools")
+    fmt = settings.tool_format
+    if fmt is None or settings.skip_parsing:
+        if not generating:
+            return ""
+        raise bad("tool_choice 'required' or a named function needs a known tool-call format "
+                  "to force a call, and this chat template's is not one mlxcel-trio parses "
+                  "(Hermes/Qwen <tool_call> or Llama 3.x JSON); use 'auto'")
+    close = settings.think_end + "\n\n" if primed else ""
+    if fmt == "llama3":
+        head = '{"name": ' + json.dumps(name) + ', "parameters": ' if name else '{"name": "'
+    else:
+        head = "<tool_call>\n" + ('{"name": ' + json.dumps(name) + ', "arguments": '
+                                  if name else "")
+    return close + head
 
 
 def _thinking_open(prompt_tail: str, settings: ChatSettings) -> bool:
@@ -313,7 +345,7 @@ def plan(body: Any, settings: ChatSettings, vocab, generating: bool = True) -> C
     tools_value = body.get("tools")
     has_tools = isinstance(tools_value, list) and bool(tools_value)
     stream = body.get("stream") if isinstance(body.get("stream"), bool) else False
-    tool_choice = _tool_choice(body, has_tools, generating)
+    tool_choice, forced_name = _tool_choice(body)
     _check_constraints(body, has_tools, stream, generating)
     messages = _check_messages(body)
     _parse_messages(messages)
@@ -346,7 +378,11 @@ def plan(body: Any, settings: ChatSettings, vocab, generating: bool = True) -> C
     primed = _thinking_open(gen, settings)
     if mode is not None:
         prefill = _prefill_text(last, mode, primed, settings)
-        prompt += prefill
+    else:
+        prefill = _forced_call(tool_choice, forced_name, rendered_tools, settings, primed,
+                               generating)
+        echo = echo and not prefill
+    prompt += prefill
     syntax = Syntax(
         reasoning_format=fmt,
         thinking_open=primed,

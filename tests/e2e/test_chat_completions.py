@@ -361,3 +361,18 @@ def test_props_report_the_template_in_force(server, primed_server):
         "supports_tool_calls": True, "supports_tools": True, "supports_typed_content": True}
     primed = httpx.get(primed_server.url + "/props").json()["chat_template"]
     assert "'<think>' + nl -}}" in primed and primed != props["chat_template"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_named_tool_choice_forces_the_call(client, stream):
+    kw = dict(model="m", messages=[USER], tools=TOOLS,
+              tool_choice={"type": "function", "function": {"name": "get_weather"}}, **GREEDY)
+    whole = client.chat.completions.create(**kw).choices[0].message
+    assert [tc.function.name for tc in whole.tool_calls] == ["get_weather"]
+    assert "tool_call" not in whole.content
+    if stream:
+        chunks, content, _ = stream_chat(client, **kw)
+        calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+        assert calls[0].function.name == "get_weather" and content == whole.content
+        assert "".join(tc.function.arguments or "" for tc in calls) == \
+            whole.tool_calls[0].function.arguments

@@ -55,9 +55,30 @@ def test_tools_render_and_turn_parsing_on(settings, vocab):
     assert "<tools>" not in p.prompt and p.syntax.tool_format is None
     p = plan({"messages": [USER], "tools": []}, settings, vocab)
     assert "<tools>" not in p.prompt
-    p = plan({"messages": [USER], "tools": TOOLS,
-              "tool_choice": {"type": "function", "function": {"name": "f"}}}, settings, vocab)
-    assert p.syntax.tool_format == "hermes"  # upstream reads a non-string as "auto"
+    p = plan({"messages": [USER], "tools": TOOLS, "tool_choice": {"type": "other"}},
+             settings, vocab)
+    assert p.syntax.tool_format == "hermes" and p.prefill == ""  # upstream: "auto"
+
+
+def test_required_and_named_choices_open_the_call(settings, vocab):
+    p = plan({"messages": [USER], "tools": TOOLS, "tool_choice": "required"}, settings, vocab)
+    assert p.prompt.endswith("<|im_start|>assistant\n<tool_call>\n") and not p.echo
+    for choice in ({"type": "function", "function": {"name": "f"}},
+                   {"type": "function", "name": "f"}):
+        p = plan({"messages": [USER], "tools": TOOLS, "tool_choice": choice}, settings, vocab)
+        assert p.prefill == '<tool_call>\n{"name": "f", "arguments": '
+        assert p.prompt.endswith("assistant\n" + p.prefill)
+    status, message = refused({"messages": [USER], "tools": TOOLS, "tool_choice": {
+        "type": "function", "function": {"name": "g"}}}, settings, vocab)
+    assert status == 400 and "'g'" in message
+    llama = attrs.evolve(settings, tool_format="llama3")
+    p = plan({"messages": [USER], "tools": TOOLS, "tool_choice": "required"}, llama, vocab)
+    assert p.prefill == '{"name": "'
+    unknown = attrs.evolve(settings, tool_format=None)
+    assert refused({"messages": [USER], "tools": TOOLS, "tool_choice": "required"},
+                   unknown, vocab)[0] == 400
+    assert plan({"messages": [USER], "tools": TOOLS, "tool_choice": "required"}, unknown,
+                vocab, generating=False).prefill == ""
 
 
 def test_prefill_continues_the_last_assistant_message(settings, vocab):
@@ -135,7 +156,6 @@ def test_upstream_wording(body, status, message, settings, vocab):
     {"response_format": {"type": "json_object"}},
     {"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
     {"grammar": "root ::= \"a\""}, {"json_schema": {"type": "object"}},
-    {"tools": TOOLS, "tool_choice": "required"},
 ])
 def test_unimplemented_constraints_are_refused_not_ignored(body, settings, vocab):
     status, message = refused({"messages": [USER], **body}, settings, vocab)
@@ -149,7 +169,7 @@ def test_a_template_that_raises_is_a_500(settings, vocab):
 
 
 def test_prompt_only_routes_do_not_refuse_decoding_fields(settings, vocab):
-    body = {"messages": [USER], "tools": TOOLS, "tool_choice": "required", "logprobs": True,
+    body = {"messages": [USER], "tools": TOOLS, "logprobs": True,
             "response_format": {"type": "json_object"}}
     assert plan(body, settings, vocab, generating=False).prompt.startswith("<|im_start|>system")
     assert refused({"messages": [USER], "top_logprobs": 1}, settings, vocab)[0] == 400
