@@ -29,6 +29,7 @@ from ..chat.parser import ChatMsg, ChatStream
 from ..engine.records import Finished, TokenPiece
 from .chat_completions import chat_plan, random_string
 from .chat_request import bad, failed
+from . import grammar
 from .completion import Served, make_jobs, resolve, run_all
 from .errors import dumps, json_response
 from .sse import event_stream, first_event
@@ -225,6 +226,7 @@ def _event(kind: str, data: dict) -> bytes:
 async def messages(served: Served, config, body: Any) -> Response:
     chat = chat_plan(served, config, to_chat_body(body))
     values = resolve(chat.native, served)
+    await grammar.prepare(served, values)
     (job,) = make_jobs(served, values, [chat.tokens], chat.native)
     mid = "chatcmpl-" + random_string()
     if not chat.stream:

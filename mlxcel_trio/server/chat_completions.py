@@ -24,6 +24,7 @@ from ..chat import settings as chat_settings
 from ..chat.parser import ChatMsg, ChatStream, Diff
 from ..engine.records import Finished, PromptProgress, TokenPiece
 from .chat_request import ChatPlan, plan
+from . import grammar
 from .completion import Served, make_jobs, now_s, resolve, run_all
 from .errors import json_response
 from .native import ProbsRenderer, final_object, final_probs
@@ -112,6 +113,7 @@ def final_message(chat: ChatPlan, text: str) -> ChatMsg:
 async def complete(served: Served, config, body: Any) -> Response:
     chat = chat_plan(served, config, body)
     values = resolve(chat.native, served)
+    await grammar.prepare(served, values)
     jobs = make_jobs(served, values, [chat.tokens], chat.native)
     cid, created = "chatcmpl-" + random_string(), now_s()
     if not chat.stream:

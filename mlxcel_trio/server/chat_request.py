@@ -26,7 +26,6 @@ from ..chat.settings import ChatSettings
 from ..chat.template import TemplateError
 from .errors import ApiError, dumps, json_type_name
 
-GRAMMAR_ISSUE = 5
 
 
 def bad(message: str) -> ApiError:
@@ -248,34 +247,33 @@ def _kwargs(body: dict, settings: ChatSettings) -> dict[str, Any]:
     return kwargs
 
 
-def _check_constraints(body: dict, has_tools: bool, stream: bool, generating: bool) -> None:
-    """upstream's checks on grammar-shaped fields and logprobs; when the
-    request is to generate, also refuse what needs constrained decoding
-    (not there yet)."""
+def _check_constraints(body: dict, has_tools: bool, stream: bool) -> Any:
+    """upstream's checks on grammar-shaped fields and logprobs; returns the
+    JSON schema response_format asks for (None: none)."""
     if body.get("json_schema") is not None and isinstance(body.get("grammar"), str) \
             and body["grammar"]:
         raise failed("Cannot use both json_schema and grammar")
+    schema = None
     fmt = body.get("response_format")
     if "response_format" in body:
         kind = _str_or_default(fmt, "type")
-        if kind not in ("", "text", "json_object", "json_schema"):
+        if kind == "json_object":
+            if "schema" in fmt or body.get("json_schema") in (None, {}, []):
+                schema = fmt["schema"] if isinstance(fmt.get("schema"), (dict, bool)) else {}
+        elif kind == "json_schema":
+            wrapper = fmt.get("json_schema") if isinstance(fmt.get("json_schema"), dict) else {}
+            schema = wrapper["schema"] if isinstance(wrapper.get("schema"), (dict, bool)) else {}
+        elif kind not in ("", "text"):
             raise bad('response_format type must be one of "text" or "json_object", but got: '
                       + kind)
-        if kind in ("json_object", "json_schema") and generating:
-            raise bad(f"response_format {kind!r} needs constrained decoding, which mlxcel-trio "
-                      f"does not implement yet (tracked by issue #{GRAMMAR_ISSUE}); send "
-                      "response_format {\"type\": \"text\"} or omit it")
     if has_tools and "grammar" in body:
         raise bad("Cannot use custom grammar constraints with tools.")
-    for key in ("grammar", "json_schema"):
-        if body.get(key) not in (None, "") and generating:
-            raise bad(f"'{key}' on a chat route needs constrained decoding, which mlxcel-trio "
-                      f"does not implement yet (tracked by issue #{GRAMMAR_ISSUE})")
     if body.get("logprobs") is True:
         if has_tools and stream:
             raise bad("logprobs is not supported with tools + stream")
     elif body.get("top_logprobs") is not None:
         raise bad("top_logprobs requires logprobs to be set to true")
+    return schema
 
 
 def _tool_choice(body: dict) -> tuple[str, str | None]:
@@ -346,7 +344,7 @@ def plan(body: Any, settings: ChatSettings, vocab, generating: bool = True) -> C
     has_tools = isinstance(tools_value, list) and bool(tools_value)
     stream = body.get("stream") if isinstance(body.get("stream"), bool) else False
     tool_choice, forced_name = _tool_choice(body)
-    _check_constraints(body, has_tools, stream, generating)
+    schema = _check_constraints(body, has_tools, stream)
     messages = _check_messages(body)
     _parse_messages(messages)
     tools = _parse_tools(tools_value)
@@ -396,6 +394,8 @@ def plan(body: Any, settings: ChatSettings, vocab, generating: bool = True) -> C
     if body.get("logprobs") is True:
         top = body.get("top_logprobs")
         native["n_probs"] = top if isinstance(top, int) and not isinstance(top, bool) else 20
+    if schema is not None:
+        native["json_schema"] = schema
     options = body.get("stream_options")
     include_usage = isinstance(options, dict) and options.get("include_usage") is True
     return ChatPlan(prompt=prompt, tokens=vocab.tokenize(prompt, False, True), syntax=syntax,

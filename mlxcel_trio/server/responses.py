@@ -24,7 +24,8 @@ from quart import Response
 from ..chat.parser import ChatMsg, ChatStream
 from ..engine.records import Finished, PromptProgress, TokenPiece
 from .chat_completions import chat_plan, random_string
-from .chat_request import GRAMMAR_ISSUE, bad
+from .chat_request import bad
+from . import grammar
 from .completion import Served, make_jobs, now_s, resolve, run_all
 from .errors import dumps, json_response
 from .sse import event_stream, first_event
@@ -133,20 +134,23 @@ def _items(items: list) -> list:
     return out
 
 
-def to_chat_body(body: Any, generating: bool = True) -> dict:
+def to_chat_body(body: Any) -> dict:
     """server_chat_convert_responses_to_chatcmpl."""
     if not isinstance(body, dict) or "input" not in body:
         raise bad("'input' is required")
     if isinstance(body.get("previous_response_id"), str) and body["previous_response_id"]:
         raise bad("llama.cpp does not support 'previous_response_id'.")
-    fmt = body.get("text", {}).get("format") if isinstance(body.get("text"), dict) else None
-    if generating and _is(fmt, "type", str) and fmt["type"] in ("json_schema", "json_object"):
-        raise bad(f"text.format {fmt['type']!r} needs constrained decoding, which mlxcel-trio does "
-                  f"not implement yet (tracked by issue #{GRAMMAR_ISSUE}); omit text.format")
     for key in ("n", "n_cmpl"):
         if body.get(key) not in (None, 1):
             raise bad(f"'{key}' must be 1 on this route: a response carries one output")
-    chat = {k: v for k, v in body.items() if k not in ("input", "instructions")}
+    chat = {k: v for k, v in body.items() if k not in ("input", "instructions", "text")}
+    fmt = body["text"].get("format") if isinstance(body.get("text"), dict) else None
+    if _is(fmt, "type", str) and fmt["type"] == "json_schema":
+        # structured output: the chat route's response_format (upstream ignores text)
+        chat["response_format"] = {"type": "json_schema",
+                                   "json_schema": {"schema": fmt.get("schema", {})}}
+    elif _is(fmt, "type", str) and fmt["type"] == "json_object":
+        chat["response_format"] = {"type": "json_object"}
     messages: list = []
     if "instructions" in body:
         messages.append({"role": "system", "content": body["instructions"]
@@ -221,6 +225,7 @@ def _event(kind: str, data: dict) -> bytes:
 async def create(served: Served, config, body: Any) -> Response:
     chat = chat_plan(served, config, to_chat_body(body))
     values = resolve(chat.native, served)
+    await grammar.prepare(served, values)
     (job,) = make_jobs(served, values, [chat.tokens], chat.native)
     rid = "resp_" + random_string()
     if not chat.stream:
@@ -339,5 +344,5 @@ class _Renderer:
 
 
 def input_tokens(served: Served, config, body: Any) -> Response:
-    chat = chat_plan(served, config, to_chat_body(body, generating=False), generating=False)
+    chat = chat_plan(served, config, to_chat_body(body), generating=False)
     return json_response({"input_tokens": len(chat.tokens), "object": "response.input_tokens"})

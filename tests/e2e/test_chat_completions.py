@@ -376,3 +376,15 @@ def test_a_named_tool_choice_forces_the_call(client, stream):
         assert calls[0].function.name == "get_weather" and content == whole.content
         assert "".join(tc.function.arguments or "" for tc in calls) == \
             whole.tool_calls[0].function.arguments
+
+
+def test_structured_output(server, client):
+    fmt = {"type": "json_schema", "json_schema": {"name": "pick", "schema": {"enum": ["solo"]}}}
+    res = client.chat.completions.create(model="m", messages=[USER], response_format=fmt,
+                                         temperature=0, max_tokens=20)
+    assert json.loads(res.choices[0].message.content) == "solo"
+    assert stream_chat(client, model="m", messages=[USER], response_format=fmt,
+                       temperature=0, max_tokens=20)[1] == res.choices[0].message.content
+    raw = post(server.url, {"messages": [USER], "json_schema": {"enum": ["duo"]},
+                            "temperature": 0, "max_tokens": 20}, path="/v1/chat/completions")
+    assert json.loads(raw.json()["choices"][0]["message"]["content"]) == "duo"

@@ -138,3 +138,11 @@ def test_items_render_like_chat_messages(server):
 def test_upstream_refusals(server, body, message):
     r = post(server.url, body, path="/v1/responses")
     assert r.status_code == 400 and r.json()["error"]["message"] == message
+
+
+def test_structured_output_through_text_format(client):
+    res = client.responses.create(model="m", input="Pick one.", temperature=0,
+                                  max_output_tokens=20, text={"format": {
+                                      "type": "json_schema", "name": "pick",
+                                      "schema": {"enum": ["solo"]}}})
+    assert res.output_text == '"solo"'

@@ -152,14 +152,18 @@ def test_upstream_wording(body, status, message, settings, vocab):
     assert refused(body, settings, vocab) == (status, message)
 
 
-@pytest.mark.parametrize("body", [
-    {"response_format": {"type": "json_object"}},
-    {"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
-    {"grammar": "root ::= \"a\""}, {"json_schema": {"type": "object"}},
+@pytest.mark.parametrize("fmt, schema", [
+    ({"type": "json_object"}, {}),
+    ({"type": "json_object", "schema": {"type": "integer"}}, {"type": "integer"}),
+    ({"type": "json_schema", "json_schema": {"name": "n", "schema": {"enum": ["a"]}}},
+     {"enum": ["a"]}),
+    ({"type": "json_schema"}, {}),
 ])
-def test_unimplemented_constraints_are_refused_not_ignored(body, settings, vocab):
-    status, message = refused({"messages": [USER], **body}, settings, vocab)
-    assert status == 400 and "issue #5" in message
+def test_response_format_becomes_a_json_schema(fmt, schema, settings, vocab):
+    p = plan({"messages": [USER], "response_format": fmt}, settings, vocab)
+    assert p.native["json_schema"] == schema
+    assert "json_schema" not in plan({"messages": [USER], "response_format": {"type": "text"}},
+                                     settings, vocab).native
 
 
 def test_a_template_that_raises_is_a_500(settings, vocab):
