@@ -124,6 +124,16 @@ class Row:
         return logits
 
 
+def _top(x: mx.array, n: int) -> mx.array:
+    """Positions of the n largest values of a [1, width] row, best first."""
+    if n < x.shape[-1]:
+        part = mx.argpartition(-x, kth=n - 1, axis=-1)[:, :n]
+    else:
+        part = mx.broadcast_to(mx.arange(x.shape[-1])[None, :], x.shape)
+    order = mx.argsort(-mx.take_along_axis(x, part, axis=-1), axis=-1)
+    return mx.take_along_axis(part, order, axis=-1)
+
+
 def _stack(rows, attr):
     return mx.concatenate([getattr(r, attr) for r in rows], axis=0)
 
@@ -239,7 +249,7 @@ class BatchSampler:
             if r.params.post_sampling_probs:
                 p = drawn.probs[i:i + 1]
                 n = min(n, p.shape[-1])
-                order = mx.argsort(-p, axis=-1)[:, :n]
+                order = _top(p, n)
                 ids = mx.take_along_axis(drawn.ids[i:i + 1], order, axis=-1)[0]
                 ps = mx.take_along_axis(p, order, axis=-1)[0]
                 tok_p = mx.take_along_axis(p, drawn.chosen[i:i + 1], axis=-1)[0]
@@ -247,14 +257,9 @@ class BatchSampler:
                 raw = r.raw
                 n = min(n, raw.shape[-1])
                 lse = mx.logsumexp(raw, axis=-1, keepdims=True)
-                if n < raw.shape[-1]:
-                    top = mx.argpartition(-raw, kth=n - 1, axis=-1)[:, :n]
-                else:
-                    top = mx.argsort(-raw, axis=-1)
-                vals = mx.take_along_axis(raw, top, axis=-1)
-                order = mx.argsort(-vals, axis=-1)
-                ids = mx.take_along_axis(top, order, axis=-1)[0]
-                ps = mx.exp(mx.take_along_axis(vals, order, axis=-1) - lse)[0]
+                top = _top(raw, n)
+                ids = top[0]
+                ps = mx.exp(mx.take_along_axis(raw, top, axis=-1) - lse)[0]
                 tok_p = mx.exp(mx.take_along_axis(raw, tok[:, None].astype(mx.int32),
                                                   axis=-1) - lse)[0]
                 r.raw = None
