@@ -105,6 +105,10 @@ class Row:
             self.raw = logits
         if self._bias is not None:
             logits = logits + self._bias
+        if self.constraint is not None:
+            # start this step's forward pass now, so the device computes it
+            # while the grammar mask is computed here on the CPU
+            mx.async_eval(logits)
         if self._dry or self.constraint is not None:
             self._sync_history(context)
         if self._penalties:
