@@ -121,6 +121,8 @@ class ServerConfig:
     chat_reasoning_preserve: bool | None = None  # -> preserve_reasoning (None: unset)
     chat_skip_chat_parsing: bool = False
     chat_prefill_assistant: bool = True
+    chat_reasoning_budget: int = -1          # thinking tokens before a forced close; -1 = none
+    chat_reasoning_budget_message: str | None = None  # forced in before the closing marker
     # The -m value as the operator gave it ("mlx-community/Qwen3-0.6B-bf16");
     # `model` is the local checkpoint directory it resolved to.  None when
     # the config was built by hand rather than by cli/.

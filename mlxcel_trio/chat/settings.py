@@ -43,6 +43,9 @@ class ChatSettings:
     tool_format: str | None = None    # "hermes" | "llama3" | None
     typed_content: bool = True        # the template renders [{"type": "text"}] parts
     caps: dict[str, bool] = attrs.field(factory=dict)  # /props chat_template_caps
+    thinks: bool = False              # the template spells the thinking opener
+    reasoning_budget: int = -1        # --reasoning-budget (-1: none)
+    budget_message: str = ""          # --reasoning-budget-message
 
 
 def think_markers(source: str) -> tuple[str, str]:
@@ -125,6 +128,9 @@ def build(config, vocab) -> ChatSettings:
         tool_format=tool_format(tool_use or source),
         typed_content=renders_typed_content(template),
         caps=template_caps(template),
+        thinks=start in (tool_use or "") + source,
+        reasoning_budget=config.chat_reasoning_budget,
+        budget_message=config.chat_reasoning_budget_message or "",
     )
 
 

@@ -139,11 +139,6 @@ def _opt(spellings, dest, help, **kw) -> Option:
     return Option(spellings, dest, help, **kw)
 
 
-def _chat(spellings: tuple[str, ...], dest: str, help: str, **kw: Any) -> Option:
-    kw.setdefault("section", "server")
-    return deferred(spellings, f"chat_{dest}", help, issue=CHAT_ISSUE, **kw)
-
-
 CHAT: tuple[Option, ...] = (
     _opt(("--jinja",), "chat_jinja", "render chat prompts with the Jinja template engine "
          "(always on: --no-jinja is refused)", kind="bool", negations=("--no-jinja",),
@@ -164,13 +159,14 @@ CHAT: tuple[Option, ...] = (
          "reasoning effort handed to the chat template as reasoning_effort ('default' "
          "keeps the template's)", value=Text(), metavar="LEVEL", default="default",
          env="LLAMA_ARG_REASONING_EFFORT"),
-    _chat(("--reasoning-budget",), "reasoning_budget",
-          "thinking token budget (-1 unlimited, 0 stop at once)", value=Int(),
-          metavar="N", default=-1, env="LLAMA_ARG_THINK_BUDGET"),
-    _chat(("--reasoning-budget-message",), "reasoning_budget_message",
-          "text forced in before the end of thinking when the budget runs out",
-          value=Text(), metavar="MESSAGE", default_text="none",
-          env="LLAMA_ARG_THINK_BUDGET_MESSAGE"),
+    _opt(("--reasoning-budget",), "chat_reasoning_budget",
+         "thinking token budget (-1 unlimited, 0 close the block at once); a request's "
+         "reasoning_budget_tokens overrides it", value=Int(lo=-1),
+         metavar="N", default=-1, env="LLAMA_ARG_THINK_BUDGET"),
+    _opt(("--reasoning-budget-message",), "chat_reasoning_budget_message",
+         "text forced in before the end of thinking when the budget runs out",
+         value=Text(allow_empty=True), metavar="MESSAGE", default_text="none",
+         env="LLAMA_ARG_THINK_BUDGET_MESSAGE"),
     _opt(("--reasoning-preserve",), "chat_reasoning_preserve",
          "keep earlier turns' reasoning in the rendered history (the template's "
          "preserve_reasoning)", kind="bool", negations=("--no-reasoning-preserve",),

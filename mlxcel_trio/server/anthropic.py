@@ -27,14 +27,13 @@ from quart import Response
 
 from ..chat.parser import ChatMsg, ChatStream
 from ..engine.records import Finished, TokenPiece
-from .chat_completions import chat_plan, random_string
-from .chat_request import bad, failed
 from . import grammar
-from .completion import Served, make_jobs, resolve, run_all
+from .chat_completions import chat_jobs, chat_plan, random_string
+from .chat_request import failed
+from .completion import Served, resolve, run_all
 from .errors import dumps, json_response
 from .sse import event_stream, first_event
 
-REASONING_ISSUE = 4
 
 
 def _billing_header(text: str) -> str:
@@ -133,7 +132,7 @@ def _messages(messages: list) -> list:
     return out
 
 
-def to_chat_body(body: Any, generating: bool = True) -> dict:
+def to_chat_body(body: Any) -> dict:
     """server_chat_convert_anthropic_to_oai."""
     if not isinstance(body, dict):
         body = {}
@@ -174,10 +173,9 @@ def to_chat_body(body: Any, generating: bool = True) -> dict:
         if key in body:
             out[key] = body[key]
     thinking = body.get("thinking")
-    if isinstance(thinking, dict) and _str(thinking, "type") == "enabled" and generating:
-        raise bad("thinking.budget_tokens needs a reasoning budget, which mlxcel-trio does not "
-               f"enforce yet (tracked by issue #{REASONING_ISSUE}); omit `thinking` (the "
-               "model's thoughts are still returned as thinking blocks)")
+    if isinstance(thinking, dict) and _str(thinking, "type") == "enabled":
+        budget = thinking.get("budget_tokens", 10000)
+        out["thinking_budget_tokens"] = budget if isinstance(budget, int) else 10000
     return out
 
 
@@ -227,7 +225,7 @@ async def messages(served: Served, config, body: Any) -> Response:
     chat = chat_plan(served, config, to_chat_body(body))
     values = resolve(chat.native, served)
     await grammar.prepare(served, values)
-    (job,) = make_jobs(served, values, [chat.tokens], chat.native)
+    (job,) = chat_jobs(served, config, chat, values)
     mid = "chatcmpl-" + random_string()
     if not chat.stream:
         (fin,) = await run_all(served, [job])
@@ -326,5 +324,5 @@ async def _anthropic_errors(frames: AsyncIterator[bytes]) -> AsyncIterator[bytes
 
 
 def count_tokens(served: Served, config, body: Any) -> Response:
-    chat = chat_plan(served, config, to_chat_body(body, generating=False), generating=False)
+    chat = chat_plan(served, config, to_chat_body(body), generating=False)
     return json_response({"input_tokens": len(chat.tokens)})

@@ -18,13 +18,15 @@ import secrets
 import string
 from typing import Any, Callable, Iterable
 
+import attrs
 from quart import Response
 
 from ..chat import settings as chat_settings
+from ..chat.budget import BudgetGrammar
 from ..chat.parser import ChatMsg, ChatStream, Diff
 from ..engine.records import Finished, PromptProgress, TokenPiece
-from .chat_request import ChatPlan, plan
 from . import grammar
+from .chat_request import ChatPlan, plan
 from .completion import Served, make_jobs, now_s, resolve, run_all
 from .errors import json_response
 from .native import ProbsRenderer, final_object, final_probs
@@ -50,6 +52,21 @@ def settings_for(served: Served, config) -> chat_settings.ChatSettings:
 
 def chat_plan(served: Served, config, body: Any, generating: bool = True) -> ChatPlan:
     return plan(body, settings_for(served, config), served.bridge.vocab, generating)
+
+
+def chat_jobs(served: Served, config, chat: ChatPlan, values: dict) -> list:
+    """The plan's engine jobs; a reasoning budget wraps each job's grammar."""
+    jobs = make_jobs(served, values, [chat.tokens], chat.native)
+    if chat.budget < 0:
+        return jobs
+    settings, vocab = settings_for(served, config), served.bridge.vocab
+    ids = lambda text: tuple(vocab.tokenize(text, False, True)) if text else ()  # noqa: E731
+    end = ids(settings.think_end)
+    return [attrs.evolve(job, grammar=BudgetGrammar(
+        job.grammar, n_vocab=vocab.n_vocab, budget=chat.budget,
+        start_ids=ids(settings.think_start), end_ids=end,
+        forced=ids(chat.budget_message) + end, open_at_start=chat.thinking_open))
+        for job in jobs]
 
 
 # -- shapes ---------------------------------------------------------------------------------
@@ -114,7 +131,7 @@ async def complete(served: Served, config, body: Any) -> Response:
     chat = chat_plan(served, config, body)
     values = resolve(chat.native, served)
     await grammar.prepare(served, values)
-    jobs = make_jobs(served, values, [chat.tokens], chat.native)
+    jobs = chat_jobs(served, config, chat, values)
     cid, created = "chatcmpl-" + random_string(), now_s()
     if not chat.stream:
         finished = await run_all(served, jobs)

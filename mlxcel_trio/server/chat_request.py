@@ -55,6 +55,9 @@ class ChatPlan:
     native: dict                  # the body the native field table reads
     stream: bool
     include_usage: bool
+    budget: int = -1              # thinking tokens before a forced close (-1: none)
+    budget_message: str = ""
+    thinking_open: bool = False   # the prompt ends inside a thinking block
 
 
 # -- messages ---------------------------------------------------------------------------
@@ -398,9 +401,30 @@ def plan(body: Any, settings: ChatSettings, vocab, generating: bool = True) -> C
         native["json_schema"] = schema
     options = body.get("stream_options")
     include_usage = isinstance(options, dict) and options.get("include_usage") is True
+    budget, message = _budget(body, settings)
     return ChatPlan(prompt=prompt, tokens=vocab.tokenize(prompt, False, True), syntax=syntax,
                     prefill=prefill, echo=echo, tools=rendered_tools, native=native,
-                    stream=stream, include_usage=include_usage)
+                    stream=stream, include_usage=include_usage, budget=budget,
+                    budget_message=message,
+                    thinking_open=_thinking_open(gen + prefill, settings) or (
+                        primed and settings.think_end not in prefill))
+
+
+def _int_or(body: dict, key: str, default: int) -> int:
+    value = body.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def _budget(body: dict, settings: ChatSettings) -> tuple[int, str]:
+    """upstream's reading: reasoning_budget_tokens, else thinking_budget_tokens,
+    -1 falling back to --reasoning-budget; only for a template that thinks."""
+    if not settings.thinks:
+        return -1, ""
+    budget = _int_or(body, "reasoning_budget_tokens", _int_or(body, "thinking_budget_tokens", -1))
+    if budget == -1:
+        budget = settings.reasoning_budget
+    message = body.get("reasoning_budget_message")
+    return budget, message if isinstance(message, str) else settings.budget_message
 
 
 def _prefill_text(last: dict, mode: str, primed: bool, settings: ChatSettings) -> str:

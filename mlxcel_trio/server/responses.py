@@ -23,10 +23,10 @@ from quart import Response
 
 from ..chat.parser import ChatMsg, ChatStream
 from ..engine.records import Finished, PromptProgress, TokenPiece
-from .chat_completions import chat_plan, random_string
-from .chat_request import bad
 from . import grammar
-from .completion import Served, make_jobs, now_s, resolve, run_all
+from .chat_completions import chat_jobs, chat_plan, random_string
+from .chat_request import bad
+from .completion import Served, now_s, resolve, run_all
 from .errors import dumps, json_response
 from .sse import event_stream, first_event
 
@@ -226,7 +226,7 @@ async def create(served: Served, config, body: Any) -> Response:
     chat = chat_plan(served, config, to_chat_body(body))
     values = resolve(chat.native, served)
     await grammar.prepare(served, values)
-    (job,) = make_jobs(served, values, [chat.tokens], chat.native)
+    (job,) = chat_jobs(served, config, chat, values)
     rid = "resp_" + random_string()
     if not chat.stream:
         (fin,) = await run_all(served, [job])

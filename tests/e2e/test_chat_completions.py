@@ -388,3 +388,41 @@ def test_structured_output(server, client):
     raw = post(server.url, {"messages": [USER], "json_schema": {"enum": ["duo"]},
                             "temperature": 0, "max_tokens": 20}, path="/v1/chat/completions")
     assert json.loads(raw.json()["choices"][0]["message"]["content"]) == "duo"
+
+
+@pytest.fixture(scope="module")
+def budget_server(tiny_model, start_server):
+    srv = start_server(tiny_model, "-np", "1", "-c", "1024", "--reasoning-budget", "3",
+                       "--reasoning-budget-message", " Enough thinking.")
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_reasoning_budget_forces_the_close(budget_server, stream):
+    srv = budget_server
+    if True:
+        with openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0) as c:
+            def ask(**extra):
+                kw = dict(model="m", messages=THINK, **{**GREEDY, "max_tokens": 20,
+                                                        "extra_body": {"ignore_eos": True,
+                                                                       **extra}})
+                if stream:
+                    _, content, reasoning = stream_chat(c, **kw)
+                    return content, reasoning
+                msg = c.chat.completions.create(**kw).choices[0].message
+                return msg.content, getattr(msg, "reasoning_content", None) or ""
+            thoughts = native_text(srv.url, {"messages": THINK}, n=3)
+            content, reasoning = ask()
+            assert reasoning == (thoughts + " Enough thinking.").strip()
+            assert content  # the answer goes on after the forced </think>
+            # a request's budget and message override the server's
+            assert ask(reasoning_budget_tokens=0, reasoning_budget_message="")[1] == ""
+            # -1 means the server's budget, as upstream
+            assert ask(reasoning_budget_tokens=-1) == (content, reasoning)
+            raw = ask(reasoning_format="none")[0]
+            assert raw == thoughts + " Enough thinking.</think>" + content_after(raw)
+
+
+def content_after(raw: str) -> str:
+    return raw.split("</think>", 1)[1]

@@ -91,9 +91,12 @@ def test_reasoning_rejects_other_words(ckpt):
     assert "--reasoning" in refusal(["-rea", "maybe"], ckpt)
 
 
-def test_reasoning_budget_stays_refused(ckpt):
-    assert "issue #4" in refusal(["--reasoning-budget", "10"], ckpt)
-    assert refusal(["--reasoning-budget", "-1"], ckpt) is None
+def test_reasoning_budget_options(ckpt):
+    cfg = config(["--reasoning-budget", "10", "--reasoning-budget-message", "Stop."])
+    assert (cfg.chat_reasoning_budget, cfg.chat_reasoning_budget_message) == (10, "Stop.")
+    assert config([]).chat_reasoning_budget == -1
+    assert "--reasoning-budget" in refusal(["--reasoning-budget", "-2"], ckpt)
+    assert refusal(["--reasoning-budget", "0"], ckpt) is None
 
 
 def test_dedicated_flags_write_template_kwargs():

@@ -25,6 +25,8 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "chat_template": ("{{ messages }}", "{{ messages }}"),
     "chat_template_file": (_TEMPLATE_FILE, _TEMPLATE_FILE),
     "chat_template_kwargs": ('{"enable_thinking": false}', '{"enable_thinking": false}'),
+    "chat_reasoning_budget": ("256", 256),
+    "chat_reasoning_budget_message": ("Time to answer.", "Time to answer."),
     "model": ("some/model", "some/model"),
     "ctx_size": ("4096", 4096),
     "sampling.n_predict": ("128", 128),

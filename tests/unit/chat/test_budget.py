@@ -1,0 +1,64 @@
+"""chat/budget.py: thinking tokens are counted from the opener (or from the
+start when the prompt left the block open); at the budget the message and
+the closing marker are forced one token at a time; a block the model closes
+itself is left alone; an inner grammar's mask applies otherwise."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mlxcel_trio.chat.budget import BudgetGrammar
+
+START, END, MSG = 10, 11, (20, 21)
+N_PROMPT = 3
+
+
+def grammar(budget, open_at_start=False, inner=None, forced=MSG + (END,)):
+    return BudgetGrammar(inner, n_vocab=32, budget=budget, start_ids=(START,), end_ids=(END,),
+                         forced=forced, open_at_start=open_at_start)
+
+
+def run(g, generated):
+    """The mask before each draw, as the engine asks: history = prompt + drawn."""
+    c = g.start(N_PROMPT)
+    history = [1, 2, 3]
+    masks = []
+    for tok in generated:
+        masks.append(c.mask_for(history))
+        history.append(tok)
+    masks.append(c.mask_for(history))
+    return [None if m is None else tuple(np.flatnonzero(m[0])) for m in masks]
+
+
+def test_forced_close_after_the_budget():
+    masks = run(grammar(2), [START, 5, 6, 20, 21, END, 7])
+    assert masks == [None, None, None, (20,), (21,), (END,), None, None]
+
+
+def test_open_at_start_counts_from_the_first_token():
+    assert run(grammar(1, open_at_start=True), [5, 20, 21, END]) == \
+        [None, (20,), (21,), (END,), None]
+    assert run(grammar(0, open_at_start=True), [20]) == [(20,), (21,)]
+
+
+def test_a_block_closed_in_budget_is_untouched():
+    assert run(grammar(5), [START, 5, END, 6, 7, 8, 9]) == [None] * 8
+
+
+def test_no_message_forces_only_the_marker():
+    assert run(grammar(1, forced=(END,)), [START, 5, END]) == [None, None, (END,), None]
+
+
+class _Inner:
+    def start(self, n_prompt):
+        return self
+
+    def mask_for(self, history):
+        m = np.zeros((1, 32), dtype=bool)
+        m[0, 30] = True
+        return m
+
+
+def test_the_inner_grammar_applies_outside_the_forced_run():
+    masks = run(grammar(1, inner=_Inner()), [START, 5, 20, 21, END])
+    assert masks == [(30,), (30,), (20,), (21,), (END,), (30,)]
