@@ -48,7 +48,9 @@ _PATHLIKE = re.compile(r"FNAME|FILE|PATH")
 _WORDS: dict[str, str] = {
     "STRING": "x", "PROMPT": "User:", "KEY": "secret", "HOST": "0.0.0.0",
     "SCHEMA": "{}", "JSON": "{}", "GRAMMAR": 'root ::= "a"',
-    "SAMPLERS": "top_k;temperature", "SEQUENCE": "kt", "LEVEL": "high",
+    # the served sampler orders: upstream's default, extended with adaptive_p
+    "SAMPLERS": "penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature;adaptive_p",
+    "SEQUENCE": "edskypmxta", "LEVEL": "high",
     "MESSAGE": "stop thinking", "FORMAT": "deepseek", "MODE": "mlock", "TYPE": "q8_0",
     "DEVICE": "none", "<dev1,dev2,..>": "Metal", "M": "ff", "lo-hi": "0-3",
     "<user>/<model>[:quant]": "owner/name", "MODEL_URL": "https://example.com/m.gguf",
