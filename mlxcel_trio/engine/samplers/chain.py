@@ -16,8 +16,9 @@ top_k), and every later stage works on that sorted block with a boolean
 `keep` mask and per-row parameters, so one graph serves the whole batch.
 A disabled stage is skipped in Python when no row enables it.
 
-NaN logits count as -inf.  A row where nothing finite survives draws its
-first candidate (upstream's behaviour there is undefined).
+NaN logits count as -inf, and +inf logits share the row's whole mass.  A
+row where nothing finite survives draws its first candidate (upstream's
+behaviour in these cases is undefined).
 """
 
 from __future__ import annotations
@@ -111,7 +112,11 @@ class Drawn:
 # -- helpers ---------------------------------------------------------------------
 
 def sanitize(x: mx.array) -> mx.array:
-    return mx.where(mx.isnan(x), NEG_INF, x)
+    """NaN is -inf; a row holding +inf logits keeps only those, equally
+    likely (a softmax over them is undefined, and their mass is all)."""
+    x = mx.where(mx.isnan(x), NEG_INF, x)
+    top = x == math.inf
+    return mx.where(mx.any(top, axis=-1, keepdims=True), mx.where(top, 0.0, NEG_INF), x)
 
 
 def probs(vals: mx.array, keep: mx.array) -> mx.array:

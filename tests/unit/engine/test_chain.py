@@ -159,6 +159,13 @@ def test_nan_logits_count_as_minus_inf():
     assert not {1, 5, 9} & got.keys()
 
 
+def test_plus_inf_logits_share_the_mass():
+    x = logits(12)
+    x[[3, 7]] = np.inf
+    (got,), _ = ours([x], [P(top_k=10)])
+    assert got.keys() == {3, 7} and abs(got[3] - 0.5) < 1e-6
+
+
 def test_everything_filtered_still_draws_a_token():
     x = np.full(V, -np.inf, dtype=np.float32)
     got, d = ours([x], [SamplingParams()])
