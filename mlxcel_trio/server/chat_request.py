@@ -1,9 +1,11 @@
 """An OpenAI chat-completions body -> the prompt, and how to read the output.
 
 This is llama-server's `oaicompat_chat_params_parse` in our terms, with its
-checks in its order and its wording: a `std::invalid_argument` upstream is
-a 400 here, anything else it throws (a message that fails to parse, a
-template that raises) a 500.  The result is a `ChatPlan`: the rendered
+checks in its order and its wording.  Upstream answers a
+`std::invalid_argument` 400 and anything else it throws (a message that
+fails to parse, a template that raises) 500; every one of those is the
+client's request, so all answer 400 here, with upstream's message (the
+server's policy for malformed bodies, recorded on the routes).  The result is a `ChatPlan`: the rendered
 prompt and its tokens, the parser `Syntax` for the output, the assistant
 prefill the output continues, and the body the native field table reads
 (max_tokens, n, stop, temperature, ...).
@@ -34,8 +36,9 @@ def bad(message: str) -> ApiError:
 
 
 def failed(message: str) -> ApiError:
-    """anything else upstream throws: a 500."""
-    return ApiError(message, "server_error")
+    """what upstream throws as a non-invalid_argument (its 500s): the
+    request's fault all the same, so a 400."""
+    return ApiError(message)
 
 
 def _dump(value: Any, indent: int | None = None) -> str:

@@ -137,7 +137,7 @@ def test_tool_history_renders(server):
 
 
 def test_refusals(server, client):
-    with pytest.raises(anthropic.InternalServerError) as info:
+    with pytest.raises(anthropic.BadRequestError) as info:
         client.post("/v1/messages", body={"max_tokens": 1}, cast_to=object)
     assert "'messages' is required" in str(info.value)
     # a thinking budget is accepted (the reasoning budget forces the close)

@@ -202,7 +202,7 @@ def test_tool_turns_render_through_the_template(server):
      "Cannot have 2 or more assistant messages at the end of the list."),
     ({"messages": [USER], "tool_choice": "maybe"}, openai.BadRequestError, 400,
      "Invalid tool_choice: maybe"),
-    ({"messages": [{"content": "x"}]}, openai.InternalServerError, 500,
+    ({"messages": [{"content": "x"}]}, openai.BadRequestError, 400,
      "Failed to parse messages: Missing 'role' in message: {\"content\":\"x\"}"),
 ])
 def test_malformed_requests_get_upstream_wording(server, body, error, status, message):

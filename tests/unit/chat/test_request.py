@@ -112,18 +112,18 @@ def test_reasoning_only_prefill_needs_a_primed_block(settings, vocab):
      "Expected 'content' to be a string or an array"),
     ({"messages": [{"role": "user", "content": [{"type": "audio"}]}]}, 400,
      "unsupported content[].type"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, 500,
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, 400,
      "image input is not supported - hint: if this is unexpected, you may need to provide "
      "the mmproj"),
-    ({"messages": [{"content": "x"}]}, 500,
+    ({"messages": [{"content": "x"}]}, 400,
      'Failed to parse messages: Missing \'role\' in message: {"content":"x"}'),
-    ({"messages": [{"role": 3, "content": "x"}]}, 500,
+    ({"messages": [{"role": 3, "content": "x"}]}, 400,
      "Failed to parse messages: [json.exception.type_error.302] type must be string, but is "
      "number"),
-    ({"messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}]}, 500,
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}]}, 400,
      "Failed to parse messages: [json.exception.type_error.302] type must be string, but is "
      "number"),
-    ({"messages": [{"role": "assistant", "tool_calls": [{"function": {}}]}]}, 500,
+    ({"messages": [{"role": "assistant", "tool_calls": [{"function": {}}]}]}, 400,
      'Failed to parse messages: Missing tool call type: {"function":{}}'),
     ({"messages": [USER, {"role": "assistant", "content": "a"},
                    {"role": "assistant", "content": "b"}]}, 400,
@@ -131,19 +131,19 @@ def test_reasoning_only_prefill_needs_a_primed_block(settings, vocab):
     ({"messages": [USER], "continue_final_message": True}, 400,
      "Cannot set both add_generation_prompt and continue_final_message to true."),
     ({"messages": [USER], "tool_choice": "sometimes"}, 400, "Invalid tool_choice: sometimes"),
-    ({"messages": [USER], "tools": {"a": 1}}, 500,
+    ({"messages": [USER], "tools": {"a": 1}}, 400,
      'Failed to parse tools: Expected \'tools\' to be an array, got {"a":1}; tools = {\n  "a": 1\n}'),
-    ({"messages": [USER], "tools": [{"function": {}}]}, 500,
+    ({"messages": [USER], "tools": [{"function": {}}]}, 400,
      'Failed to parse tools: Missing tool type: {"function":{}}; tools = [\n  {\n    '
      '"function": {}\n  }\n]'),
-    ({"messages": [USER], "reasoning_format": "loud"}, 500, "Unknown reasoning format: loud"),
+    ({"messages": [USER], "reasoning_format": "loud"}, 400, "Unknown reasoning format: loud"),
     ({"messages": [USER], "chat_template_kwargs": {"enable_thinking": "no"}}, 400,
      'invalid type for "enable_thinking" (expected boolean, got string)'),
     ({"messages": [USER], "response_format": {"type": "yaml"}}, 400,
      'response_format type must be one of "text" or "json_object", but got: yaml'),
     ({"messages": [USER], "top_logprobs": 2}, 400,
      "top_logprobs requires logprobs to be set to true"),
-    ({"messages": [USER], "json_schema": {}, "grammar": "root ::= x"}, 500,
+    ({"messages": [USER], "json_schema": {}, "grammar": "root ::= x"}, 400,
      "Cannot use both json_schema and grammar"),
     ({"messages": [USER], "tools": TOOLS, "grammar": "root ::= x"}, 400,
      "Cannot use custom grammar constraints with tools."),
@@ -166,10 +166,10 @@ def test_response_format_becomes_a_json_schema(fmt, schema, settings, vocab):
                                      settings, vocab).native
 
 
-def test_a_template_that_raises_is_a_500(settings, vocab):
+def test_a_template_that_raises_is_a_400(settings, vocab):
     from mlxcel_trio.chat.template import ChatTemplate
     raising = attrs.evolve(settings, template=ChatTemplate("{{ raise_exception('no system') }}"))
-    assert refused({"messages": [USER]}, raising, vocab) == (500, "no system")
+    assert refused({"messages": [USER]}, raising, vocab) == (400, "no system")
 
 
 def test_prompt_only_routes_do_not_refuse_decoding_fields(settings, vocab):
