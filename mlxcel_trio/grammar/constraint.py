@@ -10,8 +10,9 @@ starts the grammar with that token, and otherwise each token's text is
 appended to a buffer that every trigger pattern searches (a pattern that
 starts with ^ and ends with $ is first tried against the whole buffer);
 on a match the grammar starts from the first non-empty capture group (else
-the match start), and the buffered text from there is re-tokenized and fed
-to the matcher, because llguidance advances by whole tokens where
+the match start): the buffered tokens from there are fed to the matcher,
+except that a token the match starts inside is replaced by its remaining
+bytes, re-tokenized, because llguidance advances by whole tokens where
 llama.cpp replays partial token pieces.  Patterns use Python's `re`.
 
 A matcher that reaches an error state (a replayed text the grammar
@@ -66,6 +67,7 @@ class Constraint:
         self._piece = piece
         self._tokenize = tokenize
         self._buffer = b""
+        self._spans: list[tuple[int, int, int]] = []   # (token, start, end) in _buffer
         self._words = (n_vocab + 31) // 32
         self._bits = np.zeros((1, self._words), dtype=np.int32)
         self._eos_only: np.ndarray | None = None
@@ -80,18 +82,33 @@ class Constraint:
             return
         if tok in self._trigger_tokens:
             self.awaiting = False
-            self._buffer = b""
+            self._buffer, self._spans = b"", []
             self._m.consume_token(tok)
             return
+        begin = len(self._buffer)
         self._buffer += self._piece(tok)
+        self._spans.append((tok, begin, len(self._buffer)))
         text = self._buffer.decode("utf-8", "replace")
         for pat in self._patterns:
             start = find_trigger(pat, text)
             if start is not None:
-                self.awaiting = False
-                self._buffer = b""
-                self._m.consume_tokens(self._tokenize(text[start:]))
+                self._replay(len(text[:start].encode("utf-8")))
                 return
+
+    def _replay(self, start: int) -> None:
+        """Feed the grammar what the trigger match covers: whole tokens as
+        they are, and the tail bytes of a token the match starts inside,
+        re-tokenized (llguidance advances by whole tokens)."""
+        self.awaiting = False
+        for tok, lo, hi in self._spans:
+            if hi <= start:
+                continue
+            if lo >= start:
+                self._m.consume_token(tok)
+            else:
+                tail = self._buffer[start:hi].decode("utf-8", "replace")
+                self._m.consume_tokens(self._tokenize(tail))
+        self._buffer, self._spans = b"", []
 
     def mask_for(self, history: list[int]) -> np.ndarray | None:
         for tok in history[self._seen:]:

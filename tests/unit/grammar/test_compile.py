@@ -110,3 +110,15 @@ def test_a_lazy_grammar_starts_on_a_trigger_token(compiler, vocab):
 def test_a_lazy_grammar_without_triggers_never_starts(compiler, vocab):
     c = compiler.compile(GrammarSpec("gbnf", 'root ::= "x"', lazy=True)).start(0)
     assert c.mask_for(vocab.tokenize("anything at all", False, False)) is None
+
+
+def test_a_trigger_inside_a_token_replays_its_tail_and_keeps_whole_tokens(compiler, vocab):
+    think = 1539
+    spec = GrammarSpec("gbnf", 'root ::= "ab" <think> [0-9]', lazy=True,
+                       triggers=Triggers(patterns=("(ab)",)))
+    c = compiler.compile(spec).start(0)
+    xab = vocab.tokenize("xab", False, False)
+    m = c.mask_for(xab + [think])
+    assert not c.failed and not c.awaiting
+    digits = allowed(m)
+    assert digits and all(vocab.detokenize([t]).isdigit() for t in digits)
