@@ -37,6 +37,16 @@ def _check(body: Any, vocab) -> list[dict]:
             # upstream means this 400 but does not return after setting it, so
             # its client gets a 500 out_of_range; we send the 400 (issue #7)
             raise ApiError(f'"{key}" is required')
+    for key in ("input_prefix", "input_suffix"):
+        # upstream's tokenize_mixed: a string, or an array of strings and ids
+        value = body[key]
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, str) or (isinstance(value, list) and not isinstance(item, bool)
+                                         and isinstance(item, (int, float))):
+                continue
+            want = "number" if isinstance(value, list) else "string"
+            raise ApiError(f"[json.exception.type_error.302] type must be {want}, but is "
+                           f"{json_type_name(item)}")
     extra = body.get("input_extra", [])
     if "input_extra" in body and not isinstance(extra, list):
         raise ApiError('"input_extra" must be an array of {"filename": string, "text": string}')
