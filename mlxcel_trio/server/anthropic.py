@@ -28,7 +28,7 @@ from quart import Response
 from ..chat.parser import ChatMsg, ChatStream
 from ..engine.records import Finished, TokenPiece
 from . import grammar
-from .chat_completions import chat_jobs, chat_plan, random_string
+from .chat_completions import chat_jobs, chat_plan, final_message, random_string
 from .chat_request import failed
 from .completion import Served, resolve, run_all
 from .errors import dumps, json_response
@@ -229,9 +229,7 @@ async def messages(served: Served, config, body: Any) -> Response:
     mid = "chatcmpl-" + random_string()
     if not chat.stream:
         (fin,) = await run_all(served, [job])
-        stream = ChatStream(chat.syntax, chat.prefill, chat.echo)
-        stream.update(fin.content, final=True)
-        msg = stream.msg
+        msg = final_message(chat, fin.content)
         return json_response({
             "id": mid, "type": "message", "role": "assistant", "content": content_blocks(msg),
             "model": served.model_name, "stop_reason": stop_reason(fin, msg),

@@ -24,7 +24,7 @@ from quart import Response
 from ..chat.parser import ChatMsg, ChatStream
 from ..engine.records import Finished, PromptProgress, TokenPiece
 from . import grammar
-from .chat_completions import chat_jobs, chat_plan, random_string
+from .chat_completions import chat_jobs, chat_plan, final_message, random_string
 from .chat_request import bad
 from .completion import Served, now_s, resolve, run_all
 from .errors import dumps, json_response
@@ -230,12 +230,11 @@ async def create(served: Served, config, body: Any) -> Response:
     rid = "resp_" + random_string()
     if not chat.stream:
         (fin,) = await run_all(served, [job])
-        stream = ChatStream(chat.syntax, chat.prefill, chat.echo)
-        stream.update(fin.content, final=True)
+        msg = final_message(chat, fin.content)
         t = now_s()
         return json_response({"completed_at": t, "created_at": t, "id": rid,
                               "model": served.model_name, "object": "response",
-                              "output": output_items(stream.msg), "status": "completed",
+                              "output": output_items(msg), "status": "completed",
                               "usage": _usage(fin)})
     handle = served.bridge.open(job)
     first = await first_event(handle)
