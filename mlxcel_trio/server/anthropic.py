@@ -27,10 +27,9 @@ from quart import Response
 
 from ..chat.parser import ChatMsg, ChatStream
 from ..engine.records import Finished, TokenPiece
-from . import grammar
-from .chat_completions import chat_jobs, chat_plan, final_message, random_string
+from .chat_completions import chat_plan, final_message, plan_jobs, random_string
 from .chat_request import failed
-from .completion import Served, resolve, run_all
+from .completion import Served, run_all
 from .errors import dumps, json_response
 from .sse import event_stream, first_event
 
@@ -222,10 +221,7 @@ def _event(kind: str, data: dict) -> bytes:
 # -- routes ---------------------------------------------------------------------------------
 
 async def messages(served: Served, config, body: Any) -> Response:
-    chat = chat_plan(served, config, to_chat_body(body))
-    values = resolve(chat.native, served)
-    await grammar.prepare(served, values)
-    (job,) = chat_jobs(served, config, chat, values)
+    chat, values, (job,) = await plan_jobs(served, config, to_chat_body(body))
     mid = "chatcmpl-" + random_string()
     if not chat.stream:
         (fin,) = await run_all(served, [job])

@@ -125,13 +125,19 @@ def final_message(chat: ChatPlan, text: str) -> ChatMsg:
     return stream.msg
 
 
-# -- the route ------------------------------------------------------------------------------
-
-async def complete(served: Served, config, body: Any) -> Response:
+async def plan_jobs(served: Served, config, body: Any) -> tuple[ChatPlan, dict, list]:
+    """A chat-shaped body to its plan, resolved native values (grammar
+    compiled) and engine jobs: the start every generating chat route shares."""
     chat = chat_plan(served, config, body)
     values = resolve(chat.native, served)
     await grammar.prepare(served, values)
-    jobs = chat_jobs(served, config, chat, values)
+    return chat, values, chat_jobs(served, config, chat, values)
+
+
+# -- the route ------------------------------------------------------------------------------
+
+async def complete(served: Served, config, body: Any) -> Response:
+    chat, values, jobs = await plan_jobs(served, config, body)
     cid, created = "chatcmpl-" + random_string(), now_s()
     if not chat.stream:
         finished = await run_all(served, jobs)
