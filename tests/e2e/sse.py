@@ -40,3 +40,17 @@ def post(url: str, body, path: str = "/completion", timeout: float = 60, **kw) -
         if isinstance(body, (bytes, str)):
             return c.post(url + path, content=body, **kw)
         return c.post(url + path, json=body, **kw)
+
+
+def complete(server, **body) -> dict:
+    """A /completion that must succeed; its JSON."""
+    r = post(server.url, body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def error(server, **body) -> str:
+    """A /completion that must be refused with 400; its message."""
+    r = post(server.url, body)
+    assert r.status_code == 400, r.text
+    return r.json()["error"]["message"]

@@ -13,7 +13,7 @@ import pytest
 from mlxcel_trio.cli.main import prepare
 from mlxcel_trio.cli.parser import CliError
 
-from .sse import post, stream_frames
+from .sse import complete, error, stream_frames
 
 pytestmark = pytest.mark.e2e
 
@@ -26,18 +26,6 @@ SCHEMA = {"type": "object", "properties": {
 GBNF = 'root ::= item ("," item){0,3} "."\nitem ::= [a-z]{1,6} | [0-9]{1,3}'
 GBNF_RE = r"([a-z]{1,6}|[0-9]{1,3})(,([a-z]{1,6}|[0-9]{1,3})){0,3}\."
 HOT = dict(temperature=1.2, top_k=0, top_p=1.0, min_p=0.0)
-
-
-def complete(server, **body):
-    r = post(server.url, body)
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def error(server, **body):
-    r = post(server.url, body)
-    assert r.status_code == 400, r.text
-    return r.json()["error"]["message"]
 
 
 def test_every_json_schema_output_validates(server):

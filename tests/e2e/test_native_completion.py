@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from .sse import post, stream_frames
+from .sse import complete, post, stream_frames
 
 pytestmark = pytest.mark.e2e
 
@@ -16,12 +16,6 @@ PARTIAL_KEYS = ["index", "content", "tokens", "stop", "id_slot", "tokens_predict
 TIMING_KEYS = ["cache_n", "prompt_n", "prompt_ms", "prompt_per_token_ms", "prompt_per_second",
                "predicted_n", "predicted_ms", "predicted_per_token_ms", "predicted_per_second"]
 GREEDY = {"temperature": 0, "ignore_eos": True}
-
-
-def complete(server, **body):
-    r = post(server.url, body)
-    assert r.status_code == 200, r.text
-    return r.json()
 
 
 def test_final_object_key_set_and_order(server, tiny_facts):

@@ -13,7 +13,7 @@ import math
 
 import pytest
 
-from .sse import post, stream_frames
+from .sse import complete, error, post, stream_frames
 
 pytestmark = pytest.mark.e2e
 
@@ -22,18 +22,6 @@ FULL_CHAIN = dict(temperature=0.9, dynatemp_range=0.3, dynatemp_exponent=1.5, to
                   xtc_threshold=0.1, typical_p=0.95, repeat_last_n=32, repeat_penalty=1.1,
                   frequency_penalty=0.1, presence_penalty=0.1, dry_multiplier=0.8,
                   dry_base=1.75, dry_allowed_length=2, dry_penalty_last_n=32, min_keep=2)
-
-
-def complete(server, **body):
-    r = post(server.url, body)
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def error(server, **body):
-    r = post(server.url, body)
-    assert r.status_code == 400, r.text
-    return r.json()["error"]["message"]
 
 
 @pytest.mark.parametrize("extra", [
