@@ -22,7 +22,6 @@ from mlxcel_trio.cli.refusals import (
     Refuser,
     at_most,
     deferred,
-    deferred_why,
     equals,
     not_applicable,
 )

@@ -8,7 +8,6 @@ from there in the server-wide defaults of the native request fields
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Any
 

@@ -18,7 +18,6 @@ from ..engine.records import Failed, Finished, Job
 from . import grammar, sampling
 from .errors import ApiError, json_type_name
 from .fields import parse_fields
-from .sampling import f32  # noqa: F401  (re-exported for the other renderers)
 
 
 @attrs.frozen
