@@ -31,6 +31,7 @@ from .chat_completions import chat_plan, final_message, plan_jobs, random_string
 from .chat_request import failed
 from .completion import Served, run_all
 from .errors import dumps, json_response
+from .streams import sse_response
 from .sse import event_stream, first_event
 
 
@@ -232,9 +233,8 @@ async def messages(served: Served, config, body: Any) -> Response:
             "stop_sequence": fin.stopping_word or None, "usage": _usage(fin)})
     handle = served.bridge.open(job)
     first = await first_event(handle)
-    return Response(_anthropic_errors(event_stream(
-        handle, first, _Renderer(served, chat, job, mid).render, values["sse_ping_interval"])),
-        content_type="text/event-stream")
+    return sse_response(handle, _anthropic_errors(event_stream(
+        handle, first, _Renderer(served, chat, job, mid).render, values["sse_ping_interval"])))
 
 
 class _Renderer:

@@ -18,7 +18,7 @@ import logging
 from typing import Any
 
 import trio
-from quart import Response, request
+from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
@@ -26,7 +26,7 @@ from .. import __version__
 from ..logging_setup import TRACE
 from ..bridge import REQUEST_CLEANUPS, Bridge
 from ..config import ServerConfig
-from . import info, infill, limits, native, openai_completions, tokens
+from . import info, infill, limits, native, openai_completions, streams, tokens
 from . import chat_routes
 from .completion import Served, server_defaults
 from .body import parse_body
@@ -102,6 +102,7 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
     app.config.update(RESPONSE_TIMEOUT=None, BODY_TIMEOUT=config.timeout,
                       MAX_CONTENT_LENGTH=MAX_BODY_BYTES)
     keys = [k.encode() for k in config.api_keys]
+    app.stream_sessions = streams.StreamRegistry.from_env()  # run by server/runner.py
     public = {r.path for r in ROUTES if r.public}
     served: Served | None = None
 
@@ -129,6 +130,9 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
         "no_embeddings": lambda: not_supported("embeddings", "--embeddings"),
         "no_reranking": lambda: not_supported("reranking", "--reranking"),
         "feature_disabled": feature_disabled,
+        "stream_get": streams.get_stream,
+        "stream_delete": streams.delete_stream,
+        "streams_lookup": streams.lookup_streams,
         **chat_routes.handlers(ctx, config),
     }
 
@@ -158,9 +162,13 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
     async def _gate():
         if not bridge.ready:
             return loading()
-        if keys and request.path not in public and not _authorized(keys):
-            log.warning("unauthorized: Invalid API Key")
-            return invalid_api_key()
+        if keys and request.path not in public:
+            which = _authorized(keys)
+            if which < 0:
+                log.warning("unauthorized: Invalid API Key")
+                return invalid_api_key()
+            if len(keys) > 1:  # stream sessions are scoped to the key (server/streams.py)
+                g.stream_owner = which
         return None
 
     @app.errorhandler(ApiError)
@@ -198,14 +206,16 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
     return app
 
 
-def _authorized(keys: list[bytes]) -> bool:
+def _authorized(keys: list[bytes]) -> int:
     """Upstream's reading: Authorization, or X-Api-Key when that is empty, less
-    a "Bearer " prefix; compared in constant time against every key."""
+    a "Bearer " prefix; compared in constant time against every key.  The
+    index of the matching key, or -1."""
     supplied = request.headers.get("Authorization", "") or request.headers.get("X-Api-Key", "")
     if supplied.startswith("Bearer "):
         supplied = supplied[7:]
     candidate = supplied.encode()
-    ok = False
-    for key in keys:
-        ok |= hmac.compare_digest(candidate, key)
-    return ok
+    which = -1
+    for i, key in enumerate(keys):
+        match = hmac.compare_digest(candidate, key)
+        which = max(which, i * match - (not match))  # no branch on the outcome
+    return which

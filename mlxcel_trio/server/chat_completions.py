@@ -30,6 +30,7 @@ from .chat_request import ChatPlan, plan
 from .completion import Served, make_jobs, now_s, resolve, run_all
 from .errors import json_response
 from .native import ProbsRenderer, final_object, final_probs
+from .streams import sse_response
 from .sse import DONE, event_stream, first_event, frame
 
 _ALNUM = string.digits + string.ascii_uppercase + string.ascii_lowercase
@@ -204,8 +205,8 @@ async def _stream(served, chat: ChatPlan, values, jobs, cid, created) -> Respons
             out[-1]["timings"] = ev.timings.to_json()
         return [frame(obj) for obj in out]
 
-    return Response(event_stream(handle, first, render, values["sse_ping_interval"], DONE),
-                    content_type="text/event-stream")
+    return sse_response(handle, event_stream(handle, first, render,
+                                             values["sse_ping_interval"], DONE))
 
 
 # -- prompt-only routes -------------------------------------------------------------------------

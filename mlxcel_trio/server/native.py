@@ -25,6 +25,7 @@ from .completion import (
 )
 from . import grammar
 from .errors import json_response
+from .streams import sse_response
 from .sse import event_stream, first_event, frame
 
 
@@ -192,5 +193,5 @@ async def _stream(served: Served, values: dict, jobs: list) -> Response:
             return (frame(_project(obj, values["response_fields"])),)
         return ()  # Started
 
-    return Response(event_stream(handle, first, render, values["sse_ping_interval"]),
-                    content_type="text/event-stream")
+    return sse_response(handle, event_stream(handle, first, render,
+                                             values["sse_ping_interval"]))

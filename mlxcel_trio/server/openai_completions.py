@@ -19,6 +19,7 @@ from .completion import Served, make_jobs, now_s, resolve, run_all, tokenize_pro
 from . import grammar
 from .errors import json_response
 from .native import ProbsRenderer, final_object, final_probs
+from .streams import sse_response
 from .sse import DONE, event_stream, first_event, frame
 
 
@@ -107,5 +108,5 @@ async def complete_v1(served: Served, body: Any) -> Response:
             return (frame(out.final([(by_id[ev.job_id], ev)], jobs, streamed=True)),)
         return ()
 
-    return Response(event_stream(handle, first, render, values["sse_ping_interval"], DONE),
-                    content_type="text/event-stream")
+    return sse_response(handle, event_stream(handle, first, render,
+                                             values["sse_ping_interval"], DONE))

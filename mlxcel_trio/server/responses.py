@@ -27,6 +27,7 @@ from .chat_completions import chat_plan, final_message, plan_jobs, random_string
 from .chat_request import bad
 from .completion import Served, now_s, run_all
 from .errors import dumps, json_response
+from .streams import sse_response
 from .sse import event_stream, first_event
 
 _ROLES_IN = ("user", "system", "developer")
@@ -235,8 +236,8 @@ async def create(served: Served, config, body: Any) -> Response:
     handle = served.bridge.open(job)
     first = await first_event(handle)
     renderer = _Renderer(served, chat, rid, values["timings_per_token"])
-    return Response(event_stream(handle, first, renderer.render, values["sse_ping_interval"]),
-                    content_type="text/event-stream")
+    return sse_response(handle, event_stream(handle, first, renderer.render,
+                                             values["sse_ping_interval"]))
 
 
 class _Renderer:

@@ -42,6 +42,10 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/responses", "responses"),
     Route("POST", "/responses/input_tokens", "responses_input_tokens"),
     Route("POST", "/v1/responses/input_tokens", "responses_input_tokens"),
+    # streams that survive reconnects (X-Conversation-Id; server/streams.py)
+    Route("GET", "/v1/stream", "stream_get"),
+    Route("DELETE", "/v1/stream", "stream_delete"),
+    Route("POST", "/v1/streams/lookup", "streams_lookup"),
     # Features this server runs without, answered exactly as llama-server
     # answers them when it was started without the enabling flag.
     Route("GET", "/metrics", "no_metrics"),

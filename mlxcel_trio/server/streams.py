@@ -1,0 +1,347 @@
+"""Streams that survive reconnects: X-Conversation-Id sessions.
+
+Theory of operation.  A streaming request that carries `X-Conversation-Id`
+hands its job handle and its frame iterator to `StreamRegistry.open`, which
+starts a *producer* task in the registry's own nursery (a child of the root
+nursery, not of the request).  The producer drains the frames into the
+session's byte buffer; the request's response, and every later
+`GET /v1/stream?conv_id=&from=N`, is only a *follower* of that buffer.  So a
+client disconnect cancels a follower and nothing else: the generation runs to
+its natural stop, and a reconnect at byte offset K reads exactly the bytes the
+first connection would have read after K.
+
+Who owns what: the producer owns the job handle (it closes it however it
+ends, which is the same `Cancel` a disconnect posts on the plain path); the
+registry owns the sessions; a follower owns nothing.  `DELETE /v1/stream`
+evicts the session and cancels the producer's scope.
+
+Bounds (upstream's constants, server-stream.cpp): 4 MiB per session with
+front-drop, completed sessions kept 300 s after they end, swept every 60 s.
+Ours on top: at most 256 completed sessions retained (oldest evicted first),
+at most 256 live ones (the 257th is refused with a 503 before any byte is
+sent), and an id of at most 256 printable ASCII characters.
+
+With more than one API key, sessions are keyed by (key index, id), so one key
+cannot see, replace or stop another key's session: for it the session does
+not exist (the manifest records this as by_design).
+
+The TTL and the sweep interval can be shortened for tests through two internal
+environment variables (STREAM_TTL_ENV, STREAM_GC_ENV); they are not options.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import math
+import os
+import re
+import time
+from collections import OrderedDict
+from contextlib import aclosing
+from typing import AsyncIterator, Iterable
+
+import trio
+from quart import Response, current_app, g, request
+
+from ..bridge import REQUEST_CLEANUPS, JobHandle
+from .body import parse_body
+from .errors import ApiError, json_response, not_found
+
+log = logging.getLogger("mlxcel.streams")
+
+HEADER = "X-Conversation-Id"
+SSE_TYPE = "text/event-stream"
+
+MAX_BYTES = 4 * 1024 * 1024      # upstream STREAM_SESSION_MAX_BYTES
+TTL_S = 300.0                    # upstream STREAM_SESSION_TTL_SECONDS
+GC_INTERVAL_S = 60.0             # upstream STREAM_SESSION_GC_INTERVAL_SECONDS
+MAX_COMPLETED = 256              # ours: completed sessions retained at most
+MAX_LIVE = 256                   # ours: sessions still generating at most
+MAX_ID_CHARS = 256               # ours: printable ASCII, no spaces
+STREAM_TTL_ENV = "MLXCEL_INTERNAL_STREAM_TTL_S"     # tests only
+STREAM_GC_ENV = "MLXCEL_INTERNAL_STREAM_GC_S"       # tests only
+
+_VALID_ID = re.compile(r"[\x21-\x7e]{1,%d}" % MAX_ID_CHARS)
+_FROM = re.compile(r"\s*([+-]?)(\d+)")
+_U64 = 1 << 64
+
+Key = tuple[int, str]            # (API key index, or 0 with fewer than two keys; id)
+
+
+class StreamSession:
+    """One conversation's on-wire SSE bytes, front-dropped past `max_bytes`.
+
+    Byte offsets are absolute: `dropped` bytes left the front, the retained
+    ones are `_buf[_head:]`.  Compaction of the bytearray is deferred until
+    the dead head is as large as the cap, so a front-drop costs O(1)
+    amortized."""
+
+    def __init__(self, conversation_id: str, owner: int = 0, max_bytes: int = MAX_BYTES) -> None:
+        self.conversation_id = conversation_id
+        self.owner = owner
+        self.started_at = int(time.time())
+        self.completed_at = 0            # unix seconds once done, as upstream
+        self.ended = math.inf            # trio clock once done (the TTL runs from here)
+        self.dropped = 0
+        self.done = False
+        self.scope = trio.CancelScope()  # the producer's; cancelled by DELETE / replace
+        self._cap = max_bytes
+        self._buf = bytearray()
+        self._head = 0
+        self._changed = trio.Event()
+
+    @property
+    def total_bytes(self) -> int:
+        return self.dropped + len(self._buf) - self._head
+
+    def append(self, data: bytes) -> None:
+        if self.done or not data:
+            return
+        self._buf += data
+        excess = len(self._buf) - self._head - self._cap
+        if excess > 0:
+            self._head += excess
+            self.dropped += excess
+            if self._head >= self._cap:
+                del self._buf[:self._head]
+                self._head = 0
+        self._wake()
+
+    def finish(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        self.completed_at = int(time.time())
+        self.ended = trio.current_time()
+        self._wake()
+
+    def _wake(self) -> None:
+        changed, self._changed = self._changed, trio.Event()
+        changed.set()
+
+    def read(self, offset: int) -> bytes:
+        """The retained bytes from `offset` on (b"" at or past the end)."""
+        if offset < self.dropped:
+            raise OffsetLost(offset)
+        start = self._head + offset - self.dropped
+        return bytes(self._buf[start:]) if start < len(self._buf) else b""
+
+    async def follow(self, offset: int) -> AsyncIterator[bytes]:
+        """Bytes from `offset`, then live ones until the session is done.  A
+        follower that fell behind past the front-drop just ends, as
+        upstream's reader does."""
+        while True:
+            try:
+                chunk = self.read(offset)
+            except OffsetLost:
+                return
+            if chunk:
+                offset += len(chunk)
+                yield chunk
+            elif self.done:
+                return
+            else:
+                await self._changed.wait()
+
+
+class OffsetLost(Exception):
+    pass
+
+
+class StreamRegistry:
+    """Every session, and the nursery their producers run in."""
+
+    def __init__(self, *, max_bytes: int = MAX_BYTES, ttl_s: float = TTL_S,
+                 gc_interval_s: float = GC_INTERVAL_S, max_completed: int = MAX_COMPLETED,
+                 max_live: int = MAX_LIVE) -> None:
+        self.max_bytes, self.ttl_s, self.gc_interval_s = max_bytes, ttl_s, gc_interval_s
+        self.max_completed, self.max_live = max_completed, max_live
+        self._sessions: dict[Key, StreamSession] = {}
+        self._completed: OrderedDict[Key, StreamSession] = OrderedDict()
+        self._nursery: trio.Nursery | None = None
+        self._context: contextvars.Context | None = None
+
+    @classmethod
+    def from_env(cls) -> "StreamRegistry":
+        """Upstream's constants, unless a test shortened TTL / sweep."""
+        def seconds(name: str, default: float) -> float:
+            raw = os.environ.get(name)
+            return float(raw) if raw else default
+        return cls(ttl_s=seconds(STREAM_TTL_ENV, TTL_S),
+                   gc_interval_s=seconds(STREAM_GC_ENV, GC_INTERVAL_S))
+
+    # -- lifetime ------------------------------------------------------------------
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Own the producers and sweep expired sessions until cancelled; on
+        the way out every session is finished so no follower hangs."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                # producers start from this (server) context, never a request's
+                self._context = contextvars.copy_context()
+                task_status.started()
+                while True:
+                    await trio.sleep(self.gc_interval_s)
+                    self.sweep()
+        finally:
+            self._nursery = None
+            for session in self._sessions.values():
+                session.finish()
+            self._sessions.clear()
+            self._completed.clear()
+
+    def sweep(self) -> None:
+        cutoff = trio.current_time() - self.ttl_s
+        for key, session in list(self._completed.items()):
+            if session.ended <= cutoff:
+                self._evict(key)
+
+    @property
+    def live(self) -> int:
+        return len(self._sessions) - len(self._completed)
+
+    # -- sessions ------------------------------------------------------------------
+
+    def open(self, owner: int, conversation_id: str, handle: JobHandle,
+             frames: AsyncIterator[bytes]) -> StreamSession:
+        """Install a session whose producer drains `frames` (replacing, and
+        stopping, an earlier one with the same key, as upstream)."""
+        key = (owner, conversation_id)
+        if self._nursery is None or (key not in self._sessions and self.live >= self.max_live):
+            raise ApiError(f"too many live stream sessions ({self.max_live}); retry when one "
+                           "finishes", "unavailable_error")
+        self.cancel(owner, conversation_id)
+        session = StreamSession(conversation_id, owner, self.max_bytes)
+        self._sessions[key] = session
+        self._context.run(self._nursery.start_soon, self._produce, key, session, handle, frames)
+        return session
+
+    async def _produce(self, key: Key, session: StreamSession, handle: JobHandle,
+                       frames: AsyncIterator[bytes]) -> None:
+        try:
+            with session.scope:
+                async with aclosing(frames) as it:
+                    async for chunk in it:
+                        session.append(chunk)
+        except Exception:  # a renderer bug ends this stream, never the registry
+            log.exception("stream session %r failed", session.conversation_id)
+        finally:
+            handle.close()   # a no-op after a natural end; else the disconnect path's Cancel
+            session.finish()
+            if self._sessions.get(key) is session:
+                self._completed[key] = session
+                while len(self._completed) > self.max_completed:
+                    self._evict(next(iter(self._completed)))
+
+    def get(self, owner: int, conversation_id: str) -> StreamSession | None:
+        return self._sessions.get((owner, conversation_id))
+
+    def cancel(self, owner: int, conversation_id: str) -> None:
+        """Evict and stop (idempotent): upstream's evict_and_cancel."""
+        self._evict((owner, conversation_id))
+
+    def _evict(self, key: Key) -> None:
+        session = self._sessions.pop(key, None)
+        self._completed.pop(key, None)
+        if session is not None:
+            session.scope.cancel()
+            session.finish()
+
+    def lookup(self, owner: int, ids: Iterable[str]) -> list[StreamSession]:
+        """For each asked id in order: the session with that exact id and
+        every `<id>::<model>` variant.  Nothing not asked about is listed."""
+        by_prefix: dict[str, list[StreamSession]] = {}
+        for (o, cid), session in self._sessions.items():
+            if o != owner:
+                continue
+            by_prefix.setdefault(cid, []).append(session)
+            parts = cid.split("::")
+            for i in range(1, len(parts)):
+                by_prefix.setdefault("::".join(parts[:i]), []).append(session)
+        return [s for rid in ids for s in by_prefix.get(rid, ())]
+
+
+# -- the request side ---------------------------------------------------------------
+
+def _registry() -> StreamRegistry:
+    return current_app.stream_sessions
+
+
+def _owner() -> int:
+    """The index of the API key the request authenticated with, when more
+    than one is configured; else 0 (every key is one trust domain)."""
+    return getattr(g, "stream_owner", 0)
+
+
+def sse_response(handle: JobHandle, frames: AsyncIterator[bytes]) -> Response:
+    """The response of every streaming route.  Without the header: the frames
+    themselves, cancelled with the request.  With it: the frames go to a
+    session that outlives the request, and the response follows it."""
+    conversation_id = request.headers.get(HEADER, "")
+    if not conversation_id:
+        return Response(frames, content_type=SSE_TYPE)
+    if not _VALID_ID.fullmatch(conversation_id):
+        handle.close()
+        raise ApiError(f"Invalid {HEADER} header: expected 1 to {MAX_ID_CHARS} printable "
+                       "ASCII characters without spaces")
+    session = _registry().open(_owner(), conversation_id, handle, frames)
+    cleanups = REQUEST_CLEANUPS.get()
+    if cleanups is not None and handle.close in cleanups:
+        cleanups.remove(handle.close)   # the session's producer owns the job now
+    return Response(session.follow(0), content_type=SSE_TYPE)
+
+
+def _bad(message: str) -> ApiError:
+    return ApiError(message, "invalid_request_error")
+
+
+def _parse_from(raw: str) -> int:
+    """std::stoull's reading: leading space, a sign, digits, trailing junk
+    ignored; a negative value wraps; no digits or overflow is refused."""
+    m = _FROM.match(raw)
+    if not m or int(m.group(2)) >= _U64:
+        raise _bad("Invalid 'from' offset")
+    value = int(m.group(2))
+    return (_U64 - value) % _U64 if m.group(1) == "-" else value
+
+
+async def get_stream() -> Response:
+    """GET /v1/stream?conv_id=<id>&from=N: replay from N, then follow."""
+    conversation_id = request.args.get("conv_id", "")
+    if not conversation_id:
+        raise _bad("Missing conversation id in path")
+    session = _registry().get(_owner(), conversation_id)
+    if session is None:
+        return not_found()   # upstream's 404 handler answers "File Not Found"
+    raw = request.args.get("from", "")
+    offset = _parse_from(raw) if raw else 0
+    if offset < session.dropped:
+        raise _bad("Stream offset lost, please restart")
+    return Response(session.follow(offset), content_type=SSE_TYPE)
+
+
+async def lookup_streams() -> Response:
+    """POST /v1/streams/lookup {"conversation_ids": [...]}."""
+    try:
+        body = parse_body(await request.get_data())
+    except ApiError as err:
+        return json_response({"error": {"message": f"invalid body: {err.message}",
+                                        "type": "invalid_request_error"}}, 400)
+    ids = body.get("conversation_ids") if isinstance(body, dict) else None
+    wanted = [i for i in ids if isinstance(i, str) and i] if isinstance(ids, list) else []
+    return json_response([
+        {"conversation_id": s.conversation_id, "is_done": s.done,
+         "total_bytes": s.total_bytes, "started_at": s.started_at,
+         "completed_at": s.completed_at}
+        for s in _registry().lookup(_owner(), wanted)])
+
+
+async def delete_stream() -> Response:
+    """DELETE /v1/stream?conv_id=<id>: the explicit Stop; always 204."""
+    conversation_id = request.args.get("conv_id", "")
+    if not conversation_id:
+        raise _bad("Missing conversation id in path")
+    _registry().cancel(_owner(), conversation_id)
+    return Response("", status=204, content_type="application/json")
