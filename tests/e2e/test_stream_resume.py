@@ -306,3 +306,30 @@ def test_sessions_are_scoped_to_the_key_that_made_them(tiny_model, start_server)
         assert httpx.get(s.url + "/v1/stream", params={"conv_id": conv}).status_code == 401
     finally:
         s.stop()
+
+
+def test_sigterm_with_live_sessions_exits_promptly(tiny_model, start_server):
+    """Sessions belong to the root nursery: shutdown stops their generations
+    and ends their followers instead of waiting for them."""
+    import signal
+    import threading
+
+    s = start_server(tiny_model, "-c", "65536", "-np", "2")
+    endless = {"prompt": PROMPT, "n_predict": -1, **GREEDY}
+    post_cut(s.url, "/completion", endless, "abandoned", 50)       # no follower left
+    follower: dict = {}
+
+    def follow():
+        try:
+            post_cut(s.url, "/completion", endless, "followed", 1 << 40)
+        except httpx.HTTPError as exc:  # the connection is closed under it: expected
+            follower["error"] = exc
+
+    t = threading.Thread(target=follow)
+    t.start()
+    wait_for("the followed session", lambda: lookup(s.url, "followed"), 10)
+    t0 = time.monotonic()
+    s.signal(signal.SIGTERM)
+    assert s.wait(20) == 0
+    t.join(10)
+    assert not t.is_alive() and time.monotonic() - t0 < 15
