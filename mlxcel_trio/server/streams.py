@@ -73,9 +73,9 @@ class StreamSession:
     """One conversation's on-wire SSE bytes, front-dropped past `max_bytes`.
 
     Byte offsets are absolute: `dropped` bytes left the front, the retained
-    ones are `_buf[_head:]`.  Compaction of the bytearray is deferred until
-    the dead head is as large as the cap, so a front-drop costs O(1)
-    amortized."""
+    ones are `_buf[_head:]`.  The dead head is compacted away once it reaches
+    a quarter of the cap (and when the session ends), so a front-drop costs
+    O(1) amortized and a session holds at most 1.25 x the cap."""
 
     def __init__(self, conversation_id: str, owner: int = 0, max_bytes: int = MAX_BYTES) -> None:
         self.conversation_id = conversation_id
@@ -103,15 +103,19 @@ class StreamSession:
         if excess > 0:
             self._head += excess
             self.dropped += excess
-            if self._head >= self._cap:
-                del self._buf[:self._head]
-                self._head = 0
+            if self._head >= max(1, self._cap // 4):
+                self._compact()
         self._wake()
+
+    def _compact(self) -> None:
+        del self._buf[:self._head]
+        self._head = 0
 
     def finish(self) -> None:
         if self.done:
             return
         self.done = True
+        self._compact()
         self.completed_at = int(time.time())
         self.ended = trio.current_time()
         self._wake()

@@ -34,13 +34,16 @@ async def test_front_drop_keeps_the_tail_and_absolute_offsets():
     assert (s.dropped, s.total_bytes, s.read(28)) == (28, 38, b"X" * 10)
 
 
-async def test_compaction_keeps_memory_within_twice_the_cap():
+async def test_compaction_keeps_memory_within_a_quarter_over_the_cap():
     s = StreamSession("c", max_bytes=64)
     data = bytes(range(256)) * 40
     for i in range(0, len(data), 7):
         s.append(data[i:i + 7])
-        assert len(s._buf) <= 2 * 64 + 7
-    assert s.total_bytes == len(data) and s.read(s.dropped) == data[-64:]
+        assert len(s._buf) <= 64 + 16 + 7
+        assert s.read(s.dropped) == data[:i + 7][-64:]
+    assert s.total_bytes == len(data)
+    s.finish()
+    assert len(s._buf) == 64 and s.read(len(data) - 64) == data[-64:]
 
 
 async def test_follow_replays_then_follows_live_until_done():
