@@ -5,14 +5,24 @@ thinking_budget_tokens) lets the model think for N tokens; when the N-th
 thinking token is drawn and the block is still open, the next tokens are
 forced: the tokens of `--reasoning-budget-message` (if any), then those of
 the closing marker, as upstream forces message + end tag.  A model that
-closes its own block within budget is untouched; 0 closes it at once.
+closes its own block within budget is untouched; 0 closes it at once; a
+new opener after a closed block starts a fresh budget, as upstream re-arms.
+
+Realtime control (`reasoning_control: true`, then POST
+/v1/chat/completions/control) enters the same forced run on demand: the
+request holds a `ForceEnd`, the HTTP side bumps its counter, and the
+constraint reads it before the next draw.  As upstream's
+common_reasoning_budget_force, a request that arrives while the block is not
+open (before it, already forcing, or after it) changes nothing.
 
 The budget rides on the job's grammar slot (`Job.grammar`: an object whose
 `start(n_prompt)` gives a per-sequence constraint with `mask_for(history)`),
 wrapping whatever grammar the request already had: the inner grammar's mask
 applies except while a forced token is due.  The constraint runs on the
 engine thread and sees the context as token ids; markers are matched as
-token-id sequences.
+token-id sequences.  This module never imports trio: the only state shared
+across threads is `ForceEnd.requests`, an int written by one thread and read
+by the other (a stale read only delays the close by one token).
 """
 
 from __future__ import annotations
@@ -20,20 +30,36 @@ from __future__ import annotations
 import numpy as np
 
 BEFORE, THINKING, FORCING, DONE = range(4)
+UNLIMITED = 2**31 - 1  # upstream's INT_MAX for "no budget, control only"
+
+
+class ForceEnd:
+    """A request's realtime force-end switch (shared by its sequences)."""
+
+    __slots__ = ("requests",)
+
+    def __init__(self) -> None:
+        self.requests = 0
+
+    def request(self) -> None:
+        """Ask every sequence of the request to close its thinking block."""
+        self.requests += 1
 
 
 class BudgetGrammar:
     """Job.grammar for a budgeted request (immutable, shared read-only)."""
 
     def __init__(self, inner, *, n_vocab: int, budget: int, start_ids: tuple[int, ...],
-                 end_ids: tuple[int, ...], forced: tuple[int, ...], open_at_start: bool) -> None:
+                 end_seqs: tuple[tuple[int, ...], ...], forced: tuple[int, ...],
+                 open_at_start: bool, force_end: ForceEnd | None = None) -> None:
         self.inner = inner
         self.n_vocab = n_vocab
-        self.budget = budget
+        self.budget = UNLIMITED if budget < 0 else budget
         self.start_ids = start_ids
-        self.end_ids = end_ids
+        self.end_seqs = tuple(s for s in end_seqs if s)
         self.forced = forced              # message tokens + closing-marker tokens
         self.open_at_start = open_at_start
+        self.force_end = force_end
 
     def start(self, n_prompt: int) -> "BudgetConstraint":
         inner = self.inner.start(n_prompt) if self.inner is not None else None
@@ -50,34 +76,41 @@ class BudgetConstraint:
     def __init__(self, spec: BudgetGrammar, n_prompt: int, inner) -> None:
         self.spec = spec
         self.inner = inner
-        self.state = THINKING if spec.open_at_start else BEFORE
+        self.state = BEFORE
         self.count = 0
         self.queue: list[int] = []
         self._seen = n_prompt
         self._generated: list[int] = []
-        if self.state == THINKING:
-            self._check_budget()
+        self._force_seen = spec.force_end.requests if spec.force_end is not None else 0
+        if spec.open_at_start:
+            self._open()
+
+    def _open(self) -> None:
+        self.state, self.count = THINKING, 0
+        self._check_budget()
+
+    def _force(self) -> None:
+        self.state, self.queue = FORCING, list(self.spec.forced)
+        if not self.queue:
+            self.state = DONE
 
     def _check_budget(self) -> None:
         if self.state == THINKING and self.count >= self.spec.budget:
-            self.state, self.queue = FORCING, list(self.spec.forced)
-            if not self.queue:
-                self.state = DONE
+            self._force()
 
     def _accept(self, tok: int) -> None:
         self._generated.append(tok)
-        if self.state == BEFORE:
+        if self.state in (BEFORE, DONE):
             if _ends_with(self._generated, self.spec.start_ids):
-                self.state = THINKING
-                self._check_budget()
+                self._open()
         elif self.state == THINKING:
-            if _ends_with(self._generated, self.spec.end_ids):
+            if any(_ends_with(self._generated, end) for end in self.spec.end_seqs):
                 self.state = DONE
                 return
             self.count += 1
             self._check_budget()
         elif self.state == FORCING:
-            if self.queue and tok == self.queue[0]:
+            if self.queue:
                 self.queue.pop(0)
             if not self.queue:
                 self.state = DONE
@@ -86,6 +119,11 @@ class BudgetConstraint:
         for tok in history[self._seen:]:
             self._accept(tok)
         self._seen = len(history)
+        force_end = self.spec.force_end
+        if force_end is not None and force_end.requests != self._force_seen:
+            self._force_seen = force_end.requests
+            if self.state == THINKING:
+                self._force()
         inner = self.inner.mask_for(history) if self.inner is not None else None
         if self.state != FORCING:
             return inner

@@ -138,16 +138,17 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
 
     def mount(route) -> None:
         fn = handlers[route.handler]
+        code = fn.__code__
+        params = code.co_varnames[:code.co_argcount]
+        takes_body = params == ("body",)  # stubs answer without reading it
 
-        takes_body = fn.__code__.co_argcount == 1  # stubs answer without reading it
-
-        async def view(**_path_params):
+        async def view(**path_params):
             if takes_body:
                 body = await _json_body()
                 limits.check(body)
                 result = fn(body)
-            else:
-                result = fn()
+            else:  # path parameters by name (`:response_id` -> response_id)
+                result = fn(**{k: v for k, v in path_params.items() if k in params})
             if hasattr(result, "__await__"):
                 result = await result
             return result

@@ -18,14 +18,13 @@ import secrets
 import string
 from typing import Any, Callable, Iterable
 
-import attrs
 from quart import Response
 
 from ..chat import settings as chat_settings
-from ..chat.budget import BudgetGrammar
+from ..chat.budget import ForceEnd
 from ..chat.parser import ChatMsg, ChatStream, Diff
 from ..engine.records import Finished, PromptProgress, TokenPiece
-from . import grammar
+from . import control, grammar, reasoning_budget
 from .chat_request import ChatPlan, plan
 from .completion import Served, make_jobs, now_s, resolve, run_all
 from .errors import json_response
@@ -55,19 +54,18 @@ def chat_plan(served: Served, config, body: Any, generating: bool = True) -> Cha
     return plan(body, settings_for(served, config), served.bridge.vocab, generating)
 
 
-def chat_jobs(served: Served, config, chat: ChatPlan, values: dict) -> list:
-    """The plan's engine jobs; a reasoning budget wraps each job's grammar."""
+def chat_jobs(served: Served, config, chat: ChatPlan, values: dict,
+              force_end: ForceEnd | None = None) -> list:
+    """The plan's engine jobs; a reasoning budget (or armed realtime control)
+    wraps each job's grammar in the forced close of chat/budget.py."""
     jobs = make_jobs(served, values, [chat.tokens], chat.native)
-    if chat.budget < 0:
+    if chat.budget < 0 and force_end is None:
         return jobs
-    settings, vocab = settings_for(served, config), served.bridge.vocab
-    ids = lambda text: tuple(vocab.tokenize(text, False, True)) if text else ()  # noqa: E731
-    end = ids(settings.think_end)
-    return [attrs.evolve(job, grammar=BudgetGrammar(
-        job.grammar, n_vocab=vocab.n_vocab, budget=chat.budget,
-        start_ids=ids(settings.think_start), end_ids=end,
-        forced=ids(chat.budget_message) + end, open_at_start=chat.thinking_open))
-        for job in jobs]
+    settings = settings_for(served, config)
+    return reasoning_budget.wrap(
+        jobs, served.bridge.vocab, budget=chat.budget, start=settings.think_start,
+        ends=[settings.think_end], message=chat.budget_message,
+        open_at_start=chat.thinking_open, force_end=force_end)
 
 
 # -- shapes ---------------------------------------------------------------------------------
@@ -126,20 +124,26 @@ def final_message(chat: ChatPlan, text: str) -> ChatMsg:
     return stream.msg
 
 
-async def plan_jobs(served: Served, config, body: Any) -> tuple[ChatPlan, dict, list]:
+async def plan_jobs(served: Served, config, body: Any,
+                    force_end: ForceEnd | None = None) -> tuple[ChatPlan, dict, list]:
     """A chat-shaped body to its plan, resolved native values (grammar
-    compiled) and engine jobs: the start every generating chat route shares."""
+    compiled) and engine jobs: the start every generating chat route shares.
+    `force_end` is used when the request arms reasoning control."""
     chat = chat_plan(served, config, body)
     values = resolve(chat.native, served)
     await grammar.prepare(served, values)
-    return chat, values, chat_jobs(served, config, chat, values)
+    return chat, values, chat_jobs(served, config, chat, values,
+                                   force_end if chat.control else None)
 
 
 # -- the route ------------------------------------------------------------------------------
 
-async def complete(served: Served, config, body: Any) -> Response:
-    chat, values, jobs = await plan_jobs(served, config, body)
+async def complete(served: Served, config, body: Any, scope: str = "") -> Response:
+    force_end = ForceEnd()
+    chat, values, jobs = await plan_jobs(served, config, body, force_end)
     cid, created = "chatcmpl-" + random_string(), now_s()
+    # controllable by id while this request runs; armed only when asked for
+    control.register(cid, scope, force_end if chat.control else None)
     if not chat.stream:
         finished = await run_all(served, jobs)
         choices = []

@@ -61,6 +61,7 @@ class ChatPlan:
     budget: int = -1              # thinking tokens before a forced close (-1: none)
     budget_message: str = ""
     thinking_open: bool = False   # the prompt ends inside a thinking block
+    control: bool = False         # reasoning_control: the close can be forced at runtime
 
 
 # -- messages ---------------------------------------------------------------------------
@@ -396,7 +397,10 @@ def plan(body: Any, settings: ChatSettings, vocab, generating: bool = True) -> C
             "parse_tool_calls", True) is not False else None,
         skip=settings.skip_parsing,
     )
-    native = {k: v for k, v in body.items() if k not in ("logprobs", "top_logprobs")}
+    # a thinking template's markers decide the budget (upstream overwrites the
+    # native reasoning_budget_* fields); otherwise the body's own pass through
+    dropped = ("logprobs", "top_logprobs") + (_CHAT_BUDGET_FIELDS if settings.thinks else ())
+    native = {k: v for k, v in body.items() if k not in dropped}
     if body.get("logprobs") is True:
         top = body.get("top_logprobs")
         native["n_probs"] = top if isinstance(top, int) and not isinstance(top, bool) else 20
@@ -409,8 +413,14 @@ def plan(body: Any, settings: ChatSettings, vocab, generating: bool = True) -> C
                     prefill=prefill, echo=echo, tools=rendered_tools, native=native,
                     stream=stream, include_usage=include_usage, budget=budget,
                     budget_message=message,
+                    control=settings.thinks and body.get("reasoning_control") is True,
                     thinking_open=_thinking_open(gen + prefill, settings) or (
                         primed and settings.think_end not in prefill))
+
+
+_CHAT_BUDGET_FIELDS = ("reasoning_budget_tokens", "reasoning_budget_start_tag",
+                       "reasoning_budget_end_tags", "reasoning_budget_end_tag",
+                       "reasoning_budget_message", "reasoning_control")
 
 
 def _int_or(body: dict, key: str, default: int) -> int:

@@ -1,23 +1,36 @@
 """The chat surfaces' handler entries, merged into server/app.py's table.
 
-Each entry takes the request body (or nothing) as app.py's mount expects;
-`ctx` gives the running server's `Served`, `config` its `ServerConfig`.
+Each entry takes the request body (`body`), path parameters by name, or
+nothing, as app.py's mount expects; `ctx` gives the running server's
+`Served`, `config` its `ServerConfig`.  The stored responses live here, one
+store per app.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from . import anthropic, chat_completions, responses
+from . import anthropic, chat_completions, control, responses
+from .response_store import ResponseStore
+from .scope import caller_scope
 
 
 def handlers(ctx: Callable[[], Any], config) -> dict[str, Callable]:
+    store = ResponseStore()
+
+    def scope() -> str:
+        return caller_scope(config.api_keys)
+
     return {
-        "chat_completions": lambda body: chat_completions.complete(ctx(), config, body),
+        "chat_completions": lambda body: chat_completions.complete(ctx(), config, body, scope()),
+        "chat_control": lambda body: control.control(body, scope()),
         "apply_template": lambda body: chat_completions.apply_template(ctx(), config, body),
         "chat_input_tokens": lambda body: chat_completions.input_tokens(ctx(), config, body),
         "anthropic_messages": lambda body: anthropic.messages(ctx(), config, body),
         "anthropic_count_tokens": lambda body: anthropic.count_tokens(ctx(), config, body),
-        "responses": lambda body: responses.create(ctx(), config, body),
-        "responses_input_tokens": lambda body: responses.input_tokens(ctx(), config, body),
+        "responses": lambda body: responses.create(ctx(), config, body, store, scope()),
+        "responses_input_tokens": lambda body: responses.input_tokens(ctx(), config, body,
+                                                                      store, scope()),
+        "responses_retrieve": lambda response_id: responses.retrieve(store, scope(), response_id),
+        "responses_cancel": lambda response_id: responses.cancel(store, scope(), response_id),
     }

@@ -15,7 +15,7 @@ import attrs
 
 from ..bridge import Bridge
 from ..engine.records import Failed, Finished, Job
-from . import grammar, sampling
+from . import grammar, reasoning_budget, sampling
 from .errors import ApiError, json_type_name
 from .fields import parse_fields
 
@@ -132,7 +132,8 @@ def make_jobs(served: Served, values: dict, prompts: list[list[int]], body: dict
     """Every prompt times n_cmpl; a job's result index is its list position
     (prompt i's copies are i * n_cmpl .. i * n_cmpl + n_cmpl - 1)."""
     n = values["n_cmpl"]
-    return [make_job(served, values, p, body, copy) for p in prompts for copy in range(n)]
+    jobs = [make_job(served, values, p, body, copy) for p in prompts for copy in range(n)]
+    return reasoning_budget.native_jobs(served.bridge.vocab, values, body, jobs)
 
 
 def raise_failed(ev: Failed) -> None:

@@ -11,22 +11,30 @@ content_part.added and the reasoning_text / output_text /
 function_call_arguments deltas as they come, the matching .done events and
 response.completed, each as `event: <type>` plus `data:`.
 
-`previous_response_id` is refused with upstream's wording: no response is
-stored, so there is nothing to continue from.
+Unlike upstream (which refuses `previous_response_id` and keeps nothing),
+responses are stored as OpenAI stores them (server/response_store.py):
+`previous_response_id` continues a stored conversation, GET
+/v1/responses/:id answers a stored response, and `background: true` runs the
+generation as a task owned by the app's nursery, so POST answers at once
+(status "queued"), GET follows it, and POST /v1/responses/:id/cancel stops
+it.  As OpenAI's contract says, only a background response can be cancelled.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
-from quart import Response
+import trio
+from quart import Response, current_app
 
 from ..chat.parser import ChatMsg, ChatStream
 from ..engine.records import Finished, PromptProgress, TokenPiece
 from .chat_completions import chat_plan, final_message, plan_jobs, random_string
 from .chat_request import bad
+from ..bridge import REQUEST_CLEANUPS
 from .completion import Served, now_s, run_all
-from .errors import dumps, json_response
+from .errors import ApiError, dumps, json_response
+from .response_store import MAX_BACKGROUND, ResponseStore, Stored
 from .streams import sse_response
 from .sse import event_stream, first_event
 
@@ -134,16 +142,17 @@ def _items(items: list) -> list:
     return out
 
 
-def to_chat_body(body: Any) -> dict:
-    """server_chat_convert_responses_to_chatcmpl."""
+def to_chat_body(body: Any, history: list | None = None) -> dict:
+    """server_chat_convert_responses_to_chatcmpl; `history` (the chat
+    messages of a stored previous response) goes after the instructions."""
     if not isinstance(body, dict) or "input" not in body:
         raise bad("'input' is required")
-    if isinstance(body.get("previous_response_id"), str) and body["previous_response_id"]:
-        raise bad("llama.cpp does not support 'previous_response_id'.")
     for key in ("n", "n_cmpl"):
         if body.get(key) not in (None, 1):
             raise bad(f"'{key}' must be 1 on this route: a response carries one output")
-    chat = {k: v for k, v in body.items() if k not in ("input", "instructions", "text")}
+    chat = {k: v for k, v in body.items()
+            if k not in ("input", "instructions", "text", "previous_response_id", "store",
+                         "background")}
     fmt = body["text"].get("format") if isinstance(body.get("text"), dict) else None
     if _is(fmt, "type", str) and fmt["type"] == "json_schema":
         # structured output: the chat route's response_format (upstream ignores text)
@@ -155,6 +164,7 @@ def to_chat_body(body: Any) -> dict:
     if "instructions" in body:
         messages.append({"role": "system", "content": body["instructions"]
                          if isinstance(body["instructions"], str) else ""})
+    messages += history or []
     value = body["input"]
     if isinstance(value, str):
         messages.append({"role": "user", "content": value})
@@ -222,27 +232,147 @@ def _event(kind: str, data: dict) -> bytes:
 
 # -- routes -------------------------------------------------------------------------------
 
-async def create(served: Served, config, body: Any) -> Response:
-    chat, values, (job,) = await plan_jobs(served, config, to_chat_body(body))
-    rid = "resp_" + random_string()
+def _previous(body: Any, store: ResponseStore, scope: str) -> Stored | None:
+    rid = body.get("previous_response_id") if isinstance(body, dict) else None
+    if not isinstance(rid, str) or not rid:
+        return None
+    prev = store.get(scope, rid)
+    if prev is None or prev.live:
+        raise bad(f"Previous response with id '{rid}' not found.")
+    return prev
+
+
+def _turns(body: dict, chat_body: dict) -> list:
+    """The conversation a stored response carries on: everything but the
+    instructions, which are not carried over."""
+    return chat_body["messages"][1 if "instructions" in body else 0:]
+
+
+def assistant_turn(msg: ChatMsg) -> dict:
+    """The reply as the chat message a continuation renders."""
+    turn: dict[str, Any] = {"role": "assistant", "content": msg.content}
+    if msg.reasoning_content:
+        turn["reasoning_content"] = msg.reasoning_content
+    if msg.tool_calls:
+        turn["tool_calls"] = [{"type": "function", "id": "call_" + c.id,
+                               "function": {"name": c.name, "arguments": c.arguments}}
+                              for c in msg.tool_calls]
+    return turn
+
+
+def _object(served: Served, rid: str, created: int, status: str, output: list,
+            usage: dict | None, extra: dict) -> dict:
+    obj = {"completed_at": now_s() if status == "completed" else None, "created_at": created,
+           "id": rid, "model": served.model_name, "object": "response", "output": output,
+           "status": status, "usage": usage, **extra}
+    if obj["completed_at"] is None:
+        del obj["completed_at"]
+    return obj
+
+
+async def create(served: Served, config, body: Any, store: ResponseStore,
+                 scope: str) -> Response:
+    prev = _previous(body, store, scope)
+    chat_body = to_chat_body(body, prev.history if prev else None)
+    keep = body.get("store") is not False
+    background = body.get("background") is True
+    extra: dict[str, Any] = {}
+    if prev is not None:
+        extra["previous_response_id"] = body["previous_response_id"]
+    if background:
+        if body.get("stream") is True:
+            raise bad("'background' responses cannot be streamed here: poll "
+                      "GET /v1/responses/:id instead")
+        if not keep:
+            raise bad("'background' requires 'store' to be true")
+        if store.live_background() >= MAX_BACKGROUND:
+            raise ApiError(f"too many background responses in progress (at most "
+                           f"{MAX_BACKGROUND})", "unavailable_error")
+        extra["background"] = True
+    chat, values, (job,) = await plan_jobs(served, config, chat_body)
+    rid, created = "resp_" + random_string(), now_s()
+    turns = _turns(body, chat_body)
+
+    def finished(msg: ChatMsg, obj: dict) -> None:
+        if keep:
+            store.put(scope, rid, Stored(obj, turns + [assistant_turn(msg)], background))
+
+    if background:
+        return _start_background(served, chat, job, store, scope, rid, created, turns, extra)
     if not chat.stream:
         (fin,) = await run_all(served, [job])
         msg = final_message(chat, fin.content)
-        t = now_s()
-        return json_response({"completed_at": t, "created_at": t, "id": rid,
-                              "model": served.model_name, "object": "response",
-                              "output": output_items(msg), "status": "completed",
-                              "usage": _usage(fin)})
+        obj = _object(served, rid, created, "completed", output_items(msg), _usage(fin), extra)
+        finished(msg, obj)
+        return json_response(obj)
     handle = served.bridge.open(job)
     first = await first_event(handle)
-    renderer = _Renderer(served, chat, rid, values["timings_per_token"])
+    renderer = _Renderer(served, chat, rid, values["timings_per_token"], created, extra,
+                         finished)
     return sse_response(handle, event_stream(handle, first, renderer.render,
                                              values["sse_ping_interval"]))
 
 
+def _start_background(served: Served, chat, job, store: ResponseStore, scope: str, rid: str,
+                      created: int, turns: list, extra: dict) -> Response:
+    """Queue the generation in the app's nursery; its entry is what GET sees."""
+    scope_cs = trio.CancelScope()
+    entry = Stored(_object(served, rid, created, "queued", [], None, extra), turns, True,
+                   scope_cs.cancel)
+    store.put(scope, rid, entry)
+
+    async def run() -> None:
+        REQUEST_CLEANUPS.set(None)  # the task outlives the request that started it
+        obj = None
+        with scope_cs:
+            entry.obj["status"] = "in_progress"
+            try:
+                (fin,) = await run_all(served, [job])
+                msg = final_message(chat, fin.content)
+                obj = _object(served, rid, created, "completed", output_items(msg),
+                              _usage(fin), extra)
+                entry.history = turns + [assistant_turn(msg)]
+            except ApiError as err:
+                obj = _object(served, rid, created, "failed", [], None,
+                              {**extra, "error": {"code": err.type, "message": err.message}})
+        entry.cancel = None
+        if scope_cs.cancelled_caught or obj is None:
+            obj = {**entry.obj, "status": "cancelled"}
+        entry.obj = obj
+        store.put(scope, rid, entry)
+
+    current_app.nursery.start_soon(run)
+    return json_response(entry.obj)
+
+
+def _lookup(store: ResponseStore, scope: str, rid: str) -> Stored:
+    stored = store.get(scope, rid)
+    if stored is None:
+        raise ApiError(f"Response with id '{rid}' not found.", "not_found_error")
+    return stored
+
+
+def retrieve(store: ResponseStore, scope: str, rid: str) -> Response:
+    return json_response(_lookup(store, scope, rid).obj)
+
+
+def cancel(store: ResponseStore, scope: str, rid: str) -> Response:
+    """OpenAI's contract: only a background response can be cancelled; a
+    finished one is answered unchanged."""
+    stored = _lookup(store, scope, rid)
+    if not stored.background:
+        raise bad("Only responses created with background=true can be cancelled.")
+    if stored.live and stored.cancel is not None:
+        stored.cancel()
+        stored.obj = {**stored.obj, "status": "cancelled"}
+    return json_response(stored.obj)
+
+
 class _Renderer:
-    def __init__(self, served: Served, chat, rid: str, per_token_timings: bool) -> None:
+    def __init__(self, served: Served, chat, rid: str, per_token_timings: bool, created: int,
+                 extra: dict, finished: Callable[[ChatMsg, dict], None]) -> None:
         self.served, self.rid = served, rid
+        self.created_at, self.extra, self.finished = created, extra, finished
         self.stream = ChatStream(chat.syntax, chat.prefill, chat.echo)
         self.created = False
         self.reasoning_id = "rs_" + random_string()
@@ -332,13 +462,19 @@ class _Renderer:
             item = _call_item(call)
             out.append(("response.output_item.done", {"item": item}))
             output.append(item)
-        out.append(("response.completed", {"response": {
+        response = {
             "id": self.rid, "object": "response", "created_at": now_s(), "status": "completed",
-            "model": self.served.model_name, "output": output, "usage": _usage(fin)},
-            "timings": fin.timings.to_json()}))
+            "model": self.served.model_name, "output": output, "usage": _usage(fin),
+            **self.extra}
+        out.append(("response.completed", {"response": response,
+                                           "timings": fin.timings.to_json()}))
+        self.finished(msg, {**response, "created_at": self.created_at, "completed_at": now_s()})
         return out
 
 
-def input_tokens(served: Served, config, body: Any) -> Response:
-    chat = chat_plan(served, config, to_chat_body(body), generating=False)
+def input_tokens(served: Served, config, body: Any, store: ResponseStore,
+                 scope: str) -> Response:
+    prev = _previous(body, store, scope)
+    chat = chat_plan(served, config, to_chat_body(body, prev.history if prev else None),
+                     generating=False)
     return json_response({"input_tokens": len(chat.tokens), "object": "response.input_tokens"})

@@ -46,6 +46,11 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/v1/stream", "stream_get"),
     Route("DELETE", "/v1/stream", "stream_delete"),
     Route("POST", "/v1/streams/lookup", "streams_lookup"),
+    # mlxcel-only: OpenAI's stored-response routes (manifest: mlxcel-extensions.json)
+    Route("GET", "/v1/responses/:response_id", "responses_retrieve"),
+    Route("POST", "/v1/responses/:response_id/cancel", "responses_cancel"),
+    # realtime reasoning control (issue #6)
+    Route("POST", "/v1/chat/completions/control", "chat_control"),
     # Features this server runs without, answered exactly as llama-server
     # answers them when it was started without the enabling flag.
     Route("GET", "/metrics", "no_metrics"),

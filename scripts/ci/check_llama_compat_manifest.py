@@ -12,6 +12,9 @@ followed by the seven policy keys in canonical order; states, issue links and
 shard ownership; the divergence rule; by_design obligations; rationale rules;
 the closed claim-key set; test pointers resolve to real pytest items (parsed
 with ast); _unclassified.json is empty; every file is in canonical form.
+mlxcel-only routes live in the extensions file pin.json lists under
+"extensions" (kind mlxcel_route): each names the contract it follows, claims
+exactly its own mounted route, has a test, and never shadows an upstream id.
 
 Exit status 0 when the manifest is valid, 1 otherwise, with one line per
 problem on stdout.
@@ -100,6 +103,114 @@ def check_pin(pin: Any, p: Problems) -> dict[str, list[int]]:
                   "issues before entries can live there")
         owners[name] = own
     return owners
+
+
+def check_pin_extensions(pin: dict, p: Problems) -> list[int] | None:
+    """The extensions file's owners, or None when pin.json lists none."""
+    if not isinstance(pin, dict) or "extensions" not in pin:
+        return None
+    spec = pin["extensions"]
+    if not isinstance(spec, dict) or set(spec) != {"file", "owners"} \
+            or spec.get("file") != lib.EXTENSIONS:
+        p.add(lib.PIN, f"extensions must be {{\"file\": {lib.EXTENSIONS!r}, \"owners\": [...]}}")
+        return []
+    own = spec["owners"]
+    if not isinstance(own, list) or not own or not all(
+            isinstance(i, int) and not isinstance(i, bool) for i in own):
+        p.add(lib.PIN, "extensions.owners must be a non-empty list of issue numbers")
+        return []
+    return own
+
+
+def check_extension_entry(where: str, entry: Any, owners: list[int], repo: Path,
+                          p: Problems) -> None:
+    """One mlxcel-only route: its facts are ours, so they must describe it."""
+    if not isinstance(entry, dict):
+        p.add(where, "entry is not an object")
+        return
+    if entry.get("kind") != lib.EXTENSION_KIND:
+        p.add(where, f"the extensions file holds only {lib.EXTENSION_KIND!r} entries "
+              f"(got kind {entry.get('kind')!r})")
+        return
+    expected = list(lib.EXTENSION_FACT_KEYS) + list(lib.POLICY_KEYS)
+    if list(entry) != expected:
+        p.add(where, f"an {lib.EXTENSION_KIND} entry carries exactly {', '.join(expected)}, "
+              "in that order")
+        return
+    method, path = entry["method"], entry["path"]
+    if not (_nonempty_str(method) and _nonempty_str(path)) or entry["id"] != f"{method} {path}":
+        p.add(where, "id must be \"<method> <path>\" of the entry's own method and path")
+    if not isinstance(entry["api_key_exempt"], bool):
+        p.add(where, "api_key_exempt must be true or false")
+    if not _nonempty_str(entry["reference"]):
+        p.add(where, "reference must name the API whose contract the route follows")
+    state = entry["state"]
+    if state not in lib.EXTENSION_STATES:
+        p.add(where, f"an mlxcel-only route is one of {', '.join(lib.EXTENSION_STATES)} "
+              f"(got {state!r})")
+    issue = entry["issue"]
+    if not isinstance(issue, int) or isinstance(issue, bool) or issue not in owners:
+        p.add(where, f"issue must be one of the extensions' owners "
+              f"({', '.join('#' + str(i) for i in owners)}), got {issue!r}")
+    test = entry["test"]
+    if test is None:
+        p.add(where, "an mlxcel-only route needs a test pointer")
+    else:
+        why = lib.resolve_test(test, repo) if isinstance(test, str) else "is not a string"
+        if why:
+            p.add(where, f"test pointer {test!r} {why}")
+    if not _nonempty_str(entry["notes"]):
+        p.add(where, "an mlxcel-only route needs notes saying what it serves and why")
+    div = entry["divergence"]
+    if not _is_str_list(div):
+        p.add(where, "divergence must be a list of non-empty strings")
+        div = []
+    if state == "supported" and div:
+        p.add(where, "state 'supported' with a non-empty divergence list: an mlxcel-only route "
+              "that differs from its reference contract is by_design or deferred")
+    if state == "by_design" and not div:
+        p.add(where, "by_design needs a non-empty divergence list (an entry with none is "
+              "supported)")
+    check_rationale(where, entry, p)
+    claim = entry["mlxcel"]
+    want = {"route": {"method": method, "path": path}}
+    if state != "deferred" and claim != want:
+        p.add(where, f"an mlxcel-only route claims exactly its own mounted route: {want}")
+    elif state == "deferred" and claim is not None and claim != want:
+        p.add(where, f"the claim must be null or {want}")
+
+
+def check_extensions(manifest_dir: Path, owners: list[int], seen: dict[str, str], repo: Path,
+                     p: Problems) -> list[dict]:
+    path = manifest_dir / lib.EXTENSIONS
+    doc = load_json(path, p)
+    if doc is None:
+        return []
+    check_canonical(path, doc, p)
+    if not isinstance(doc, dict) or list(doc) != ["schema_version", "shard", "entries"] \
+            or not isinstance(doc["entries"], list):
+        p.add(path.name, "must be an object with exactly schema_version, shard, entries")
+        return []
+    if doc["schema_version"] != lib.SCHEMA_VERSION:
+        p.add(path.name, f"schema_version must be {lib.SCHEMA_VERSION}")
+    if doc["shard"] != lib.EXTENSIONS_SHARD:
+        p.add(path.name, f"shard must be {lib.EXTENSIONS_SHARD!r}")
+    items = doc["entries"]
+    ids = [e.get("id") for e in items if isinstance(e, dict)]
+    if ids != sorted(ids, key=str):
+        p.add(path.name, "entries are not sorted by id")
+    out = []
+    for entry in items:
+        eid = entry.get("id") if isinstance(entry, dict) else None
+        where = f"{path.name}: {eid}"
+        if eid in seen:
+            p.add(where, f"duplicate id (also in {seen[eid]}): an mlxcel-only route may not "
+                  "shadow an upstream entry")
+        seen[str(eid)] = path.name
+        check_extension_entry(where, entry, owners, repo, p)
+        if isinstance(entry, dict):
+            out.append(entry)
+    return out
 
 
 def check_rationale(where: str, entry: dict, p: Problems) -> None:
@@ -289,8 +400,11 @@ def validate(manifest_dir: Path, shared: Path | None, repo: Path) -> list[str]:
         return p.lines
     check_canonical(manifest_dir / lib.PIN, pin, p)
     owners = check_pin(pin, p)
+    ext_owners = check_pin_extensions(pin, p)
 
     listed = {lib.shard_file(n) for n in owners} | {lib.PIN, lib.UNCLASSIFIED}
+    if ext_owners is not None:
+        listed.add(lib.EXTENSIONS)
     for extra in sorted(manifest_dir.glob("*.json")):
         if extra.name not in listed:
             p.add(extra.name, "is not a shard listed in pin.json")
@@ -336,9 +450,17 @@ def validate(manifest_dir: Path, shared: Path | None, repo: Path) -> list[str]:
                 p.add(lib.UNCLASSIFIED, f"{e.get('id')}: new upstream item not classified yet; "
                       "move it to its shard with a state, an owning issue and notes")
 
+    extensions = check_extensions(manifest_dir, ext_owners, seen, repo, p) \
+        if ext_owners is not None else []
+
     check_counts(pin, entries, p)
     if shared is not None and lib.have_upstream(shared):
         check_against_upstream(entries, shared, p)
+        upstream_ids = {f["id"] for f in lib.upstream_facts(shared)}
+        for e in extensions:
+            if e.get("id") in upstream_ids:
+                p.add(f"{lib.EXTENSIONS}: {e['id']}", "is in the upstream inventory: classify "
+                      "it in its shard, not as an mlxcel-only route")
     return p.lines
 
 

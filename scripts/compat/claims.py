@@ -12,7 +12,8 @@ manifest and the code together in both directions:
   is an error;
 * routes, against ``mlxcel_trio.server.routes.ROUTES``: a claimed route is
   mounted, an unclaimed upstream route is not, a mounted route without a
-  claim is an error;
+  claim (in an upstream shard, or as an mlxcel-only route in the extensions
+  file) is an error;
 * native request fields, against ``mlxcel_trio.server.fields.NATIVE_FIELDS``
   the same way, plus the field's status against the entry's state.
 
@@ -49,6 +50,8 @@ def load_entries(manifest_dir: Path = lib.MANIFEST_DIR) -> list[dict]:
     entries: list[dict] = []
     for name, spec in pin["shards"].items():
         entries.extend(lib.read(manifest_dir / spec["file"])["entries"])
+    if "extensions" in pin:
+        entries.extend(lib.read(manifest_dir / pin["extensions"]["file"])["entries"])
     return entries
 
 
@@ -221,6 +224,21 @@ def route_problems(entries: Sequence[dict], routes: Sequence[Any] | None = None)
     problems: list[str] = []
     claimed: dict[tuple[str, str], str] = {}
     for entry in entries:
+        if entry["kind"] == lib.EXTENSION_KIND:
+            where = f"mlxcel-only route {entry['id']}"
+            ours = (entry["method"], entry["path"])
+            if entry.get("mlxcel") is None:
+                if ours in mounted:
+                    problems.append(f"{where}: mounted, but the entry has no claim")
+                continue
+            if ours not in mounted:
+                problems.append(f"{where}: claims {ours[0]} {ours[1]}, which ROUTES does not mount")
+            elif mounted[ours].public != entry["api_key_exempt"]:
+                problems.append(f"{where}: its API-key exemption differs from ROUTES'")
+            if ours in claimed:
+                problems.append(f"{where}: {ours[0]} {ours[1]} is also claimed by {claimed[ours]}")
+            claimed[ours] = where
+            continue
         if entry["kind"] != "route":
             continue
         where = f"route {entry['id']}"

@@ -62,7 +62,7 @@ def extract(shared: Path, manifest_dir: Path) -> list[str]:
         shards.setdefault(name, {"file": lib.shard_file(name), "owners": []})
     for path in sorted(manifest_dir.glob("*.json")):
         stem = path.stem
-        if path.name not in (lib.PIN, lib.UNCLASSIFIED) and stem not in shards:
+        if path.name not in (lib.PIN, lib.UNCLASSIFIED, lib.EXTENSIONS) and stem not in shards:
             names.append(stem)
             shards[stem] = {"file": path.name, "owners": []}
     facts = lib.upstream_facts(shared)
@@ -88,6 +88,8 @@ def extract(shared: Path, manifest_dir: Path) -> list[str]:
         "shards": {name: {"file": shards[name].get("file", lib.shard_file(name)),
                           "owners": list(shards[name].get("owners", []))} for name in names},
     }
+    if "extensions" in pin:  # mlxcel-only routes: ours, kept as they are
+        new_pin["extensions"] = pin["extensions"]
     changed = []
     if lib.write(pin_path, new_pin):
         changed.append(lib.PIN)

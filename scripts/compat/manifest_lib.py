@@ -36,6 +36,18 @@ UPSTREAM_SUBDIR = Path("upstream") / "llama-server"
 PIN = "pin.json"
 UNCLASSIFIED = "_unclassified.json"
 
+# mlxcel-only routes (no upstream counterpart at the pinned release, e.g. the
+# OpenAI Responses retrieve / cancel pair) live apart from the upstream shards,
+# in one extensions file that pin.json lists under "extensions": they are not
+# upstream inventory, so they never count there, and an extension may not
+# shadow an upstream id.  Each entry names the API whose contract it follows
+# (`reference`) and is classified against that contract.
+EXTENSIONS = "mlxcel-extensions.json"
+EXTENSIONS_SHARD = "mlxcel-extensions"
+EXTENSION_KIND = "mlxcel_route"
+EXTENSION_FACT_KEYS = ("kind", "id", "method", "path", "api_key_exempt", "reference")
+EXTENSION_STATES = ("supported", "deferred", "by_design")
+
 # The divergence string that marks a native field accepted, validated and then
 # ignored; the claim checks hold it in step with NATIVE_FIELDS' "deferred" status.
 IGNORED_FIELD = "the value is validated and then ignored"

@@ -128,7 +128,7 @@ def test_items_render_like_chat_messages(server):
     ({}, "'input' is required"),
     ({"input": 5}, "'input' must be a string or array of objects"),
     ({"input": "x", "previous_response_id": "resp_1"},
-     "llama.cpp does not support 'previous_response_id'."),
+     "Previous response with id 'resp_1' not found."),
     ({"input": [{"role": "user", "content": [{"type": "input_file"}]}]},
      "'input_file' is not supported by llamacpp at this moment"),
     ({"input": [{"type": "mystery"}]}, "Cannot determine type of 'item'"),

@@ -7,23 +7,27 @@ from __future__ import annotations
 
 import numpy as np
 
-from mlxcel_trio.chat.budget import BudgetGrammar
+from mlxcel_trio.chat.budget import BudgetGrammar, ForceEnd
 
 START, END, MSG = 10, 11, (20, 21)
 N_PROMPT = 3
 
 
-def grammar(budget, open_at_start=False, inner=None, forced=MSG + (END,)):
-    return BudgetGrammar(inner, n_vocab=32, budget=budget, start_ids=(START,), end_ids=(END,),
-                         forced=forced, open_at_start=open_at_start)
+def grammar(budget, open_at_start=False, inner=None, forced=MSG + (END,), force_end=None,
+            ends=((END,),)):
+    return BudgetGrammar(inner, n_vocab=32, budget=budget, start_ids=(START,), end_seqs=ends,
+                         forced=forced, open_at_start=open_at_start, force_end=force_end)
 
 
-def run(g, generated):
-    """The mask before each draw, as the engine asks: history = prompt + drawn."""
+def run(g, generated, at=None):
+    """The mask before each draw, as the engine asks: history = prompt + drawn.
+    `at`: {draw index: callable} run just before that draw's mask is asked."""
     c = g.start(N_PROMPT)
     history = [1, 2, 3]
     masks = []
-    for tok in generated:
+    for i, tok in enumerate(generated):
+        if at and i in at:
+            at[i]()
         masks.append(c.mask_for(history))
         history.append(tok)
     masks.append(c.mask_for(history))
@@ -62,3 +66,34 @@ class _Inner:
 def test_the_inner_grammar_applies_outside_the_forced_run():
     masks = run(grammar(1, inner=_Inner()), [START, 5, 20, 21, END])
     assert masks == [(30,), (30,), (20,), (21,), (END,), (30,)]
+
+
+def test_unlimited_budget_never_forces():
+    assert run(grammar(-1, open_at_start=True), [5, 6, 7, 8]) == [None] * 5
+
+
+def test_a_new_opener_after_a_closed_block_rearms_the_budget():
+    masks = run(grammar(1), [START, 5, 20, 21, END, 6, START, 7, 20, 21, END])
+    assert masks == [None, None, (20,), (21,), (END,), None, None, None,
+                     (20,), (21,), (END,), None]
+
+
+def test_any_end_sequence_closes_the_block():
+    g = grammar(3, ends=((END,), (12, 13)))
+    assert run(g, [START, 12, 13, 5, 6, 7, 8]) == [None] * 8
+
+
+def test_force_end_while_thinking_enters_the_forced_run():
+    flag = ForceEnd()
+    masks = run(grammar(-1, open_at_start=True, force_end=flag), [5, 6, 20, 21, END, 7],
+                at={2: flag.request})
+    assert masks == [None, None, (20,), (21,), (END,), None, None]
+
+
+def test_force_end_outside_the_block_changes_nothing():
+    flag = ForceEnd()
+    # before the opener, and after the close: both are no-ops, and a later
+    # opener is not closed by a request that arrived before it
+    masks = run(grammar(-1, force_end=flag), [5, START, 6, END, 7],
+                at={0: flag.request, 4: flag.request})
+    assert masks == [None] * 6

@@ -1,0 +1,84 @@
+"""Reasoning-budget jobs: the forced close of chat/budget.py, wired onto jobs.
+
+Two routes reach it.  The chat routes know the template's thinking markers
+and pass them (chat_completions.chat_jobs).  The raw-prompt routes read
+upstream's native fields (`native_jobs`), with upstream's semantics for a
+request that carries no template:
+
+* the budget applies only when the request names both a start tag and at
+  least one end tag, and then only with `reasoning_budget_tokens >= 0` or
+  `reasoning_control: true` (-1 with control means no budget, control only);
+* the tags are tokenized with special-token parsing, and counting starts
+  when the model itself emits the start tag (a raw prompt is never primed);
+* `reasoning_budget_end_tags` is a list of strings (a lone string counts as
+  one), `reasoning_budget_end_tag` a single string; empty tags are dropped;
+* the forced run is `reasoning_budget_message` + the first end tag, and only
+  when the message field is present: without it an exhausted budget forces
+  nothing, exactly as upstream composes the forced sequence in the message
+  field's handler.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from ..chat.budget import BudgetGrammar, ForceEnd
+from ..engine.records import Job
+from .errors import ApiError, json_type_name
+
+
+def _ids(vocab, text: str) -> tuple[int, ...]:
+    return tuple(vocab.tokenize(text, False, True)) if text else ()
+
+
+def wrap(jobs: list[Job], vocab, *, budget: int, start: str, ends: list[str], message: str | None,
+         open_at_start: bool, force_end: ForceEnd | None) -> list[Job]:
+    """Each job's grammar wrapped in the budget: `message` None forces nothing."""
+    end_seqs = tuple(_ids(vocab, e) for e in ends if e)
+    forced = _ids(vocab, message) + end_seqs[0] if message is not None and end_seqs else ()
+    start_ids = _ids(vocab, start)
+    return [attrs.evolve(job, grammar=BudgetGrammar(
+        job.grammar, n_vocab=vocab.n_vocab, budget=budget, start_ids=start_ids,
+        end_seqs=end_seqs, forced=forced, open_at_start=open_at_start, force_end=force_end))
+        for job in jobs]
+
+
+def _type_error(spelling: str, value: Any) -> ApiError:
+    return ApiError(f"Field '{spelling}': [json.exception.type_error.302] type must be string, "
+                    f"but is {json_type_name(value)}")
+
+
+def native_end_tags(body: dict) -> list[str]:
+    """The end tags as upstream's handler reads them (which spelling, which shape)."""
+    if "reasoning_budget_end_tags" in body:
+        value = body["reasoning_budget_end_tags"]
+        items = value if isinstance(value, list) else list(value.values()) \
+            if isinstance(value, dict) else [] if value is None else [value]
+        for item in items:
+            if not isinstance(item, str):
+                raise _type_error("reasoning_budget_end_tags", item)
+        return [t for t in items if t]
+    value = body.get("reasoning_budget_end_tag")
+    if value is None:
+        return []
+    if not isinstance(value, str):
+        raise _type_error("reasoning_budget_end_tag", value)
+    return [value] if value else []
+
+
+def native_jobs(vocab, values: dict, body: dict, jobs: list[Job],
+                force_end: ForceEnd | None = None) -> list[Job]:
+    """The raw-prompt routes: the native fields' budget, when they ask for one."""
+    start = values.get("reasoning_budget_start_tag")
+    if start is None and "reasoning_budget_end_tags" not in body \
+            and body.get("reasoning_budget_end_tag") is None:
+        return jobs
+    ends = native_end_tags(body)
+    budget, control = values["reasoning_budget_tokens"], values["reasoning_control"]
+    if not start or not _ids(vocab, start) or not ends or not (budget >= 0 or control):
+        return jobs
+    return wrap(jobs, vocab, budget=budget, start=start, ends=ends,
+                message=values.get("reasoning_budget_message"), open_at_start=False,
+                force_end=force_end if control else None)
