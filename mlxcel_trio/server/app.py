@@ -46,6 +46,7 @@ from .errors import (
     request_timeout,
 )
 from .routes import ROUTES, quart_rule
+from .scope import caller_scope
 
 log = logging.getLogger("mlxcel.http")
 
@@ -120,7 +121,8 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
         "models": lambda: info.models(ctx(), config.aliases, config.tags),
         "slots": lambda: info.slots(bridge),
         "completion": lambda body: native.complete(ctx(), body),
-        "v1_completions": lambda body: openai_completions.complete_v1(ctx(), body),
+        "v1_completions": lambda body: openai_completions.complete_v1(
+            ctx(), body, caller_scope(config.api_keys)),
         "infill": lambda body: infill.infill(ctx(), body),
         "tokenize": lambda body: tokens.tokenize(bridge.vocab, body),
         "detokenize": lambda body: tokens.detokenize(bridge.vocab, body),

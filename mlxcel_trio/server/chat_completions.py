@@ -143,7 +143,9 @@ async def complete(served: Served, config, body: Any, scope: str = "") -> Respon
     chat, values, jobs = await plan_jobs(served, config, body, force_end)
     cid, created = "chatcmpl-" + random_string(), now_s()
     # controllable by id while this request runs; armed only when asked for
-    control.register(cid, scope, force_end if chat.control else None)
+    # (a template without thinking markers arms a flag nothing reads, as upstream)
+    armed = chat.control or values["reasoning_control"]
+    control.register(cid, scope, force_end if armed else None)
     if not chat.stream:
         finished = await run_all(served, jobs)
         choices = []

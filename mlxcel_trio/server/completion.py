@@ -128,12 +128,15 @@ def make_job(served: Served, values: dict, prompt: list[int], body: dict,
     )
 
 
-def make_jobs(served: Served, values: dict, prompts: list[list[int]], body: dict) -> list[Job]:
+def make_jobs(served: Served, values: dict, prompts: list[list[int]], body: dict,
+              force_end=None) -> list[Job]:
     """Every prompt times n_cmpl; a job's result index is its list position
-    (prompt i's copies are i * n_cmpl .. i * n_cmpl + n_cmpl - 1)."""
+    (prompt i's copies are i * n_cmpl .. i * n_cmpl + n_cmpl - 1).  The
+    native reasoning_budget_* fields wrap the grammar when they ask for a
+    budget (`force_end`: the request's realtime control flag, if any)."""
     n = values["n_cmpl"]
     jobs = [make_job(served, values, p, body, copy) for p in prompts for copy in range(n)]
-    return reasoning_budget.native_jobs(served.bridge.vocab, values, body, jobs)
+    return reasoning_budget.native_jobs(served.bridge.vocab, values, body, jobs, force_end)
 
 
 def raise_failed(ev: Failed) -> None:

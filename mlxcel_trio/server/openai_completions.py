@@ -14,9 +14,11 @@ from typing import Any
 
 from quart import Response
 
+from ..chat.budget import ForceEnd
+
 from ..engine.records import Finished, PromptProgress, TokenPiece
 from .completion import Served, make_jobs, now_s, resolve, run_all, tokenize_prompts
-from . import grammar
+from . import control, grammar
 from .errors import json_response
 from .native import ProbsRenderer, final_object, final_probs
 from .streams import sse_response
@@ -72,12 +74,15 @@ class _Render:
         return res
 
 
-async def complete_v1(served: Served, body: Any) -> Response:
+async def complete_v1(served: Served, body: Any, scope: str = "") -> Response:
     values = resolve(body, served)
     await grammar.prepare(served, values)
     prompts = tokenize_prompts(body, served.bridge.vocab)
-    jobs = make_jobs(served, values, prompts, body)
+    force_end = ForceEnd() if values["reasoning_control"] else None
+    jobs = make_jobs(served, values, prompts, body, force_end)
     out = _Render(served, values)
+    # POST /v1/chat/completions/control addresses it by its id while it runs
+    control.register(out.id, scope, force_end)
     if not values["stream"]:
         finished = await run_all(served, jobs)
         # several results come back as the choices of one object, as upstream
