@@ -123,6 +123,7 @@ class ServerConfig:
     chat_prefill_assistant: bool = True
     chat_reasoning_budget: int = -1          # thinking tokens before a forced close; -1 = none
     chat_reasoning_budget_message: str | None = None  # forced in before the closing marker
+    chat_reasoning_alias_field: str = "reasoning"  # mlxcel: also emit reasoning_content as this
     # The -m value as the operator gave it ("mlx-community/Qwen3-0.6B-bf16");
     # `model` is the local checkpoint directory it resolved to.  None when
     # the config was built by hand rather than by cli/.

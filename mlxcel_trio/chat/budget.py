@@ -4,7 +4,9 @@
 thinking_budget_tokens) lets the model think for N tokens; when the N-th
 thinking token is drawn and the block is still open, the next tokens are
 forced: the tokens of `--reasoning-budget-message` (if any), then those of
-the closing marker, as upstream forces message + end tag.  A model that
+the closing marker, as upstream forces message + end tag.  As upstream, a
+budget that runs out on a token whose piece ends inside a UTF-8 sequence
+waits for the token that completes it before forcing.  A model that
 closes its own block within budget is untouched; 0 closes it at once; a
 new opener after a closed block starts a fresh budget, as upstream re-arms.
 
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-BEFORE, THINKING, FORCING, DONE = range(4)
+BEFORE, THINKING, WAITING_UTF8, FORCING, DONE = range(5)
 UNLIMITED = 2**31 - 1  # upstream's INT_MAX for "no budget, control only"
 
 
@@ -51,7 +53,8 @@ class BudgetGrammar:
 
     def __init__(self, inner, *, n_vocab: int, budget: int, start_ids: tuple[int, ...],
                  end_seqs: tuple[tuple[int, ...], ...], forced: tuple[int, ...],
-                 open_at_start: bool, force_end: ForceEnd | None = None) -> None:
+                 open_at_start: bool, force_end: ForceEnd | None = None,
+                 piece=None) -> None:
         self.inner = inner
         self.n_vocab = n_vocab
         self.budget = UNLIMITED if budget < 0 else budget
@@ -60,10 +63,22 @@ class BudgetGrammar:
         self.forced = forced              # message tokens + closing-marker tokens
         self.open_at_start = open_at_start
         self.force_end = force_end
+        self.piece = piece                # token id -> bytes (None: every piece is whole)
 
     def start(self, n_prompt: int) -> "BudgetConstraint":
         inner = self.inner.start(n_prompt) if self.inner is not None else None
         return BudgetConstraint(self, n_prompt, inner)
+
+
+def utf8_complete(piece: bytes) -> bool:
+    """common_utf8_is_complete: the piece does not end inside a sequence."""
+    for back in range(1, min(4, len(piece)) + 1):
+        c = piece[-back]
+        if c & 0xC0 != 0x80:  # a lead byte (or ASCII): does its sequence fit?
+            need = 1 if c < 0x80 else 2 if c & 0xE0 == 0xC0 else 3 if c & 0xF0 == 0xE0 \
+                else 4 if c & 0xF8 == 0xF0 else 1
+            return back >= need
+    return True
 
 
 def _ends_with(seq: list[int], tail: tuple[int, ...]) -> bool:
@@ -103,11 +118,19 @@ class BudgetConstraint:
         if self.state in (BEFORE, DONE):
             if _ends_with(self._generated, self.spec.start_ids):
                 self._open()
-        elif self.state == THINKING:
+        elif self.state in (THINKING, WAITING_UTF8):
             if any(_ends_with(self._generated, end) for end in self.spec.end_seqs):
                 self.state = DONE
                 return
+            whole = self.spec.piece is None or utf8_complete(self.spec.piece(tok))
+            if self.state == WAITING_UTF8:
+                if whole:
+                    self._force()
+                return
             self.count += 1
+            if self.count >= self.spec.budget and not whole:
+                self.state = WAITING_UTF8
+                return
             self._check_budget()
         elif self.state == FORCING:
             if self.queue:

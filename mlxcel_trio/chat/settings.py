@@ -46,6 +46,7 @@ class ChatSettings:
     thinks: bool = False              # the template spells the thinking opener
     reasoning_budget: int = -1        # --reasoning-budget (-1: none)
     budget_message: str = ""          # --reasoning-budget-message
+    reasoning_alias: str | None = "reasoning"  # --reasoning-alias-field (None: none)
 
 
 def think_markers(source: str) -> tuple[str, str]:
@@ -131,6 +132,8 @@ def build(config, vocab) -> ChatSettings:
         thinks=start in (tool_use or "") + source,
         reasoning_budget=config.chat_reasoning_budget,
         budget_message=config.chat_reasoning_budget_message or "",
+        reasoning_alias=None if config.chat_reasoning_alias_field == "none"
+        else config.chat_reasoning_alias_field,
     )
 
 

@@ -167,6 +167,11 @@ CHAT: tuple[Option, ...] = (
          "text forced in before the end of thinking when the budget runs out",
          value=Text(allow_empty=True), metavar="MESSAGE", default_text="none",
          env="LLAMA_ARG_THINK_BUDGET_MESSAGE"),
+    _opt(("--reasoning-alias-field",), "chat_reasoning_alias_field",
+         "mlxcel-trio: also send the chat routes' reasoning_content under this name "
+         "(reasoning, for OpenRouter-style clients), or none for llama-server's field alone",
+         value=Choice(("none", "reasoning")), metavar="{none,reasoning}", default="reasoning",
+         upstream=False),
     _opt(("--reasoning-preserve",), "chat_reasoning_preserve",
          "keep earlier turns' reasoning in the rendered history (the template's "
          "preserve_reasoning)", kind="bool", negations=("--no-reasoning-preserve",),

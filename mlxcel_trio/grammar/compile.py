@@ -42,8 +42,8 @@ class GrammarError(ValueError):
 
 @attrs.frozen
 class GrammarSpec:
-    kind: str                     # "gbnf" | "json_schema"
-    text: str                     # GBNF source, or the schema as JSON text
+    kind: str                     # "gbnf" | "json_schema" | "lark" (built in-house only)
+    text: str                     # GBNF source, the schema as JSON text, or llguidance lark
     lazy: bool = False
     triggers: Triggers = Triggers()
 
@@ -115,6 +115,8 @@ class Compiler:
     def lower(self, spec: GrammarSpec) -> str:
         if spec.kind == "json_schema":
             return schema_grammar(spec.text)
+        if spec.kind == "lark":  # never from a request: the chat routes' tool-call grammar
+            return llg.LLMatcher.grammar_from_lark(spec.text)
         gbnf_source_check(spec.text)
         try:
             lark = to_lark(parse(spec.text, self._tokenize_special))

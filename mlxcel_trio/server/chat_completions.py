@@ -22,6 +22,7 @@ from quart import Response
 
 from ..chat import settings as chat_settings
 from ..chat.budget import ForceEnd
+from ..grammar.compile import GrammarSpec
 from ..chat.parser import ChatMsg, ChatStream, Diff
 from ..engine.records import Finished, PromptProgress, TokenPiece
 from . import control, grammar, reasoning_budget
@@ -70,11 +71,14 @@ def chat_jobs(served: Served, config, chat: ChatPlan, values: dict,
 
 # -- shapes ---------------------------------------------------------------------------------
 
-def message_json(msg: ChatMsg) -> dict[str, Any]:
-    """common_chat_msg::to_json_oaicompat for an assistant reply."""
+def message_json(msg: ChatMsg, alias: str | None = None) -> dict[str, Any]:
+    """common_chat_msg::to_json_oaicompat for an assistant reply; `alias`
+    (--reasoning-alias-field) repeats reasoning_content under that name."""
     out: dict[str, Any] = {"role": "assistant", "content": msg.content}
     if msg.reasoning_content:
         out["reasoning_content"] = msg.reasoning_content
+        if alias:
+            out[alias] = msg.reasoning_content
     if msg.tool_calls:
         out["tool_calls"] = [{"type": "function",
                               "function": {"name": c.name, "arguments": c.arguments},
@@ -82,11 +86,13 @@ def message_json(msg: ChatMsg) -> dict[str, Any]:
     return out
 
 
-def delta_json(diff: Diff) -> dict[str, Any]:
-    """server_chat_msg_diff_to_json_oaicompat."""
+def delta_json(diff: Diff, alias: str | None = None) -> dict[str, Any]:
+    """server_chat_msg_diff_to_json_oaicompat (+ the reasoning alias)."""
     delta: dict[str, Any] = {}
     if diff.reasoning_content:
         delta["reasoning_content"] = diff.reasoning_content
+        if alias:
+            delta[alias] = diff.reasoning_content
     if diff.content:
         delta["content"] = diff.content
     if diff.tool_index is not None:
@@ -131,6 +137,10 @@ async def plan_jobs(served: Served, config, body: Any,
     `force_end` is used when the request arms reasoning control."""
     chat = chat_plan(served, config, body)
     values = resolve(chat.native, served)
+    if chat.tool_grammar is not None and values["grammar_spec"] is None:
+        # a forced call's arguments follow the tool's schema (a request's own
+        # grammar or response_format, when it has one, is kept instead)
+        values["grammar_spec"] = GrammarSpec("lark", chat.tool_grammar)
     await grammar.prepare(served, values)
     return chat, values, chat_jobs(served, config, chat, values,
                                    force_end if chat.control else None)
@@ -142,6 +152,7 @@ async def complete(served: Served, config, body: Any, scope: str = "") -> Respon
     force_end = ForceEnd()
     chat, values, jobs = await plan_jobs(served, config, body, force_end)
     cid, created = "chatcmpl-" + random_string(), now_s()
+    alias = settings_for(served, config).reasoning_alias
     # controllable by id while this request runs; armed only when asked for
     # (a template without thinking markers arms a flag nothing reads, as upstream)
     armed = chat.control or values["reasoning_control"]
@@ -152,7 +163,7 @@ async def complete(served: Served, config, body: Any, scope: str = "") -> Respon
         for i, fin in enumerate(finished):
             msg = final_message(chat, fin.content)
             choice = {"finish_reason": finish_reason(fin, msg), "index": i,
-                      "message": message_json(msg)}
+                      "message": message_json(msg, alias)}
             probs = final_probs(served, values, fin)
             if probs:
                 choice["logprobs"] = {"content": probs}
@@ -165,7 +176,7 @@ async def complete(served: Served, config, body: Any, scope: str = "") -> Respon
             res["__verbose"] = final_object(served, values, first, chat.tokens, 0, False)
         res["timings"] = first.timings.to_json()
         return json_response(res)
-    return await _stream(served, chat, values, jobs, cid, created)
+    return await _stream(served, chat, values, jobs, cid, created, alias)
 
 
 def _chunk(served: Served, cid: str, created: int, choices: list) -> dict[str, Any]:
@@ -173,7 +184,7 @@ def _chunk(served: Served, cid: str, created: int, choices: list) -> dict[str, A
             "system_fingerprint": served.build_info, "object": "chat.completion.chunk"}
 
 
-async def _stream(served, chat: ChatPlan, values, jobs, cid, created) -> Response:
+async def _stream(served, chat: ChatPlan, values, jobs, cid, created, alias) -> Response:
     handle = served.bridge.open(*jobs)
     first = await first_event(handle)
     index = {job.id: i for i, job in enumerate(jobs)}
@@ -194,7 +205,7 @@ async def _stream(served, chat: ChatPlan, values, jobs, cid, created) -> Respons
             role_sent.add(ev.job_id)
             out.append(chunk(i, {"role": "assistant", "content": None}))
         if isinstance(ev, TokenPiece):
-            out += [chunk(i, delta_json(d)) for d in streams[ev.job_id].update(ev.text)]
+            out += [chunk(i, delta_json(d, alias)) for d in streams[ev.job_id].update(ev.text)]
             if out and ev.probs is not None and ev.probs.top:
                 out[-1]["choices"][0]["logprobs"] = {"content": [probs.entry(ev.probs)]}
             if out and (per_token_timings or ev.last):
@@ -204,7 +215,7 @@ async def _stream(served, chat: ChatPlan, values, jobs, cid, created) -> Respons
                                           "processed": ev.processed, "time_ms": ev.time_ms}
         elif isinstance(ev, Finished):
             stream = streams[ev.job_id]
-            out += [chunk(i, delta_json(d)) for d in stream.finish()]
+            out += [chunk(i, delta_json(d, alias)) for d in stream.finish()]
             out.append(chunk(i, {}, finish_reason(ev, stream.msg)))
             if chat.include_usage:
                 out.append({**_chunk(served, cid, created, []), "usage": usage_json(ev)})

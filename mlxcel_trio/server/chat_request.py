@@ -26,6 +26,7 @@ import attrs
 from ..chat.parser import REASONING_FORMATS, Syntax
 from ..chat.settings import ChatSettings
 from ..chat.template import TemplateError
+from ..grammar.compile import JSON_WHITESPACE
 from .errors import ApiError, dumps, json_type_name
 
 
@@ -62,6 +63,7 @@ class ChatPlan:
     budget_message: str = ""
     thinking_open: bool = False   # the prompt ends inside a thinking block
     control: bool = False         # reasoning_control: the close can be forced at runtime
+    tool_grammar: str | None = None  # lark for a forced call's rest (tool_choice required/named)
 
 
 # -- messages ---------------------------------------------------------------------------
@@ -327,6 +329,38 @@ def _forced_call(choice: str, name: str | None, tools, settings: ChatSettings,
     return close + head
 
 
+def _lark(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _tool_call_grammar(choice: str, name: str | None, tools, fmt: str | None) -> str | None:
+    """What may follow a forced call's opening: the arguments as the tool's
+    JSON schema, then the call's close (and nothing after it), as upstream
+    constrains a required / named call with a grammar.  One call: the
+    answer ends after it."""
+    if choice not in ("required", "named") or not tools or fmt is None:
+        return None
+    key, tail = ("parameters", "}") if fmt == "llama3" else ("arguments", "}\n</tool_call>")
+    chosen = [t for t in tools if name is None or t["function"]["name"] == name]
+    rules, alts = [], []
+    for i, tool in enumerate(chosen):
+        fn = tool["function"]
+        schema = fn.get("parameters") if isinstance(fn.get("parameters"), dict) else {}
+        # upstream's JSON whitespace rule (a lone space, or a newline and a short indent)
+        schema = {"x-guidance": {"whitespace_pattern": JSON_WHITESPACE}, **schema}
+        rules.append(f"a{i}: %json " + json.dumps(schema, ensure_ascii=False))
+        if name is not None:  # the opening already names it and opens the arguments
+            alts.append(f"a{i} {_lark(tail)}")
+        elif fmt == "llama3":  # the opening is '{"name": "'
+            rest = fn["name"] + '", "' + key + '": '
+            alts.append(_lark(rest) + f" a{i} " + _lark(tail))
+        else:  # the opening is '<tool_call>\n'
+            head = '{"name": ' + json.dumps(fn["name"]) + f', "{key}": '
+            alts.append(f"{_lark(head)} a{i} {_lark(tail)}")
+    return "start: " + " | ".join(f"c{i}" for i in range(len(alts))) + "\n" + "".join(
+        f"c{i}: {alt}\n" for i, alt in enumerate(alts)) + "\n".join(rules) + "\n"
+
+
 def _thinking_open(prompt_tail: str, settings: ChatSettings) -> bool:
     start, end = settings.think_start, settings.think_end
     if not start:
@@ -369,7 +403,7 @@ def plan(body: Any, settings: ChatSettings, vocab, generating: bool = True) -> C
     rendered_tools = tools if tool_choice != "none" else ()
     if not settings.typed_content:
         messages = [_flatten(m) for m in messages]
-    history, prefill = messages, ""
+    history, prefill, tool_grammar = messages, "", None
     if mode is not None:
         history, last = messages[:-1], messages[-1]
         add_gen = True
@@ -387,6 +421,9 @@ def plan(body: Any, settings: ChatSettings, vocab, generating: bool = True) -> C
         prefill = _forced_call(tool_choice, forced_name, rendered_tools, settings, primed,
                                generating)
         echo = echo and not prefill
+        if prefill and generating:
+            tool_grammar = _tool_call_grammar(tool_choice, forced_name, rendered_tools,
+                                              settings.tool_format)
     prompt += prefill
     syntax = Syntax(
         reasoning_format=fmt,
@@ -414,6 +451,7 @@ def plan(body: Any, settings: ChatSettings, vocab, generating: bool = True) -> C
                     stream=stream, include_usage=include_usage, budget=budget,
                     budget_message=message,
                     control=settings.thinks and body.get("reasoning_control") is True,
+                    tool_grammar=tool_grammar,
                     thinking_open=_thinking_open(gen + prefill, settings) or (
                         primed and settings.think_end not in prefill))
 

@@ -41,7 +41,8 @@ def wrap(jobs: list[Job], vocab, *, budget: int, start: str, ends: list[str], me
     start_ids = _ids(vocab, start)
     return [attrs.evolve(job, grammar=BudgetGrammar(
         job.grammar, n_vocab=vocab.n_vocab, budget=budget, start_ids=start_ids,
-        end_seqs=end_seqs, forced=forced, open_at_start=open_at_start, force_end=force_end))
+        end_seqs=end_seqs, forced=forced, open_at_start=open_at_start, force_end=force_end,
+        piece=vocab.piece))
         for job in jobs]
 
 

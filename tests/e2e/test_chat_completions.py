@@ -426,3 +426,56 @@ def test_reasoning_budget_forces_the_close(budget_server, stream):
 
 def content_after(raw: str) -> str:
     return raw.split("</think>", 1)[1]
+
+
+STRICT = [{"type": "function", "function": {
+    "name": name, "description": "d",
+    "parameters": {"type": "object", "properties": {"city": {"enum": [city]}},
+                   "required": ["city"], "additionalProperties": False}}}
+    for name, city in (("get_weather", "Paris"), ("get_time", "Oslo"))]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("choice", ["required", {"type": "function",
+                                                  "function": {"name": "get_time"}}])
+def test_a_forced_call_follows_the_tools_schema(client, choice, stream):
+    """tool_choice required / named: the arguments are constrained to the
+    tool's parameters schema and the call closes the answer, as upstream's
+    grammar does (a random-weight model could not produce them otherwise)."""
+    kw = dict(model="m", messages=[USER], tools=STRICT, tool_choice=choice, temperature=0,
+              max_tokens=60)
+    if stream:
+        chunks, content, _ = stream_chat(client, **kw)
+        calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+        name = calls[0].function.name
+        arguments = "".join(tc.function.arguments or "" for tc in calls)
+        reason = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+    else:
+        res = client.chat.completions.create(**kw).choices[0]
+        (call,) = res.message.tool_calls
+        name, arguments, reason, content = (call.function.name, call.function.arguments,
+                                            res.finish_reason, res.message.content)
+    want = {"get_weather": "Paris", "get_time": "Oslo"}
+    if isinstance(choice, dict):
+        assert name == "get_time"
+    assert json.loads(arguments) == {"city": want[name]}
+    assert reason == "tool_calls" and not content
+
+
+def test_reasoning_alias_field(server, tiny_model, start_server):
+    """--reasoning-alias-field (default reasoning) repeats reasoning_content as
+    `reasoning`, in the message and in every delta; none leaves upstream's
+    field alone."""
+    body = {"messages": THINK, "temperature": 0, "max_tokens": 8, "ignore_eos": True}
+    msg = post(server.url, body, path="/v1/chat/completions").json()["choices"][0]["message"]
+    assert msg["reasoning_content"] and msg["reasoning"] == msg["reasoning_content"]
+    frames, _ = stream_frames(server.url, body, path="/v1/chat/completions")
+    deltas = [f["choices"][0]["delta"] for f in frames[:-1] if f["choices"]]
+    assert all(d.get("reasoning") == d.get("reasoning_content") for d in deltas)
+    assert "".join(d.get("reasoning", "") for d in deltas) == msg["reasoning"]
+    plain = start_server(tiny_model, "-np", "1", "-c", "512", "--reasoning-alias-field", "none")
+    try:
+        msg2 = post(plain.url, body, path="/v1/chat/completions").json()["choices"][0]["message"]
+        assert "reasoning" not in msg2 and msg2["reasoning_content"] == msg["reasoning_content"]
+    finally:
+        plain.stop()

@@ -7,16 +7,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from mlxcel_trio.chat.budget import BudgetGrammar, ForceEnd
+from mlxcel_trio.chat.budget import BudgetGrammar, ForceEnd, utf8_complete
 
 START, END, MSG = 10, 11, (20, 21)
 N_PROMPT = 3
 
 
 def grammar(budget, open_at_start=False, inner=None, forced=MSG + (END,), force_end=None,
-            ends=((END,),)):
+            ends=((END,),), piece=None):
     return BudgetGrammar(inner, n_vocab=32, budget=budget, start_ids=(START,), end_seqs=ends,
-                         forced=forced, open_at_start=open_at_start, force_end=force_end)
+                         forced=forced, open_at_start=open_at_start, force_end=force_end,
+                         piece=piece)
 
 
 def run(g, generated, at=None):
@@ -97,3 +98,16 @@ def test_force_end_outside_the_block_changes_nothing():
     masks = run(grammar(-1, force_end=flag), [5, START, 6, END, 7],
                 at={0: flag.request, 4: flag.request})
     assert masks == [None] * 6
+
+
+def test_utf8_completeness_of_a_piece():
+    assert utf8_complete(b"abc") and utf8_complete("é".encode()) and utf8_complete(b"")
+    assert not utf8_complete("é".encode()[:1]) and not utf8_complete("€".encode()[:2])
+    assert utf8_complete("x€".encode()) and not utf8_complete(b"x" + "\U0001F600".encode()[:3])
+
+
+def test_an_exhausted_budget_waits_for_a_whole_utf8_piece():
+    # token 5's piece is the first byte of a two-byte character, 6 completes it
+    pieces = {5: "é".encode()[:1], 6: "é".encode()[1:]}
+    g = grammar(1, open_at_start=True, piece=lambda t: pieces.get(t, b"a"))
+    assert run(g, [5, 6, 20, 21, END]) == [None, None, (20,), (21,), (END,), None]

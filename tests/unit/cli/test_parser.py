@@ -20,6 +20,7 @@ _TEMPLATE_FILE = str(Path(__file__).resolve().parents[3] / "fixtures" / "chat_te
 SAMPLES: dict[str, tuple[str, Any]] = {
     # issue #4: chat templates and reasoning
     "chat_reasoning_format": ("deepseek-legacy", "deepseek-legacy"),
+    "chat_reasoning_alias_field": ("none", "none"),
     "chat_reasoning": ("enabled", "on"),
     "chat_reasoning_effort": ("high", "high"),
     "chat_template": ("{{ messages }}", "{{ messages }}"),
