@@ -223,3 +223,26 @@ def test_every_kind_is_present_and_claimed_where_accepted(kind: str) -> None:
     for e in of_kind:
         if e["state"] in ("supported", "aliased", "by_design"):
             assert e["mlxcel"] is not None, e["id"]
+
+
+def test_every_mounted_route_is_claimed_upstream_or_as_mlxcel_only() -> None:
+    every = entries()
+    upstream = {(e["mlxcel"]["route"]["method"], e["mlxcel"]["route"]["path"])
+                for e in every if e["kind"] == "route" and e["mlxcel"]}
+    ours = {(e["method"], e["path"]) for e in every if e["kind"] == lib.EXTENSION_KIND}
+    assert not upstream & ours
+    assert {(r.method, r.path) for r in ROUTES} == upstream | ours
+    assert claims.route_problems(every) == []
+
+
+def test_dropping_an_mlxcel_only_claim_fails_the_route_check() -> None:
+    kept = [e for e in entries() if e["id"] != "GET /v1/responses/:response_id"]
+    assert claims.route_problems(kept) == [
+        "ROUTES mounts GET /v1/responses/:response_id but no manifest entry claims it"]
+
+
+def test_an_mlxcel_only_claim_of_an_unmounted_route_fails() -> None:
+    routes = tuple(r for r in ROUTES if r.path != "/v1/responses/:response_id/cancel")
+    assert claims.route_problems(entries(), routes=routes) == [
+        "mlxcel-only route POST /v1/responses/:response_id/cancel: claims POST "
+        "/v1/responses/:response_id/cancel, which ROUTES does not mount"]

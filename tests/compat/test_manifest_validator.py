@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
 
@@ -237,3 +237,63 @@ def test_duplicate_id_across_shards(m: Path) -> None:
 def test_schema_version(m: Path) -> None:
     edit_file(m / lib.PIN, lambda pin: pin.update(schema_version=3))
     rejects(m, "pin.json: schema_version must be 4")
+
+
+# -- mlxcel-only routes (the extensions file) ---------------------------------------------
+
+EXT = "GET /v1/responses/:response_id"
+
+
+def edit_extension(m: Path, fn: Callable[[dict], Any]) -> None:
+    edit_entry(m, lib.EXTENSIONS, EXT, fn)
+
+
+def test_extensions_file_must_be_listed_in_pin(m: Path) -> None:
+    edit_file(m / lib.PIN, lambda pin: pin.pop("extensions"))
+    rejects(m, f"{lib.EXTENSIONS}: is not a shard listed in pin.json")
+
+
+def test_extension_entry_of_an_upstream_kind(m: Path) -> None:
+    edit_extension(m, lambda e: e.update(kind="route"))
+    rejects(m, f"{lib.EXTENSIONS}: {EXT}: the extensions file holds only 'mlxcel_route' entries")
+
+
+def test_extension_without_a_test(m: Path) -> None:
+    edit_extension(m, lambda e: e.update(test=None))
+    rejects(m, f"{lib.EXTENSIONS}: {EXT}: an mlxcel-only route needs a test pointer")
+
+
+def test_extension_claiming_another_route(m: Path) -> None:
+    edit_extension(m, lambda e: e["mlxcel"]["route"].update(path="/v1/responses"))
+    rejects(m, f"{lib.EXTENSIONS}: {EXT}: an mlxcel-only route claims exactly its own "
+            "mounted route")
+
+
+def test_extension_id_not_its_method_and_path(m: Path) -> None:
+    edit_extension(m, lambda e: e.update(path="/v1/responses/:id"))
+    rejects(m, 'id must be "<method> <path>" of the entry\'s own method and path')
+
+
+def test_extension_supported_with_a_divergence(m: Path) -> None:
+    edit_extension(m, lambda e: e.update(state="supported", rationale=None))
+    rejects(m, f"{lib.EXTENSIONS}: {EXT}: state 'supported' with a non-empty divergence list")
+
+
+def test_extension_outside_its_states(m: Path) -> None:
+    edit_extension(m, lambda e: e.update(state="not_applicable", rationale=None))
+    rejects(m, "an mlxcel-only route is one of supported, deferred, by_design")
+
+
+def test_extension_issue_outside_its_owners(m: Path) -> None:
+    edit_extension(m, lambda e: e.update(issue=3))
+    rejects(m, "issue must be one of the extensions' owners (#4, #6), got 3")
+
+
+def test_extension_shadowing_an_upstream_route(m: Path) -> None:
+    def shadow(e: dict) -> dict:
+        e.update(id="POST /completion", method="POST", path="/completion")
+        e["mlxcel"]["route"].update(method="POST", path="/completion")
+        return e
+    edit_extension(m, shadow)
+    edit_file(m / lib.EXTENSIONS, lambda d: d["entries"].sort(key=lambda e: e["id"]))
+    rejects(m, f"{lib.EXTENSIONS}: POST /completion: duplicate id (also in routes.json)")
