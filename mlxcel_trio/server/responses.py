@@ -22,6 +22,7 @@ it.  As OpenAI's contract says, only a background response can be cancelled.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable
 
 import trio
@@ -37,6 +38,8 @@ from .errors import ApiError, dumps, json_response
 from .response_store import MAX_BACKGROUND, ResponseStore, Stored
 from .streams import sse_response
 from .sse import event_stream, first_event
+
+log = logging.getLogger("mlxcel.http")
 
 _ROLES_IN = ("user", "system", "developer")
 
@@ -335,6 +338,10 @@ def _start_background(served: Served, chat, job, store: ResponseStore, scope: st
             except ApiError as err:
                 obj = _object(served, rid, created, "failed", [], None,
                               {**extra, "error": {"code": err.type, "message": err.message}})
+            except Exception as err:  # never let one response take the app's nursery down
+                log.exception("background response %s failed", rid)
+                obj = _object(served, rid, created, "failed", [], None,
+                              {**extra, "error": {"code": "server_error", "message": str(err)}})
         entry.cancel = None
         if scope_cs.cancelled_caught or obj is None:
             obj = {**entry.obj, "status": "cancelled"}
