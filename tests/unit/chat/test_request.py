@@ -206,3 +206,24 @@ def test_logprobs_become_n_probs(settings, vocab):
     assert p.native["n_probs"] == 3 and "logprobs" not in p.native
     assert refused({"messages": [USER], "logprobs": True, "tools": TOOLS, "stream": True},
                    settings, vocab) == (400, "logprobs is not supported with tools + stream")
+
+
+def test_forced_call_grammars_compile_and_accept_a_call():
+    """The lark a required / named tool_choice adds: the tool's schema for the
+    arguments, then the close; a name needing JSON escapes stays one literal."""
+    import llguidance as llg
+
+    from mlxcel_trio.grammar.compile import JSON_WHITESPACE  # noqa: F401 (the pattern used)
+    from mlxcel_trio.server.chat_request import _tool_call_grammar
+
+    tools = [{"type": "function", "function": {"name": 'odd"name', "parameters": {
+        "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}},
+        {"type": "function", "function": {"name": "plain"}}]
+    for choice, name, fmt in (("required", None, "hermes"), ("named", "plain", "hermes"),
+                              ("required", None, "llama3"), ("named", 'odd"name', "llama3")):
+        lark = _tool_call_grammar(choice, name, tools, fmt)
+        assert llg.LLMatcher.validate_grammar(llg.LLMatcher.grammar_from_lark(lark)) in ("", None)
+    assert _tool_call_grammar("auto", None, tools, "hermes") is None
+    assert _tool_call_grammar("required", None, tools, None) is None
+    assert '"{\\"name\\": \\"odd\\\\\\"name\\", \\"arguments\\": "' in \
+        _tool_call_grammar("required", None, tools, "hermes")
