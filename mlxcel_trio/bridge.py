@@ -85,6 +85,11 @@ class JobHandle:
         self.job_ids = job_ids
         self.events = events
 
+    def live(self) -> bool:
+        """Whether any of the jobs is still running (not finished, failed or
+        cancelled)."""
+        return any(job_id in self._bridge._streams for job_id in self.job_ids)
+
     def close(self) -> None:
         for job_id in self.job_ids:
             self._bridge._forget(job_id)

@@ -156,8 +156,9 @@ async def complete(served: Served, config, body: Any, scope: str = "") -> Respon
     # controllable by id while this request runs; armed only when asked for
     # (a template without thinking markers arms a flag nothing reads, as upstream)
     armed = chat.control or values["reasoning_control"]
-    control.register(cid, scope, force_end if armed else None)
+    force_end = force_end if armed else None
     if not chat.stream:
+        control.register(cid, scope, force_end)
         finished = await run_all(served, jobs)
         choices = []
         for i, fin in enumerate(finished):
@@ -176,7 +177,7 @@ async def complete(served: Served, config, body: Any, scope: str = "") -> Respon
             res["__verbose"] = final_object(served, values, first, chat.tokens, 0, False)
         res["timings"] = first.timings.to_json()
         return json_response(res)
-    return await _stream(served, chat, values, jobs, cid, created, alias)
+    return await _stream(served, chat, values, jobs, cid, created, alias, scope, force_end)
 
 
 def _chunk(served: Served, cid: str, created: int, choices: list) -> dict[str, Any]:
@@ -184,8 +185,10 @@ def _chunk(served: Served, cid: str, created: int, choices: list) -> dict[str, A
             "system_fingerprint": served.build_info, "object": "chat.completion.chunk"}
 
 
-async def _stream(served, chat: ChatPlan, values, jobs, cid, created, alias) -> Response:
+async def _stream(served, chat: ChatPlan, values, jobs, cid, created, alias, scope,
+                  force_end) -> Response:
     handle = served.bridge.open(*jobs)
+    control.register(cid, scope, force_end, handle)
     first = await first_event(handle)
     index = {job.id: i for i, job in enumerate(jobs)}
     streams = {job.id: ChatStream(chat.syntax, chat.prefill, chat.echo) for job in jobs}

@@ -1,7 +1,11 @@
 """Realtime reasoning control: POST /v1/chat/completions/control.
 
 A chat completion is registered under its `chatcmpl-...` id for as long as
-its request runs (upstream: while its slot is processing), armed or not; a
+its generation runs (upstream: while its slot is processing), armed or not:
+a streamed one until its jobs end, whoever then holds them (a stream session
+of server/streams.py outlives its request), a non-streamed one until its
+request ends.  Finished streamed entries are dropped on the next
+registration, so the table holds only what is live; a
 request with `reasoning_control: true` and a template that thinks carries a
 `ForceEnd` (chat/budget.py) that the control action sets.  The engine reads
 that flag before its next draw, so the close (the budget message, then the
@@ -23,19 +27,27 @@ from typing import Any
 
 from quart import Response
 
-from ..bridge import REQUEST_CLEANUPS
+from ..bridge import REQUEST_CLEANUPS, JobHandle
 from ..chat.budget import ForceEnd
 from .errors import ApiError, json_response
 
-# id -> (scope, flag or None when not armed); entries live while their request does
-_LIVE: dict[str, tuple[str, ForceEnd | None]] = {}
+# id -> (scope, flag or None when not armed, the streamed jobs' handle or None)
+_LIVE: dict[str, tuple[str, ForceEnd | None, JobHandle | None]] = {}
 
 
-def register(cid: str, scope: str, force_end: ForceEnd | None) -> None:
-    """Make `cid` controllable until the current request ends."""
-    _LIVE[cid] = (scope, force_end)
+def _alive(entry) -> bool:
+    return entry[2] is None or entry[2].live()
+
+
+def register(cid: str, scope: str, force_end: ForceEnd | None,
+             handle: JobHandle | None = None) -> None:
+    """Make `cid` controllable while its jobs run (`handle`: a stream's), or
+    until the current request ends (no handle: a non-streamed request)."""
+    for old in [k for k, e in _LIVE.items() if not _alive(e)]:
+        del _LIVE[old]
+    _LIVE[cid] = (scope, force_end, handle)
     cleanups = REQUEST_CLEANUPS.get()
-    if cleanups is not None:
+    if handle is None and cleanups is not None:
         cleanups.append(lambda: _LIVE.pop(cid, None))
 
 
@@ -48,6 +60,9 @@ def control(body: Any, scope: str) -> Response:
     if action != "reasoning_end":
         raise ApiError("unknown control action")
     live = _LIVE.get(cid)
+    if live is not None and not _alive(live):
+        del _LIVE[cid]
+        live = None
     if live is None or live[0] != scope:
         return json_response({"success": False, "message": "no active completion for this id"})
     if live[1] is None:

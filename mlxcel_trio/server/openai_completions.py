@@ -82,13 +82,14 @@ async def complete_v1(served: Served, body: Any, scope: str = "") -> Response:
     jobs = make_jobs(served, values, prompts, body, force_end)
     out = _Render(served, values)
     # POST /v1/chat/completions/control addresses it by its id while it runs
-    control.register(out.id, scope, force_end)
     if not values["stream"]:
+        control.register(out.id, scope, force_end)
         finished = await run_all(served, jobs)
         # several results come back as the choices of one object, as upstream
         return json_response(out.final(list(zip(jobs, finished)), jobs, streamed=False))
 
     handle = served.bridge.open(*jobs)
+    control.register(out.id, scope, force_end, handle)
     first = await first_event(handle)
     by_id = {job.id: job for job in jobs}
     index = {job.id: i for i, job in enumerate(jobs)}

@@ -133,3 +133,32 @@ def test_control_answers(srv, body, status, answer):
                                       "type": "invalid_request_error"}}
     else:
         assert r.json() == answer
+
+
+def test_control_follows_a_stream_session_past_a_disconnect(srv):
+    """With X-Conversation-Id the generation outlives its request: after the
+    client drops the connection the completion is still controllable, and
+    the replayed stream shows the forced close."""
+    headers = {**auth()["headers"], "X-Conversation-Id": "control-session-1"}
+    body = {**BODY, "stream": True, "reasoning_control": True}
+    with httpx.Client(timeout=60) as c:
+        with c.stream("POST", srv.url + "/v1/chat/completions", json=body,
+                      headers=headers) as r:
+            assert r.status_code == 200
+            for line in iter_sse_lines(r):
+                if line.startswith("data: {"):
+                    cid = json.loads(line[6:])["id"]
+                    break
+    # disconnected; the session keeps generating and the id stays live
+    assert control(srv, {"id": cid, "action": "reasoning_end"}).json() == {"success": True}
+    replay = httpx.get(srv.url + "/v1/stream", params={"conv_id": "control-session-1",
+                                                       "from": 0},
+                       headers=auth()["headers"], timeout=60)
+    assert replay.status_code == 200
+    text = ""
+    for line in replay.text.split("\n"):
+        if line.startswith("data: {"):
+            chunk = json.loads(line[6:])
+            if chunk["choices"]:
+                text += chunk["choices"][0]["delta"].get("content") or ""
+    assert " Stop.</think>" in text
