@@ -333,11 +333,13 @@ def _lark(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
-def _tool_call_grammar(choice: str, name: str | None, tools, fmt: str | None) -> str | None:
+def _tool_call_grammar(choice: str, name: str | None, tools, fmt: str | None,
+                       parallel: bool = False) -> str | None:
     """What may follow a forced call's opening: the arguments as the tool's
-    JSON schema, then the call's close (and nothing after it), as upstream
-    constrains a required / named call with a grammar.  One call: the
-    answer ends after it."""
+    JSON schema, then the call's close, as upstream constrains a required /
+    named call with a grammar.  `parallel` (required, Hermes format): more
+    calls may follow, each opened again; otherwise the answer ends after
+    the one call."""
     if choice not in ("required", "named") or not tools or fmt is None:
         return None
     key, tail = ("parameters", "}") if fmt == "llama3" else ("arguments", "}\n</tool_call>")
@@ -357,7 +359,10 @@ def _tool_call_grammar(choice: str, name: str | None, tools, fmt: str | None) ->
         else:  # the opening is '<tool_call>\n'
             head = '{"name": ' + json.dumps(fn["name"]) + f', "{key}": '
             alts.append(f"{_lark(head)} a{i} {_lark(tail)}")
-    return "start: " + " | ".join(f"c{i}" for i in range(len(alts))) + "\n" + "".join(
+    more = ' ("\\n<tool_call>\\n" call)*' if parallel and name is None and fmt != "llama3" \
+        else ""
+    return "start: call" + more + "\ncall: " + " | ".join(
+        f"c{i}" for i in range(len(alts))) + "\n" + "".join(
         f"c{i}: {alt}\n" for i, alt in enumerate(alts)) + "\n".join(rules) + "\n"
 
 
@@ -422,8 +427,11 @@ def plan(body: Any, settings: ChatSettings, vocab, generating: bool = True) -> C
                                generating)
         echo = echo and not prefill
         if prefill and generating:
+            parallel = body.get("parallel_tool_calls")
+            if not isinstance(parallel, bool):  # upstream: the template's capability
+                parallel = settings.caps.get("supports_parallel_tool_calls", False)
             tool_grammar = _tool_call_grammar(tool_choice, forced_name, rendered_tools,
-                                              settings.tool_format)
+                                              settings.tool_format, parallel)
     prompt += prefill
     syntax = Syntax(
         reasoning_format=fmt,

@@ -443,7 +443,7 @@ def test_a_forced_call_follows_the_tools_schema(client, choice, stream):
     tool's parameters schema and the call closes the answer, as upstream's
     grammar does (a random-weight model could not produce them otherwise)."""
     kw = dict(model="m", messages=[USER], tools=STRICT, tool_choice=choice, temperature=0,
-              max_tokens=60)
+              max_tokens=60, parallel_tool_calls=False)
     if stream:
         chunks, content, _ = stream_chat(client, **kw)
         calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
@@ -479,3 +479,16 @@ def test_reasoning_alias_field(server, tiny_model, start_server):
         assert "reasoning" not in msg2 and msg2["reasoning_content"] == msg["reasoning_content"]
     finally:
         plain.stop()
+
+
+
+def test_required_with_parallel_calls_keeps_every_call_in_schema(client):
+    """parallel_tool_calls (upstream's default: the template's capability):
+    further calls may follow the first, each one held to its schema."""
+    res = client.chat.completions.create(model="m", messages=[USER], tools=STRICT,
+                                         tool_choice="required", temperature=0, max_tokens=200)
+    calls = res.choices[0].message.tool_calls
+    want = {"get_weather": "Paris", "get_time": "Oslo"}
+    assert calls and all(json.loads(c.function.arguments) == {"city": want[c.function.name]}
+                         for c in calls)
+    assert not res.choices[0].message.content
