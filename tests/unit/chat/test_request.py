@@ -213,7 +213,6 @@ def test_forced_call_grammars_compile_and_accept_a_call():
     arguments, then the close; a name needing JSON escapes stays one literal."""
     import llguidance as llg
 
-    from mlxcel_trio.grammar.compile import JSON_WHITESPACE  # noqa: F401 (the pattern used)
     from mlxcel_trio.server.chat_request import _tool_call_grammar
 
     tools = [{"type": "function", "function": {"name": 'odd"name', "parameters": {
