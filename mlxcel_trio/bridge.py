@@ -31,7 +31,9 @@ import trio
 from .config import ServerConfig
 from .engine.loop import EngineLoop
 from .engine.records import (
+    CacheStats,
     Cancel,
+    ClearPromptCache,
     Failed,
     Finished,
     Job,
@@ -39,7 +41,9 @@ from .engine.records import (
     LoadFailed,
     ModelInfo,
     Shutdown,
+    SlotAction,
     SlotFreed,
+    SlotTokens,
     Started,
     StepEvents,
     Submit,
@@ -117,6 +121,7 @@ class Bridge:
         self._ids = itertools.count(1)
         self._streams: dict[int, _Group] = {}
         self._engine: EngineLoop | None = None
+        self.cache_stats: CacheStats | None = None  # latest prompt-cache occupancy
 
     # -- lifetime ------------------------------------------------------------------
 
@@ -132,7 +137,7 @@ class Bridge:
         cfg = self.config
         engine = EngineLoop(cfg.model, n_slots=cfg.slots, ctx_size=cfg.ctx_size,
                             batch_size=cfg.batch_size, warmup=cfg.warmup, emit=emit,
-                            special=cfg.special)
+                            special=cfg.special, cache_ram_mib=cfg.prompt_cache_mib)
         self._engine = engine
         thread = threading.Thread(target=engine.run, name="mlx-engine", daemon=True)
         thread.start()
@@ -177,6 +182,25 @@ class Bridge:
         finally:
             handle.close()
 
+    async def slot_action(self, id_slot: int, tokens: tuple[int, ...] | None):
+        """Read (tokens None) or replace a slot's token stream in the engine;
+        the answer is a SlotTokens or a Failed."""
+        assert self._engine is not None
+        job_id = self.next_job_id()
+        send, recv = trio.open_memory_channel(1)
+        self._streams[job_id] = _Group(send, (job_id,))
+        self._engine.post(SlotAction(job_id, id_slot, tokens))
+        try:
+            async with recv:
+                return await recv.receive()
+        finally:
+            self._streams.pop(job_id, None)
+
+    def clear_prompt_cache(self) -> None:
+        """Drop the engine's prompt cache (before idling, for instance)."""
+        if self._engine is not None:
+            self._engine.post(ClearPromptCache())
+
     def _forget(self, job_id: int) -> None:
         group = self._streams.pop(job_id, None)
         if group is not None:  # still running: cancel it before its next step
@@ -202,6 +226,9 @@ class Bridge:
                 self.info, self.vocab = ev.info, self._engine.vocab
                 self.loaded.set()
                 continue
+            elif isinstance(ev, CacheStats):
+                self.cache_stats = ev
+                continue
             elif isinstance(ev, LoadFailed):
                 self.load_error = ev.message
                 self.loaded.set()
@@ -216,6 +243,6 @@ class Bridge:
                 for other in tuple(group.live):
                     self._forget(other)
                 continue
-            if isinstance(ev, (Finished, Failed)):
+            if isinstance(ev, (Finished, Failed, SlotTokens)):
                 streams.pop(job_id, None)
                 group.end(job_id)

@@ -1,10 +1,12 @@
 """Context, batching, the prompt cache and RoPE overrides (issue #8).
 
 Deferred options accept upstream's default or the value asking for nothing.
+--cache-prompt and --cache-ram drive the prompt cache (engine/prompt_cache.py).
 The per-slot prompt machinery (--kv-unified, --ctx-checkpoints,
---slot-prompt-similarity, --cache-idle-slots) accepts only the value that
-turns it off: its upstream default asks for behaviour that does not exist
-here.  --cache-reuse, --swa-full and --ubatch-size have no MLX meaning.
+--checkpoint-min-step, --slot-prompt-similarity, --cache-idle-slots) is not
+applicable: it accepts only the value that turns it off (its upstream default
+asks for behaviour that does not exist here) and refuses the rest saying what
+is missing.  --cache-reuse, --swa-full and --ubatch-size have no MLX meaning.
 """
 
 from __future__ import annotations
@@ -21,6 +23,26 @@ CONTEXT_ISSUE = 8
 def _c(spellings: tuple[str, ...], dest: str, help: str, **kw: Any) -> Option:
     kw.setdefault("section", "server")
     return deferred(spellings, dest, help, issue=CONTEXT_ISSUE, **kw)
+
+
+# --cache-ram's unset default: upstream's is 8192 MiB; ours is smaller because
+# the budget shares unified memory with the model and the live KV.
+CACHE_RAM_DEFAULT_MIB = 2048
+
+NO_KV_SHIFT = (
+    "upstream reuses a cached chunk that is not a prefix of the prompt by "
+    "shifting the RoPE rotation of the cached keys; this prompt cache reuses "
+    "strict token prefixes and nothing re-rotates a cached key, so a positive "
+    "value would behave exactly as 0")
+NO_CHECKPOINTS = ("there are no context checkpoints: a sequence's KV is kept whole "
+                  "and prefixes are reused through the process-wide prompt cache")
+
+
+def _slot_machinery(spellings: tuple[str, ...], dest: str, help: str, **kw: Any) -> Option:
+    """Per-slot prompt machinery upstream has and this server does not: the
+    inert value passes, the rest is refused saying what is missing."""
+    kw.setdefault("section", "server")
+    return not_applicable(spellings, dest, help, owner=CONTEXT_ISSUE, hidden=False, **kw)
 
 
 def _rope(spelling: str, dest: str, help: str, **kw: Any) -> Option:
@@ -41,26 +63,38 @@ CONTEXT: tuple[Option, ...] = (
                    owner=CONTEXT_ISSUE,
                    why="sliding-window layers keep the ring cache their checkpoint "
                    "sizes; there is no full-size SWA cache to ask for"),
-    _c(("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints"), "ctx_checkpoints",
-       "context checkpoints kept per slot", value=Int(0, INT32_MAX), metavar="N",
-       default=32, env="LLAMA_ARG_CTX_CHECKPOINTS", inert=equals(0), accepts="0"),
-    _c(("-cms", "--checkpoint-min-step"), "checkpoint_min_step",
-       "fewest tokens between two context checkpoints", value=Int(0, INT32_MAX),
-       metavar="N", default=8192, default_text="8192, 0 = no minimum",
-       env="LLAMA_ARG_CHECKPOINT_MIN_SPACING_NT"),
-    _c(("-cram", "--cache-ram"), "cache_ram", "prompt cache budget in MiB",
-       value=Int(-1, INT32_MAX), metavar="N", default=8192,
-       default_text="8192, -1 - no limit, 0 - disable", env="LLAMA_ARG_CACHE_RAM",
-       inert=equals(8192, 0), accepts="8192 or 0"),
-    _c(("-kvu", "--kv-unified"), "kv_unified", "one KV buffer shared by every slot",
-       kind="bool", negations=("-no-kvu", "--no-kv-unified"),
-       default_text="enabled if number of slots is auto", env="LLAMA_ARG_KV_UNIFIED",
-       inert=equals(False), accepts="--no-kv-unified"),
-    _c(("--cache-idle-slots",), "cache_idle_slots",
-       "save idle slots to the prompt cache when a new task arrives", kind="bool",
-       negations=("--no-cache-idle-slots",), default=True,
-       default_text="enabled, requires cache-ram", env="LLAMA_ARG_CACHE_IDLE_SLOTS",
-       inert=equals(False), accepts="--no-cache-idle-slots"),
+    _slot_machinery(("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints"), "ctx_checkpoints",
+                    "context checkpoints kept per slot", value=Int(0, INT32_MAX),
+                    metavar="N", default=32, env="LLAMA_ARG_CTX_CHECKPOINTS",
+                    why=NO_CHECKPOINTS, inert=equals(0), accepts="0"),
+    _slot_machinery(("-cms", "--checkpoint-min-step"), "checkpoint_min_step",
+                    "fewest tokens between two context checkpoints",
+                    value=Int(0, INT32_MAX), metavar="N", default=8192,
+                    default_text="8192, 0 = no minimum",
+                    env="LLAMA_ARG_CHECKPOINT_MIN_SPACING_NT", why=NO_CHECKPOINTS,
+                    inert=equals(8192), accepts="8192"),
+    Option(("-cram", "--cache-ram"), "cache_ram",
+           "prompt cache budget in MiB (the KV of cached prompt prefixes)",
+           value=Int(-1, INT32_MAX), metavar="N", default=CACHE_RAM_DEFAULT_MIB,
+           default_text=f"{CACHE_RAM_DEFAULT_MIB}, -1 - no limit, 0 - disable",
+           env="LLAMA_ARG_CACHE_RAM", section="server", owner=CONTEXT_ISSUE),
+    _slot_machinery(("-kvu", "--kv-unified"), "kv_unified",
+                    "one KV buffer shared by every slot", kind="bool",
+                    negations=("-no-kvu", "--no-kv-unified"),
+                    default_text="enabled if number of slots is auto",
+                    env="LLAMA_ARG_KV_UNIFIED",
+                    why="each sequence gets its own KV cache from the batch generator; "
+                    "there is no shared KV buffer to unify (pass --parallel 1 for a "
+                    "single sequence with the whole context)",
+                    inert=equals(False), accepts="--no-kv-unified"),
+    _slot_machinery(("--cache-idle-slots",), "cache_idle_slots",
+                    "save idle slots to the prompt cache when a new task arrives",
+                    kind="bool", negations=("--no-cache-idle-slots",), default=True,
+                    default_text="enabled, requires cache-ram",
+                    env="LLAMA_ARG_CACHE_IDLE_SLOTS",
+                    why="slots retain no KV of their own: every finished or cancelled "
+                    "sequence already goes to the process-wide prompt cache",
+                    inert=equals(False), accepts="--no-cache-idle-slots"),
     _c(("--context-shift",), "context_shift",
        "drop old tokens to keep generating past a full context", kind="bool",
        negations=("--no-context-shift",), default=False, env="LLAMA_ARG_CONTEXT_SHIFT"),
@@ -68,20 +102,24 @@ CONTEXT: tuple[Option, ...] = (
        "continuous batching: admit new requests between decode steps", kind="bool",
        negations=("-nocb", "--no-cont-batching"), default=True,
        env="LLAMA_ARG_CONT_BATCHING"),
-    _c(("--cache-prompt",), "cache_prompt", "reuse the KV of a previous prompt's prefix",
-       kind="bool", negations=("--no-cache-prompt",), default=True,
-       env="LLAMA_ARG_CACHE_PROMPT"),
+    Option(("--cache-prompt",), "cache_prompt",
+           "reuse the KV of a previous prompt's prefix (the process-wide prompt cache)",
+           kind="bool", negations=("--no-cache-prompt",), default=True,
+           env="LLAMA_ARG_CACHE_PROMPT", section="server", owner=CONTEXT_ISSUE),
     not_applicable(("--cache-reuse",), "cache_reuse",
                    "smallest chunk reused from the cache by shifting it",
                    value=Int(0, INT32_MAX), metavar="N", default=0,
                    env="LLAMA_ARG_CACHE_REUSE", owner=CONTEXT_ISSUE, section="server",
-                   why="reusing a chunk that is not a prefix needs re-rotating cached "
-                   "keys, which the MLX KV cache cannot do",
-                   inert=equals(0), accepts="0"),
-    _c(("-sps", "--slot-prompt-similarity"), "slot_prompt_similarity",
-       "how closely a prompt must match a slot's to reuse that slot",
-       value=Float(0.0, 1.0), metavar="SIMILARITY", default=0.1,
-       default_text="0.10, 0.0 = disabled", inert=equals(0.0), accepts="0.0"),
+                   why=NO_KV_SHIFT, inert=equals(0), accepts="0",
+                   instead="omit it: a cached prefix of the prompt is reused "
+                   "automatically (--cache-prompt)"),
+    _slot_machinery(("-sps", "--slot-prompt-similarity"), "slot_prompt_similarity",
+                    "how closely a prompt must match a slot's to reuse that slot",
+                    value=Float(0.0, 1.0), metavar="SIMILARITY", default=0.1,
+                    default_text="0.10, 0.0 = disabled",
+                    why="no slot keeps a prompt of its own to be matched: every request "
+                    "consults the process-wide prompt cache whichever slot serves it",
+                    inert=equals(0.0), accepts="0.0"),
 )
 
 ROPE: tuple[Option, ...] = (

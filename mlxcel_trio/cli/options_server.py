@@ -29,6 +29,23 @@ def _e(spellings: tuple[str, ...], dest: str, help: str, **kw: Any) -> Option:
 
 
 @attrs.frozen
+class Directory(Text):
+    """An existing directory, made absolute and canonical (symlinks resolved)
+    once at startup, as upstream's --slot-save-path checks fs_is_directory."""
+
+    @property
+    def domain(self) -> str:
+        return "an existing directory"
+
+    def parse(self, text: str) -> str:
+        import os
+
+        if not text or not os.path.isdir(text):
+            raise BadValue(f"not a directory: {text}")
+        return os.path.realpath(text)
+
+
+@attrs.frozen
 class LogColors(Choice):
     """upstream's --log-colors vocabulary, case-sensitive: on/enabled/true/1,
     off/disabled/false/0, auto/-1; folded to "on", "off" or "auto" (the
@@ -127,8 +144,10 @@ ENDPOINTS: tuple[Option, ...] = (
        env="LLAMA_ARG_ENDPOINT_PROPS", default_text="disabled"),
     _e(("--slots",), "slots", "serve the slot monitor at /slots", kind="bool",
        negations=("--no-slots",), default=True, env="LLAMA_ARG_ENDPOINT_SLOTS"),
-    _e(("--slot-save-path",), "slot_save_path", "directory where slots are saved",
-       value=Text(), metavar="PATH", default_text="disabled"),
+    Option(("--slot-save-path",), "slot_save_path",
+           "directory where POST /slots/{id}?action=save|restore keeps slot files",
+           value=Directory(), metavar="PATH", default_text="disabled", section="server",
+           owner=8),
     _e(("--sleep-idle-seconds",), "sleep_idle_seconds",
        "unload the model after this many idle seconds", value=Int(),
        metavar="SECONDS", default=-1, default_text="-1; -1 = disabled",

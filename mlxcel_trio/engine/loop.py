@@ -17,12 +17,14 @@ from typing import Callable
 
 from .records import (
     Cancel,
+    ClearPromptCache,
     Job,
     Loaded,
     LoadFailed,
     ModelInfo,
     SamplingParams,
     Shutdown,
+    SlotAction,
     StepEvents,
     Submit,
 )
@@ -68,13 +70,15 @@ def _model_facts(model, config: dict, path: Path, n_ctx: int, n_slots: int) -> M
 class EngineLoop:
     def __init__(self, model_path: str, *, n_slots: int, ctx_size: int,
                  batch_size: int, warmup: bool,
-                 emit: Callable[[StepEvents], None], special: bool = False) -> None:
+                 emit: Callable[[StepEvents], None], special: bool = False,
+                 cache_ram_mib: int = 0) -> None:
         self._path = Path(model_path)
         self._n_slots = n_slots
         self._ctx_size = ctx_size
         self._batch_size = batch_size
         self._warmup = warmup
         self._special = special
+        self._cache_ram_mib = cache_ram_mib  # 0 = no prompt cache, -1 = no limit
         self._emit = emit
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self.vocab = None  # published before Loaded is emitted; read-only after
@@ -97,6 +101,7 @@ class EngineLoop:
     def _load(self):
         from mlx_lm.utils import load_model
 
+        from .prompt_cache import PromptCache, budget_from_mib
         from .scheduler import Scheduler
         from .vocab import Vocab
 
@@ -106,7 +111,9 @@ class EngineLoop:
         vocab = Vocab(self._path, int(config.get("vocab_size", 0)) or None)
         scheduler = Scheduler(model, vocab, n_slots=self._n_slots,
                               n_ctx_slot=n_ctx // self._n_slots,
-                              batch_size=self._batch_size, special=self._special)
+                              batch_size=self._batch_size, special=self._special,
+                              prompt_cache=(PromptCache(budget_from_mib(self._cache_ram_mib))
+                                            if self._cache_ram_mib != 0 else None))
         if self._warmup:
             self._run_warmup(scheduler, vocab)
         self.vocab = vocab
@@ -157,6 +164,10 @@ class EngineLoop:
                     scheduler.submit(cmd.job, out)
                 elif isinstance(cmd, Cancel):
                     scheduler.cancel(cmd.job_id, out)
+                elif isinstance(cmd, SlotAction):
+                    scheduler.slot_action(cmd, out)
+                elif isinstance(cmd, ClearPromptCache):
+                    scheduler.clear_prompt_cache(out)
                 elif isinstance(cmd, Shutdown):
                     scheduler.close(out)
                     if out:

@@ -73,6 +73,9 @@ class Job:
     n_indent: int = 0                   # 0 = off
     t_max_predict_ms: int = -1          # <= 0 = off
     return_progress: bool = False
+    # prompt-cache namespace (engine/prompt_cache.py); None = cache_prompt
+    # false: no lookup and no donate-back
+    cache_ns: str | None = None
     # a compiled grammar (grammar/compile.CompiledGrammar): its start(n_prompt)
     # gives the sequence's constraint; None = unconstrained
     grammar: object = attrs.field(default=None, eq=False, repr=False)
@@ -93,6 +96,21 @@ class Cancel:
 @attrs.frozen
 class Shutdown:
     pass
+
+
+@attrs.frozen
+class SlotAction:
+    """Read (tokens None) or replace a slot's retained token stream: slot
+    save reads it, restore writes the file's tokens, erase writes ()."""
+
+    job_id: int
+    id_slot: int
+    tokens: tuple[int, ...] | None = None
+
+
+@attrs.frozen
+class ClearPromptCache:
+    """Drop every prompt-cache entry (e.g. before the server idles)."""
 
 
 # --- events -----------------------------------------------------------------
@@ -218,6 +236,29 @@ class SlotFreed:
     id_slot: int
     job_id: int
     cancelled: bool
+
+
+@attrs.frozen
+class SlotTokens:
+    """The answer to a SlotAction: the slot's tokens after it, and how many
+    it held before."""
+
+    job_id: int
+    id_slot: int
+    tokens: tuple[int, ...]
+    previous: int
+
+
+@attrs.frozen
+class CacheStats:
+    """The prompt cache's occupancy, emitted whenever it changes."""
+
+    entries: int
+    bytes: int
+    peak_bytes: int
+    budget_bytes: int     # -1 = no limit
+    hits: int
+    misses: int
 
 
 @attrs.frozen

@@ -12,6 +12,8 @@ Rules:
 - A cancelled or finished job is removed from the generator before the next
   `step()` runs a forward pass, so it never costs another token.
 - A job holds its slot from admission until `SlotFreed` is emitted.
+- The prompt cache (prompt_cache.py) is consulted once at admission and fed
+  once at release; nothing of it runs per decode step.
 """
 
 from __future__ import annotations
@@ -19,16 +21,23 @@ from __future__ import annotations
 import time
 from collections import deque
 
+import logging
+
 import attrs
 from mlx_lm.generate import BatchGenerator
+from mlx_lm.models.cache import make_prompt_cache
 
 from .detokenizer import IncrementalDetokenizer
+from .prompt_cache import PromptCache, supported
 from .records import (
+    CacheStats,
     Failed,
     Finished,
     Job,
     PromptProgress,
+    SlotAction,
     SlotFreed,
+    SlotTokens,
     Started,
     Timings,
     TokenPiece,
@@ -41,6 +50,9 @@ from .stops import StopMatcher
 from .vocab import Vocab
 
 
+log = logging.getLogger("mlxcel.engine")
+
+
 def _ms_since(t0: float, now: float) -> float:
     return (now - t0) * 1e3
 
@@ -51,7 +63,7 @@ class _Sequence:
     __slots__ = (
         "job", "slot", "uid", "detok", "stops", "tokens", "content", "max_tokens",
         "stop_type", "stopping_word", "truncated", "t_start", "t_first",
-        "t_prompt_ms", "last_nl_pos", "done", "processed", "row", "probs",
+        "t_prompt_ms", "last_nl_pos", "done", "processed", "row", "probs", "n_cache",
     )
 
     def __init__(self, job: Job, slot: int, vocab: Vocab, max_tokens: int) -> None:
@@ -74,12 +86,13 @@ class _Sequence:
         self.processed = -1
         self.row = None                     # sampler state (samplers/batch.Row)
         self.probs: list[TokenProbs] = []   # completion_probabilities, when asked
+        self.n_cache = 0                    # prompt tokens the prompt cache supplied
 
     def timings(self, now: float) -> Timings:
         n = len(self.tokens)
         return Timings(
-            cache_n=0,
-            prompt_n=len(self.job.prompt),
+            cache_n=self.n_cache,
+            prompt_n=len(self.job.prompt) - self.n_cache,
             prompt_ms=self.t_prompt_ms,
             predicted_n=n,
             predicted_ms=_ms_since(self.t_first, now) if self.t_first and n > 1 else 0.0,
@@ -88,7 +101,8 @@ class _Sequence:
 
 class Scheduler:
     def __init__(self, model, vocab: Vocab, *, n_slots: int, n_ctx_slot: int,
-                 batch_size: int, special: bool = False) -> None:
+                 batch_size: int, special: bool = False,
+                 prompt_cache: PromptCache | None = None) -> None:
         self.vocab = vocab
         self._render_special = special  # -sp: special tokens appear in the text
         self.n_slots = n_slots
@@ -101,6 +115,12 @@ class Scheduler:
         self._free = list(range(n_slots))
         self._by_uid: dict[int, _Sequence] = {}
         self._by_job: dict[int, _Sequence] = {}
+        self._cache = prompt_cache
+        if prompt_cache is not None and not supported(make_prompt_cache(model)):
+            log.warning("prompt cache off: this model's KV cache cannot be cut to a prefix")
+            self._cache = None
+        # each slot's retained token stream (what slot save writes)
+        self._slot_tokens: list[tuple[int, ...]] = [() for _ in range(n_slots)]
 
     def _new_generator(self) -> BatchGenerator:
         # the chain rows' shared sampler lives and dies with its generator
@@ -151,11 +171,42 @@ class Scheduler:
         exit right after, and MLX must not be mid-evaluation then."""
         import mlx.core as mx
 
+        self._cache = None  # nothing is worth donating on the way out
         for seq in list(self._by_job.values()):
             self._release(seq, out, cancelled=True)
         self._pending.clear()
         mx.synchronize(self._gen.stream)  # the generator computes on its own stream
         mx.synchronize()
+
+    def clear_prompt_cache(self, out: list) -> None:
+        if self._cache is not None:
+            self._cache.clear()
+            self._cache_stats(out)
+
+    def slot_action(self, cmd: SlotAction, out: list) -> None:
+        """Read or replace a slot's retained tokens (slot save / restore /
+        erase); a slot serving a job answers busy."""
+        slot = cmd.id_slot
+        if not 0 <= slot < self.n_slots:
+            out.append(Failed(cmd.job_id, "invalid_request_error", "Invalid slot ID"))
+            return
+        if slot not in self._free:
+            out.append(Failed(cmd.job_id, "unavailable_error",
+                              f"slot {slot} is processing a task; retry when it is idle"))
+            return
+        previous = len(self._slot_tokens[slot])
+        if cmd.tokens is not None:
+            if len(cmd.tokens) > self.n_ctx_slot:
+                out.append(Failed(cmd.job_id, "invalid_request_error",
+                                  "Unable to restore slot: Restored prompt does not fit "
+                                  "in the slot context"))
+                return
+            if any(t < 0 or t >= self.vocab.n_vocab for t in cmd.tokens):
+                out.append(Failed(cmd.job_id, "invalid_request_error",
+                                  "Unable to restore slot: Invalid tokens in slot save file"))
+                return
+            self._slot_tokens[slot] = tuple(cmd.tokens)
+        out.append(SlotTokens(cmd.job_id, slot, self._slot_tokens[slot], previous))
 
     def fail_all(self, out: list, message: str) -> None:
         """After a failed step: every admitted job fails with a server error
@@ -181,16 +232,19 @@ class Scheduler:
             seq = self._by_uid.get(r.uid)
             if seq is not None and seq.job.return_progress:
                 self._progress(seq, r.progress[0], now, out)
-        finished: list[_Sequence] = []
+        finished: list = []
         for r in gen_resps:
             seq = self._by_uid.get(r.uid)
             if seq is None or seq.done:
                 continue
             self._on_token(seq, r.token, now, out)
             if seq.done:
-                finished.append(seq)
-        for seq in finished:
-            self._finish(seq, now, out)
+                finished.append((seq, r))
+        for seq, r in finished:
+            # mlx-lm drops a sequence at its max_tokens itself, handing its
+            # KV over on the response
+            held = (r.prompt_cache, r.all_tokens) if r.finish_reason is not None else None
+            self._finish(seq, now, out, held)
         if finished:
             self._admit(out)
 
@@ -220,7 +274,12 @@ class Scheduler:
         want = room if job.n_predict < 0 else max(1, job.n_predict)
         seq = _Sequence(job, slot, self.vocab, min(want, room))
         self._by_job[job.id] = seq
-        out.append(Started(job.id, slot, n_prompt, 0))
+        n_cache, caches = 0, None
+        if self._cache is not None and job.cache_ns is not None and n_prompt > 1:
+            n_cache, caches = self._cache.lookup(job.cache_ns, job.prompt)
+            seq.n_cache = n_cache
+            self._cache_stats(out)
+        out.append(Started(job.id, slot, n_prompt, n_cache))
         if job.return_progress:
             self._progress(seq, 0, seq.t_start, out)
         if n_prompt == 0:
@@ -229,8 +288,11 @@ class Scheduler:
             self._finish(seq, time.perf_counter(), out)
             return
         sampler, processors, seq.row = self._sampling_plan(job)
-        (uid,) = self._gen.insert([list(job.prompt)], max_tokens=[seq.max_tokens],
-                                  samplers=[sampler], logits_processors=[processors])
+        (uid,) = self._gen.insert(
+            [list(job.prompt[n_cache:])], max_tokens=[seq.max_tokens],
+            caches=[caches] if caches else None,
+            all_tokens=[list(job.prompt[:n_cache])] if caches else None,
+            samplers=[sampler], logits_processors=[processors])
         seq.uid = uid
         self._by_uid[uid] = seq
 
@@ -246,10 +308,11 @@ class Scheduler:
                     constraint=constraint)
 
     def _progress(self, seq: _Sequence, processed: int, now: float, out: list) -> None:
+        processed += seq.n_cache  # cache-supplied tokens count as processed
         if processed == seq.processed:
             return
         seq.processed = processed
-        out.append(PromptProgress(seq.job.id, len(seq.job.prompt), 0, processed,
+        out.append(PromptProgress(seq.job.id, len(seq.job.prompt), seq.n_cache, processed,
                                   _ms_since(seq.t_start, now)))
 
     def _on_token(self, seq: _Sequence, token: int, now: float, out: list) -> None:
@@ -337,21 +400,43 @@ class Scheduler:
         if nl != -1:
             seq.last_nl_pos = nl + 1
 
-    def _finish(self, seq: _Sequence, now: float, out: list) -> None:
+    def _finish(self, seq: _Sequence, now: float, out: list, held=None) -> None:
         out.append(Finished(
             job_id=seq.job.id, id_slot=seq.slot, content="".join(seq.content),
             tokens=tuple(seq.tokens), stop_type=seq.stop_type,
             stopping_word=seq.stopping_word, truncated=seq.truncated,
             n_prompt=len(seq.job.prompt), timings=seq.timings(now), probs=tuple(seq.probs),
         ))
-        self._release(seq, out, cancelled=False)
+        self._release(seq, out, cancelled=False, held=held)
 
-    def _release(self, seq: _Sequence, out: list, cancelled: bool) -> None:
+    def _release(self, seq: _Sequence, out: list, cancelled: bool, held=None) -> None:
         seq.done = True
+        self._slot_tokens[seq.slot] = seq.job.prompt + tuple(seq.tokens)
         if seq.uid is not None:
+            donate = self._cache is not None and seq.job.cache_ns is not None
+            if donate and held is None:
+                try:
+                    held = self._gen.extract_cache([seq.uid]).get(seq.uid)
+                except Exception:  # e.g. a prompt batch with no KV written yet
+                    log.debug("job %s: no KV to donate", seq.job.id, exc_info=True)
             self._gen.remove([seq.uid])
+            if donate and held is not None and held[0]:
+                self._donate(seq.job.cache_ns, held, out)
             del self._by_uid[seq.uid]
         del self._by_job[seq.job.id]
         self._free.append(seq.slot)
         self._free.sort()
         out.append(SlotFreed(seq.slot, seq.job.id, cancelled))
+
+    def _donate(self, ns: str, held, out: list) -> None:
+        layers, tokens = held
+        n = layers[0].offset if layers else 0
+        if len(tokens) < n:
+            return  # the token record does not cover the KV: nothing trustworthy
+        if self._cache.donate(ns, tokens[:n], layers):
+            self._cache_stats(out)
+
+    def _cache_stats(self, out: list) -> None:
+        st = self._cache.stats()
+        out.append(CacheStats(st["entries"], st["bytes"], st["peak_bytes"],
+                              st["budget_bytes"], st["hits"], st["misses"]))

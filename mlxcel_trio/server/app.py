@@ -26,7 +26,7 @@ from .. import __version__
 from ..logging_setup import TRACE
 from ..bridge import REQUEST_CLEANUPS, Bridge
 from ..config import ServerConfig
-from . import info, infill, limits, native, openai_completions, streams, tokens
+from . import info, infill, limits, native, openai_completions, slot_files, streams, tokens
 from . import chat_routes
 from .completion import Served, server_defaults
 from .body import parse_body
@@ -128,7 +128,9 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
         "detokenize": lambda body: tokens.detokenize(bridge.vocab, body),
         "no_metrics": lambda: not_supported("metrics endpoint", "--metrics"),
         "no_props": lambda: not_supported("changing global properties", "--props"),
-        "no_slot_actions": lambda: not_supported("slots action", "--slot-save-path"),
+        "slot_actions": ((lambda: slot_files.handle(bridge, config.slot_save_path))
+                         if config.slot_save_path else
+                         (lambda: not_supported("slots action", "--slot-save-path"))),
         "no_embeddings": lambda: not_supported("embeddings", "--embeddings"),
         "no_reranking": lambda: not_supported("reranking", "--reranking"),
         "feature_disabled": feature_disabled,

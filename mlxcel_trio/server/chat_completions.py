@@ -59,7 +59,8 @@ def chat_jobs(served: Served, config, chat: ChatPlan, values: dict,
               force_end: ForceEnd | None = None) -> list:
     """The plan's engine jobs; a reasoning budget (or armed realtime control)
     wraps each job's grammar in the forced close of chat/budget.py."""
-    jobs = make_jobs(served, values, [chat.tokens], chat.native)
+    jobs = make_jobs(served, values, [chat.tokens], chat.native,
+                     template=settings_for(served, config).template.source)
     if chat.budget < 0 and force_end is None:
         return jobs
     settings = settings_for(served, config)

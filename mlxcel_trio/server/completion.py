@@ -8,6 +8,7 @@ and the same `Finished` record.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from typing import Any
 
@@ -38,7 +39,8 @@ def server_defaults(config, vocab) -> dict[str, Any]:
     """Every server-wide field default (see server/sampling.py), plus the
     server's grammar (--grammar / --json-schema)."""
     return {**sampling.server_defaults(config, vocab),
-            "grammar_spec": grammar.default_spec(config)}
+            "grammar_spec": grammar.default_spec(config),
+            "cache_prompt": config.cache_prompt}
 
 
 # -- prompts --------------------------------------------------------------------
@@ -103,8 +105,21 @@ def resolve(body: Any, served: Served) -> dict[str, Any]:
     return values
 
 
+def cache_namespace(served: Served, values: dict, template: str | None = None) -> str | None:
+    """The prompt-cache namespace for a request, None when it opted out
+    (cache_prompt: false).  Raw-prompt routes share one namespace; a chat
+    route's is keyed by the template in force, so a raw prompt never adopts
+    a chat-rendered prefix (nor one template's rendering another's)."""
+    if not values["cache_prompt"]:
+        return None
+    model = served.bridge.info.path
+    if template is None:
+        return f"{model}\0raw"
+    return f"{model}\0chat:" + hashlib.sha256(template.encode()).hexdigest()[:16]
+
+
 def make_job(served: Served, values: dict, prompt: list[int], body: dict,
-             copy: int = 0) -> Job:
+             copy: int = 0, cache_ns: str | None = None) -> Job:
     """One engine job.  Copies after the first (n_cmpl > 1) take any free slot
     and, when seeded, seed + copy, as upstream's child tasks do."""
     id_slot = body.get("id_slot", -1)
@@ -125,17 +140,21 @@ def make_job(served: Served, values: dict, prompt: list[int], body: dict,
         n_indent=values["n_indent"],
         t_max_predict_ms=values["t_max_predict_ms"],
         return_progress=values["return_progress"] and values["stream"],
+        cache_ns=cache_ns,
     )
 
 
 def make_jobs(served: Served, values: dict, prompts: list[list[int]], body: dict,
-              force_end=None) -> list[Job]:
+              force_end=None, template: str | None = None) -> list[Job]:
     """Every prompt times n_cmpl; a job's result index is its list position
     (prompt i's copies are i * n_cmpl .. i * n_cmpl + n_cmpl - 1).  The
     native reasoning_budget_* fields wrap the grammar when they ask for a
-    budget (`force_end`: the request's realtime control flag, if any)."""
+    budget (`force_end`: the request's realtime control flag, if any).
+    `template` is the chat template that rendered the prompt (None: a raw
+    prompt); it keys the prompt-cache namespace."""
     n = values["n_cmpl"]
-    jobs = [make_job(served, values, p, body, copy) for p in prompts for copy in range(n)]
+    ns = cache_namespace(served, values, template)
+    jobs = [make_job(served, values, p, body, copy, ns) for p in prompts for copy in range(n)]
     return reasoning_budget.native_jobs(served.bridge.vocab, values, body, jobs, force_end)
 
 

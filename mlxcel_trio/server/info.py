@@ -65,7 +65,23 @@ def props(served: Served):
     }
     if chat.template.tool_use_source:
         res["chat_template_tool_use"] = chat.template.tool_use_source
+    res["prompt_cache"] = prompt_cache_props(bridge)
     return json_response(res)
+
+
+def prompt_cache_props(bridge: Bridge) -> dict:
+    """mlxcel extension: the prompt cache's budget and what it holds now."""
+    mib = bridge.config.prompt_cache_mib
+    st = bridge.cache_stats
+    return {
+        "enabled": mib != 0,
+        "budget_bytes": -1 if mib < 0 else mib * 1024 * 1024,
+        "entries": st.entries if st else 0,
+        "bytes": st.bytes if st else 0,
+        "peak_bytes": st.peak_bytes if st else 0,
+        "hits": st.hits if st else 0,
+        "misses": st.misses if st else 0,
+    }
 
 
 def _created(path: str) -> int:

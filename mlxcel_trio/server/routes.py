@@ -55,7 +55,7 @@ ROUTES: tuple[Route, ...] = (
     # answers them when it was started without the enabling flag.
     Route("GET", "/metrics", "no_metrics"),
     Route("POST", "/props", "no_props"),
-    Route("POST", "/slots/:id_slot", "no_slot_actions"),
+    Route("POST", "/slots/:id_slot", "slot_actions"),
     Route("POST", "/embedding", "no_embeddings"),
     Route("POST", "/embeddings", "no_embeddings"),
     Route("POST", "/v1/embeddings", "no_embeddings"),

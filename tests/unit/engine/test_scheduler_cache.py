@@ -1,0 +1,126 @@
+"""The scheduler with a prompt cache: adoption, donation, truthful counts."""
+
+from __future__ import annotations
+
+from mlxcel_trio.engine.prompt_cache import PromptCache
+from mlxcel_trio.engine.records import (
+    Finished,
+    Job,
+    PromptProgress,
+    SamplingParams,
+    SlotAction,
+    SlotTokens,
+    Started,
+)
+
+from .test_scheduler import loaded, of, run  # noqa: F401  (fixture)
+
+GREEDY = SamplingParams(temperature=0.0, n_probs=3)
+PROMPT = tuple(range(40, 140))
+
+
+def make(loaded, cache, slots=2):  # noqa: F811
+    from mlxcel_trio.engine.scheduler import Scheduler
+
+    model, vocab = loaded
+    return Scheduler(model, vocab, n_slots=slots, n_ctx_slot=512, batch_size=32,
+                     prompt_cache=cache)
+
+
+def job(i, prompt=PROMPT, ns="raw", **kw):
+    kw.setdefault("n_predict", 12)
+    return Job(i, tuple(prompt), sampling=GREEDY, ignore_eos=True, cache_ns=ns, **kw)
+
+
+def one(s, j):
+    out = []
+    s.submit(j, out)
+    run(s, out)
+    (fin,) = of(out, Finished, j.id)
+    return fin, out
+
+
+def trace(fin):
+    return [(p.token, p.prob, p.top) for p in fin.probs]
+
+
+def test_hit_equals_cold_and_reports_cache_n(loaded):  # noqa: F811
+    cache = PromptCache(None)
+    s = make(loaded, cache)
+    cold, _ = one(s, job(1))
+    assert cold.timings.cache_n == 0 and cold.timings.prompt_n == len(PROMPT)
+    assert len(cache) == 1 and cache.nbytes > 0
+    hit, out = one(s, job(2, return_progress=True))
+    assert hit.timings.cache_n == len(PROMPT) - 1
+    assert hit.timings.prompt_n == 1
+    assert of(out, Started)[0].n_cache == len(PROMPT) - 1
+    first = of(out, PromptProgress)[0]
+    assert first.cache == first.processed == len(PROMPT) - 1
+    assert trace(hit) == trace(cold)
+    # a longer prompt sharing the prefix adopts it, and agrees with a cold run
+    longer = PROMPT + tuple(range(300, 340))
+    part, _ = one(s, job(3, longer))
+    assert part.timings.cache_n >= len(PROMPT)
+    ref = make(loaded, None)
+    cold_longer, _ = one(ref, job(4, longer))
+    assert trace(part) == trace(cold_longer)
+
+
+def test_opt_out_skips_lookup_and_donation(loaded):  # noqa: F811
+    cache = PromptCache(None)
+    s = make(loaded, cache)
+    fin, _ = one(s, job(1, ns=None))
+    assert fin.timings.cache_n == 0 and len(cache) == 0
+    one(s, job(2))
+    again, _ = one(s, job(3, ns=None))
+    assert again.timings.cache_n == 0 and cache.hits == 0
+    assert trace(again) == trace(fin)
+
+
+def test_namespaces_are_isolated_in_the_scheduler(loaded):  # noqa: F811
+    cache = PromptCache(None)
+    s = make(loaded, cache)
+    one(s, job(1, ns="chat"))
+    fin, _ = one(s, job(2, ns="raw"))
+    assert fin.timings.cache_n == 0
+
+
+def test_donated_kv_matches_its_tokens(loaded):  # noqa: F811
+    cache = PromptCache(None)
+    s = make(loaded, cache)
+    fin, _ = one(s, job(1, n_predict=5))
+    (entry,) = cache._lru.values()
+    assert list(entry.tokens) == list(PROMPT) + list(fin.tokens)
+    assert all(c.offset == len(entry.tokens) for c in entry.layers)
+
+
+def test_cancel_mid_generation_donates(loaded):  # noqa: F811
+    cache = PromptCache(None)
+    s = make(loaded, cache)
+    out = []
+    s.submit(job(1, n_predict=50), out)
+    for _ in range(200):
+        s.step(out)
+        if len(of(out, type(None))) or sum(1 for e in out if type(e).__name__ == "TokenPiece") >= 3:
+            break
+    s.cancel(1, out)
+    assert len(cache) == 1
+    fin, _ = one(s, job(2))
+    assert fin.timings.cache_n == len(PROMPT) - 1
+
+
+def test_slot_tokens_read_write_and_busy(loaded):  # noqa: F811
+    s = make(loaded, PromptCache(None))
+    fin, _ = one(s, job(1, n_predict=4))
+    out = []
+    s.slot_action(SlotAction(100, fin.id_slot), out)
+    (st,) = of(out, SlotTokens)
+    assert st.tokens == PROMPT + fin.tokens
+    s.slot_action(SlotAction(101, fin.id_slot, ()), out)
+    assert of(out, SlotTokens, 101)[0].previous == len(PROMPT) + 4
+    s.slot_action(SlotAction(102, 7), out)
+    assert out[-1].message == "Invalid slot ID"
+    s.submit(job(2, n_predict=30, id_slot=0), out)
+    s.slot_action(SlotAction(103, 0), out)
+    assert out[-1].kind == "unavailable_error"
+    run(s, out)
