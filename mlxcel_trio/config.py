@@ -111,7 +111,7 @@ class ServerConfig:
     sse_ping_interval: int = 30  # seconds; <= 0 disables
     # -- prompt cache and slot files (issue #8) --
     cache_prompt: bool = True        # --no-cache-prompt: no prompt cache at all
-    cache_ram: int = 2048            # MiB; -1 = no limit, 0 = no prompt cache
+    cache_ram: int = 8192            # MiB; -1 = no limit, 0 = no prompt cache
     slot_save_path: str | None = None  # canonical directory; None = slot actions 501
     sampling: SamplingDefaults = SamplingDefaults()
     # -- chat (issue #4): templates, reasoning, parsing --

@@ -25,9 +25,9 @@ def _c(spellings: tuple[str, ...], dest: str, help: str, **kw: Any) -> Option:
     return deferred(spellings, dest, help, issue=CONTEXT_ISSUE, **kw)
 
 
-# --cache-ram's unset default: upstream's is 8192 MiB; ours is smaller because
-# the budget shares unified memory with the model and the live KV.
-CACHE_RAM_DEFAULT_MIB = 2048
+# --cache-ram's unset default, upstream's: a ceiling, not a reservation (the
+# cache holds only what finished requests donated, LRU-evicted past it).
+CACHE_RAM_DEFAULT_MIB = 8192
 
 NO_KV_SHIFT = (
     "upstream reuses a cached chunk that is not a prefix of the prompt by "
@@ -42,7 +42,7 @@ def _slot_machinery(spellings: tuple[str, ...], dest: str, help: str, **kw: Any)
     """Per-slot prompt machinery upstream has and this server does not: the
     inert value passes, the rest is refused saying what is missing."""
     kw.setdefault("section", "server")
-    return not_applicable(spellings, dest, help, owner=CONTEXT_ISSUE, hidden=False, **kw)
+    return not_applicable(spellings, dest, help, owner=CONTEXT_ISSUE, **kw)
 
 
 def _rope(spelling: str, dest: str, help: str, **kw: Any) -> Option:

@@ -117,6 +117,8 @@ def plausible(rec: dict[str, Any], some_file: Path, model: Path) -> list[str]:
     default = rec["default"]
     if opt.dest == "model":
         return [opt.name, str(model)]
+    if opt.dest == "slot_save_path":
+        return [opt.name, str(some_file.parent)]  # an existing directory
     if opt.dest == "chat_template_kwargs":
         return [opt.name, '{"enable_thinking": false}']
     if isinstance(opt.value, (Choice, CsvChoice)):

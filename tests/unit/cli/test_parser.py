@@ -47,6 +47,9 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "hf_token": ("hf_abc", "hf_abc"),
     "hf_repo": ("some/model", "some/model"),
     "tags": ("a,b", ("a", "b")),
+    # issue #8: the prompt cache and slot files
+    "cache_ram": ("-1", -1),
+    "slot_save_path": (str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent)),
     # issue #5: the sampler chain, logit bias, reverse prompts
     "sampling.samplers": ("penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature;"
                           "adaptive_p", "penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;"
