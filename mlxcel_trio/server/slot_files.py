@@ -219,6 +219,7 @@ async def handle(bridge: Bridge, root: str):
         return json_response({"id_slot": id_slot, "filename": name, "n_saved": len(ev.tokens),
                               "n_written": len(data),
                               "timings": {"save_ms": (time.perf_counter() - t0) * 1e3}})
+    await _engine(bridge, id_slot, None)  # slot id and busy first, as upstream's order
     data = await trio.to_thread.run_sync(_read, path)
     tokens = _decode(data, ident)
     if tokens is None:
