@@ -284,8 +284,9 @@ class _Renderer:
             out.append(_event("message_start", {"type": "message_start", "message": {
                 "id": self.mid, "type": "message", "role": "assistant", "content": [],
                 "model": self.served.model_name, "stop_reason": None, "stop_sequence": None,
-                "usage": {"cache_read_input_tokens": 0,
-                          "input_tokens": len(self.job.prompt), "output_tokens": 0}}}))
+                "usage": {"cache_read_input_tokens": ev.timings.cache_n,
+                          "input_tokens": len(self.job.prompt) - ev.timings.cache_n,
+                          "output_tokens": 0}}}))
         if isinstance(ev, TokenPiece):
             self._diffs(self.stream.update(ev.text), out)
         elif isinstance(ev, Finished):

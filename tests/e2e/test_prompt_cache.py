@@ -141,6 +141,13 @@ def test_messages_route_hits_and_agrees(server):
     assert second["usage"]["cache_read_input_tokens"] == total - 1
     assert second["usage"]["input_tokens"] == 1
     assert first["content"] == second["content"]
+    # the streamed message_start reports the same split
+    from .sse import stream_frames
+
+    frames, _ = stream_frames(server.url, body, path="/v1/messages")
+    start = next(f for f in frames if isinstance(f, dict) and f.get("type") == "message_start")
+    assert start["message"]["usage"]["cache_read_input_tokens"] == total - 1
+    assert start["message"]["usage"]["input_tokens"] == 1
 
 
 def test_concurrent_arm_judged_on_first_divergence(server):
