@@ -137,7 +137,7 @@ class Bridge:
         cfg = self.config
         engine = EngineLoop(cfg.model, n_slots=cfg.slots, ctx_size=cfg.ctx_size,
                             batch_size=cfg.batch_size, warmup=cfg.warmup, emit=emit,
-                            special=cfg.special, cache_ram_mib=cfg.prompt_cache_mib)
+                            special=cfg.special, cache_ram_mib=cfg.cache_ram)
         self._engine = engine
         thread = threading.Thread(target=engine.run, name="mlx-engine", daemon=True)
         thread.start()

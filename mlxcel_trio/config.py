@@ -110,7 +110,7 @@ class ServerConfig:
     secrets: tuple[str, ...] = attrs.field(default=(), repr=False)
     sse_ping_interval: int = 30  # seconds; <= 0 disables
     # -- prompt cache and slot files (issue #8) --
-    cache_prompt: bool = True        # --no-cache-prompt: no prompt cache at all
+    cache_prompt: bool = True        # the per-request cache_prompt default
     cache_ram: int = 8192            # MiB; -1 = no limit, 0 = no prompt cache
     slot_save_path: str | None = None  # canonical directory; None = slot actions 501
     sampling: SamplingDefaults = SamplingDefaults()
@@ -137,11 +137,6 @@ class ServerConfig:
     def slots(self) -> int:
         """The resolved slot count: upstream's auto (-1) is 4."""
         return 4 if self.n_parallel < 0 else self.n_parallel
-
-    @property
-    def prompt_cache_mib(self) -> int:
-        """The prompt cache budget in force: 0 (off) under --no-cache-prompt."""
-        return self.cache_ram if self.cache_prompt else 0
 
     @property
     def model_alias(self) -> str | None:

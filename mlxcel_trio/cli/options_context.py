@@ -103,7 +103,7 @@ CONTEXT: tuple[Option, ...] = (
        negations=("-nocb", "--no-cont-batching"), default=True,
        env="LLAMA_ARG_CONT_BATCHING"),
     Option(("--cache-prompt",), "cache_prompt",
-           "reuse the KV of a previous prompt's prefix (the process-wide prompt cache)",
+           "default of the per-request cache_prompt: reuse a cached prompt prefix's KV",
            kind="bool", negations=("--no-cache-prompt",), default=True,
            env="LLAMA_ARG_CACHE_PROMPT", section="server", owner=CONTEXT_ISSUE),
     not_applicable(("--cache-reuse",), "cache_reuse",

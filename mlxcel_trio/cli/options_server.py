@@ -147,7 +147,7 @@ ENDPOINTS: tuple[Option, ...] = (
     Option(("--slot-save-path",), "slot_save_path",
            "directory where POST /slots/{id}?action=save|restore keeps slot files",
            value=Directory(), metavar="PATH", default_text="disabled", section="server",
-           owner=8),
+           owner=ENDPOINTS_ISSUE),
     _e(("--sleep-idle-seconds",), "sleep_idle_seconds",
        "unload the model after this many idle seconds", value=Int(),
        metavar="SECONDS", default=-1, default_text="-1; -1 = disabled",

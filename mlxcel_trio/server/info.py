@@ -71,7 +71,7 @@ def props(served: Served):
 
 def prompt_cache_props(bridge: Bridge) -> dict:
     """mlxcel extension: the prompt cache's budget and what it holds now."""
-    mib = bridge.config.prompt_cache_mib
+    mib = bridge.config.cache_ram
     st = bridge.cache_stats
     return {
         "enabled": mib != 0,

@@ -230,18 +230,32 @@ def test_cache_ram_budget_holds_under_churn(tiny_model, start_server):
         srv.stop()
 
 
-def test_cache_off_switches(tiny_model, start_server):
+def test_no_cache_prompt_is_the_request_default(tiny_model, start_server):
+    """As upstream, --no-cache-prompt is the default of the request field; a
+    request that asks for the cache still gets it."""
     srv = start_server(tiny_model, "-c", "2048", "-np", "1", "--no-cache-prompt")
     try:
-        assert _cache(srv)["enabled"] is False
         p = _words("off", 30)
         for _ in range(2):
             j = post(srv.url, {"prompt": p, "n_predict": 2, **GREEDY}).json()
             assert j["timings"]["cache_n"] == 0
-        # the server-wide switch is the per-request default, a request may not
-        # conjure a cache that does not exist
-        j = post(srv.url, {"prompt": p, "n_predict": 2, "cache_prompt": True, **GREEDY}).json()
-        assert j["timings"]["cache_n"] == 0
+        assert _cache(srv)["entries"] == 0, "an opted-out request donated"
+        for want_hit in (False, True):
+            j = post(srv.url, {"prompt": p, "n_predict": 2, "cache_prompt": True,
+                               **GREEDY}).json()
+            assert (j["timings"]["cache_n"] == j["tokens_evaluated"] - 1) is want_hit
+    finally:
+        srv.stop()
+
+
+def test_cache_ram_zero_disables_the_cache(tiny_model, start_server):
+    srv = start_server(tiny_model, "-c", "2048", "-np", "1", "--cache-ram", "0")
+    try:
+        assert _cache(srv)["enabled"] is False
+        p = _words("zero", 30)
+        for _ in range(2):
+            j = post(srv.url, {"prompt": p, "n_predict": 2, **GREEDY}).json()
+            assert j["timings"]["cache_n"] == 0
     finally:
         srv.stop()
 
