@@ -1,0 +1,53 @@
+"""Slot-file name rules (upstream's fs_validate_filename) and confinement."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from mlxcel_trio.server.slot_files import _stoi, confined, valid_filename
+
+
+@pytest.mark.parametrize("name", ["a", "slot-0.bin", "café", "日本語.slot", "a b", ".hidden",
+                                  "x" * 255, "a.b.c", "-", "~x"])
+def test_accepted_names(name):
+    assert valid_filename(name)
+
+
+@pytest.mark.parametrize("name", [
+    "", "x" * 256, "é" * 128,            # empty, over 255 bytes (128 x 2 bytes)
+    "a/b", "a\\b", "..", "a..b", ".", "x.", " x", "x ",
+    "a:b", "a*b", "a?b", 'a"b', "a<b", "a>b", "a|b",
+    "a\x00b", "a\x1fb", "a\x7fb", "a\x85b",      # C0, DEL, C1
+    "a\uff0eb", "a\u2215b", "a\u2216b",          # look-alikes of . / \\
+    "a\ud800b", "a\ufffdb", "\ufeffa",          # surrogate, replacement, BOM
+])
+def test_refused_names(name):
+    assert not valid_filename(name)
+
+
+def test_confinement(tmp_path):
+    root = os.path.realpath(tmp_path / "root")
+    os.mkdir(root)
+    assert confined(root, "a.slot") == os.path.join(root, "a.slot")
+    outside = tmp_path / "outside"
+    outside.write_text("x")
+    os.symlink(outside, os.path.join(root, "out"))
+    assert confined(root, "out") is None
+    inside = os.path.join(root, "real")
+    open(inside, "w").close()
+    os.symlink(inside, os.path.join(root, "alias"))
+    assert confined(root, "alias") == inside
+
+
+@pytest.mark.parametrize(("text", "value"), [("0", 0), ("  7", 7), ("+3", 3), ("-1", -1),
+                                             ("12abc", 12), ("2147483647", 2147483647)])
+def test_stoi(text, value):
+    assert _stoi(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "abc", " ", "+", "2147483648", "-2147483649", "٣"])
+def test_stoi_refuses(text):
+    with pytest.raises(ValueError):
+        _stoi(text)
