@@ -18,10 +18,9 @@ Rules:
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
-
-import logging
 
 import attrs
 from mlx_lm.generate import BatchGenerator

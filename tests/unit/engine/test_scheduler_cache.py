@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from mlxcel_trio.engine.prompt_cache import PromptCache
 from mlxcel_trio.engine.records import (
     Finished,
@@ -11,15 +13,26 @@ from mlxcel_trio.engine.records import (
     SlotAction,
     SlotTokens,
     Started,
+    TokenPiece,
 )
 
-from .test_scheduler import loaded, of, run  # noqa: F401  (fixture)
+from .test_scheduler import of, run
 
 GREEDY = SamplingParams(temperature=0.0, n_probs=3)
 PROMPT = tuple(range(40, 140))
 
 
-def make(loaded, cache, slots=2):  # noqa: F811
+@pytest.fixture(scope="module")
+def loaded(tiny_model):
+    from mlx_lm.utils import load_model
+
+    from mlxcel_trio.engine.vocab import Vocab
+
+    model, _ = load_model(tiny_model)
+    return model, Vocab(tiny_model)
+
+
+def make(loaded, cache, slots=2):
     from mlxcel_trio.engine.scheduler import Scheduler
 
     model, vocab = loaded
@@ -44,7 +57,7 @@ def trace(fin):
     return [(p.token, p.prob, p.top) for p in fin.probs]
 
 
-def test_hit_equals_cold_and_reports_cache_n(loaded):  # noqa: F811
+def test_hit_equals_cold_and_reports_cache_n(loaded):
     cache = PromptCache(None)
     s = make(loaded, cache)
     cold, _ = one(s, job(1))
@@ -66,7 +79,7 @@ def test_hit_equals_cold_and_reports_cache_n(loaded):  # noqa: F811
     assert trace(part) == trace(cold_longer)
 
 
-def test_opt_out_skips_lookup_and_donation(loaded):  # noqa: F811
+def test_opt_out_skips_lookup_and_donation(loaded):
     cache = PromptCache(None)
     s = make(loaded, cache)
     fin, _ = one(s, job(1, ns=None))
@@ -77,7 +90,7 @@ def test_opt_out_skips_lookup_and_donation(loaded):  # noqa: F811
     assert trace(again) == trace(fin)
 
 
-def test_namespaces_are_isolated_in_the_scheduler(loaded):  # noqa: F811
+def test_namespaces_are_isolated_in_the_scheduler(loaded):
     cache = PromptCache(None)
     s = make(loaded, cache)
     one(s, job(1, ns="chat"))
@@ -85,7 +98,7 @@ def test_namespaces_are_isolated_in_the_scheduler(loaded):  # noqa: F811
     assert fin.timings.cache_n == 0
 
 
-def test_donated_kv_matches_its_tokens(loaded):  # noqa: F811
+def test_donated_kv_matches_its_tokens(loaded):
     cache = PromptCache(None)
     s = make(loaded, cache)
     fin, _ = one(s, job(1, n_predict=5))
@@ -94,22 +107,23 @@ def test_donated_kv_matches_its_tokens(loaded):  # noqa: F811
     assert all(c.offset == len(entry.tokens) for c in entry.layers)
 
 
-def test_cancel_mid_generation_donates(loaded):  # noqa: F811
+def test_cancel_mid_generation_donates(loaded):
     cache = PromptCache(None)
     s = make(loaded, cache)
     out = []
     s.submit(job(1, n_predict=50), out)
     for _ in range(200):
         s.step(out)
-        if len(of(out, type(None))) or sum(1 for e in out if type(e).__name__ == "TokenPiece") >= 3:
+        if len(of(out, TokenPiece)) >= 3:
             break
+    assert len(of(out, TokenPiece)) >= 3
     s.cancel(1, out)
     assert len(cache) == 1
     fin, _ = one(s, job(2))
     assert fin.timings.cache_n == len(PROMPT) - 1
 
 
-def test_slot_tokens_read_write_and_busy(loaded):  # noqa: F811
+def test_slot_tokens_read_write_and_busy(loaded):
     s = make(loaded, PromptCache(None))
     fin, _ = one(s, job(1, n_predict=4))
     out = []
