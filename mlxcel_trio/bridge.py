@@ -182,14 +182,15 @@ class Bridge:
         finally:
             handle.close()
 
-    async def slot_action(self, id_slot: int, tokens: tuple[int, ...] | None):
+    async def slot_action(self, id_slot: int, tokens: tuple[int, ...] | None,
+                          cache_ns: str | None = None):
         """Read (tokens None) or replace a slot's token stream in the engine;
         the answer is a SlotTokens or a Failed."""
         assert self._engine is not None
         job_id = self.next_job_id()
         send, recv = trio.open_memory_channel(1)
         self._streams[job_id] = _Group(send, (job_id,))
-        self._engine.post(SlotAction(job_id, id_slot, tokens))
+        self._engine.post(SlotAction(job_id, id_slot, tokens, cache_ns))
         try:
             async with recv:
                 return await recv.receive()

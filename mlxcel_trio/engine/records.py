@@ -106,6 +106,9 @@ class SlotAction:
     job_id: int
     id_slot: int
     tokens: tuple[int, ...] | None = None
+    # restore: the prompt-cache namespace to re-evaluate the tokens into
+    # (None: set the stream only)
+    cache_ns: str | None = None
 
 
 @attrs.frozen
@@ -247,6 +250,7 @@ class SlotTokens:
     id_slot: int
     tokens: tuple[int, ...]
     previous: int
+    cache_ns: str | None = None   # the namespace of the job that left the tokens
 
 
 @attrs.frozen

@@ -34,6 +34,7 @@ from .records import (
     Finished,
     Job,
     PromptProgress,
+    SamplingParams,
     SlotAction,
     SlotFreed,
     SlotTokens,
@@ -50,6 +51,10 @@ from .vocab import Vocab
 
 
 log = logging.getLogger("mlxcel.engine")
+
+
+GREEDY_PARAMS = SamplingParams(temperature=0.0)
+REFILL_IDS = -1000  # internal refill jobs take ids below this (warmup uses -1, -2)
 
 
 def _ms_since(t0: float, now: float) -> float:
@@ -120,6 +125,8 @@ class Scheduler:
             self._cache = None
         # each slot's retained token stream (what slot save writes)
         self._slot_tokens: list[tuple[int, ...]] = [() for _ in range(n_slots)]
+        self._slot_ns: list[str | None] = [None] * n_slots
+        self._refill_ids = REFILL_IDS  # internal jobs re-evaluating restored tokens
 
     def _new_generator(self) -> BatchGenerator:
         # the chain rows' shared sampler lives and dies with its generator
@@ -205,7 +212,20 @@ class Scheduler:
                                   "Unable to restore slot: Invalid tokens in slot save file"))
                 return
             self._slot_tokens[slot] = tuple(cmd.tokens)
-        out.append(SlotTokens(cmd.job_id, slot, self._slot_tokens[slot], previous))
+            self._slot_ns[slot] = cmd.cache_ns
+        out.append(SlotTokens(cmd.job_id, slot, self._slot_tokens[slot], previous,
+                              self._slot_ns[slot]))
+        if cmd.tokens and cmd.cache_ns is not None and self._cache is not None:
+            self._refill(slot, cmd.tokens, cmd.cache_ns, out)
+
+    def _refill(self, slot: int, tokens: tuple[int, ...], ns: str, out: list) -> None:
+        """Re-evaluate restored tokens on their slot so the prompt cache holds
+        their KV again: the slot is busy meanwhile, and requests for it wait."""
+        self._refill_ids -= 1
+        job = Job(self._refill_ids, tokens, n_predict=1, ignore_eos=True, id_slot=slot,
+                  sampling=GREEDY_PARAMS, cache_ns=ns)
+        self._pending.appendleft(job)
+        self._admit(out)
 
     def fail_all(self, out: list, message: str) -> None:
         """After a failed step: every admitted job fails with a server error
@@ -410,7 +430,9 @@ class Scheduler:
 
     def _release(self, seq: _Sequence, out: list, cancelled: bool, held=None) -> None:
         seq.done = True
-        self._slot_tokens[seq.slot] = seq.job.prompt + tuple(seq.tokens)
+        if seq.job.id > REFILL_IDS:  # a refill leaves the restored stream alone
+            self._slot_tokens[seq.slot] = seq.job.prompt + tuple(seq.tokens)
+            self._slot_ns[seq.slot] = seq.job.cache_ns
         if seq.uid is not None:
             donate = self._cache is not None and seq.job.cache_ns is not None
             if donate and held is None:

@@ -112,10 +112,19 @@ def cache_namespace(served: Served, values: dict, template: str | None = None) -
     a chat-rendered prefix (nor one template's rendering another's)."""
     if not values["cache_prompt"]:
         return None
-    model = served.bridge.info.path
-    if template is None:
-        return f"{model}\0raw"
-    return f"{model}\0chat:" + hashlib.sha256(template.encode()).hexdigest()[:16]
+    kind = "raw" if template is None else (
+        "chat:" + hashlib.sha256(template.encode()).hexdigest()[:16])
+    return namespace(served.bridge.info.path, kind)
+
+
+def namespace(model_path: str, kind: str) -> str:
+    """A prompt-cache namespace: the model identity, then the prompt kind."""
+    return f"{model_path}\0{kind}"
+
+
+def namespace_kind(ns: str | None) -> str | None:
+    """The prompt kind of a namespace (what a slot file records)."""
+    return None if ns is None else ns.split("\0", 1)[1]
 
 
 def make_job(served: Served, values: dict, prompt: list[int], body: dict,

@@ -33,6 +33,7 @@ from quart import request
 from ..bridge import Bridge
 from ..engine.records import Failed, SlotTokens
 from .body import parse_body
+from .completion import namespace, namespace_kind
 from .errors import ApiError, json_response
 
 FORMAT = "mlxcel-trio-slot"
@@ -134,9 +135,10 @@ def _read(path: str) -> bytes | None:
     return None if len(data) > MAX_FILE_BYTES else data
 
 
-def _decode(data: bytes | None, ident: dict[str, str]) -> tuple[int, ...] | None:
-    """The file's tokens, or None if it is not a slot file of this model and
-    tokenizer."""
+def _decode(data: bytes | None, ident: dict[str, str]
+            ) -> tuple[tuple[int, ...], str | None] | None:
+    """The file's tokens and prompt kind, or None if it is not a slot file of
+    this model and tokenizer."""
     if data is None:
         return None
     try:
@@ -151,13 +153,15 @@ def _decode(data: bytes | None, ident: dict[str, str]) -> tuple[int, ...] | None
     if not isinstance(tokens, list) or not all(
             isinstance(t, int) and not isinstance(t, bool) for t in tokens):
         return None
-    return tuple(tokens)
+    kind = doc.get("prompt_kind")
+    return tuple(tokens), kind if isinstance(kind, str) and kind else None
 
 
 # -- the route -------------------------------------------------------------------------
 
-async def _engine(bridge: Bridge, id_slot: int, tokens: tuple[int, ...] | None) -> SlotTokens:
-    ev = await bridge.slot_action(id_slot, tokens)
+async def _engine(bridge: Bridge, id_slot: int, tokens: tuple[int, ...] | None,
+                  cache_ns: str | None = None) -> SlotTokens:
+    ev = await bridge.slot_action(id_slot, tokens, cache_ns)
     if isinstance(ev, Failed):
         raise ApiError(ev.message, ev.kind)
     return ev
@@ -211,6 +215,7 @@ async def handle(bridge: Bridge, root: str):
     if action == "save":
         ev = await _engine(bridge, id_slot, None)
         data = json.dumps({"format": FORMAT, "version": VERSION, **ident,
+                           "prompt_kind": namespace_kind(ev.cache_ns),
                            "tokens": list(ev.tokens)}, separators=(",", ":")).encode()
         try:
             await trio.to_thread.run_sync(_write_atomic, root, path, data)
@@ -221,10 +226,14 @@ async def handle(bridge: Bridge, root: str):
                               "timings": {"save_ms": (time.perf_counter() - t0) * 1e3}})
     await _engine(bridge, id_slot, None)  # slot id and busy first, as upstream's order
     data = await trio.to_thread.run_sync(_read, path)
-    tokens = _decode(data, ident)
-    if tokens is None:
+    decoded = _decode(data, ident)
+    if decoded is None:
         raise ApiError(f"Unable to restore slot: {INVALID_FILE}")
-    ev = await _engine(bridge, id_slot, tokens)
+    tokens, kind = decoded
+    # the engine re-evaluates the tokens into the prompt cache under the
+    # namespace they were cached under (raw, or the same chat template)
+    ev = await _engine(bridge, id_slot, tokens,
+                       None if kind is None else namespace(bridge.info.path, kind))
     return json_response({"id_slot": id_slot, "filename": name, "n_restored": len(ev.tokens),
                           "n_read": len(data),
                           "timings": {"restore_ms": (time.perf_counter() - t0) * 1e3}})

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
@@ -36,6 +37,16 @@ def action(srv, slot, act, body=None):
 def err(r, status, message, kind="invalid_request_error"):
     assert r.status_code == status, r.text
     assert r.json() == {"error": {"code": status, "message": message, "type": kind}}
+
+
+def wait_idle(srv, slot, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        slots = httpx.get(srv.url + "/slots").json()
+        if not slots[slot]["is_processing"]:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"slot {slot} still processing after {timeout} s")
 
 
 def fill(srv, slot, text="slot files hold the token stream", n=6):
@@ -71,6 +82,7 @@ def test_save_erase_restore_round_trip(slot_server, save_dir):
     assert restored["n_restored"] == n_tokens
     assert restored["n_read"] == path.stat().st_size
     assert set(restored["timings"]) == {"restore_ms"}
+    wait_idle(slot_server, 1)  # the slot re-evaluates the restored tokens first
     # the restored stream is the slot's: saving it again writes the same tokens
     again = action(slot_server, 1, "save", {"filename": "b.slot"}).json()
     assert again["n_saved"] == n_tokens
@@ -161,3 +173,24 @@ def test_slot_save_path_must_be_a_directory(tiny_model, tmp_path):
                            timeout=60)
         assert p.returncode == 1
         assert f"--slot-save-path: not a directory: {value}" in p.stderr
+
+
+def test_restore_refills_the_prompt_cache(tiny_model, start_server, slot_server, save_dir):
+    """A restore on a fresh server re-evaluates the tokens into the prompt
+    cache: the next request that starts with them adopts them."""
+    fill(slot_server, 0, text="a restored conversation carries on from here", n=5)
+    action(slot_server, 0, "save", {"filename": "warm.slot"})
+    tokens = json.loads((save_dir / "warm.slot").read_text())["tokens"]
+    fresh = start_server(tiny_model, "-c", "2048", "-np", "2", "--slot-save-path", str(save_dir))
+    try:
+        r = action(fresh, 0, "restore", {"filename": "warm.slot"})
+        assert r.status_code == 200, r.text
+        # id_slot 0 queues behind the slot's refill
+        j = post(fresh.url, {"prompt": tokens + [42, 43], "n_predict": 2, "id_slot": 0,
+                             **GREEDY}).json()
+        assert j["timings"]["cache_n"] >= len(tokens)
+        cold = post(fresh.url, {"prompt": tokens + [42, 43], "n_predict": 2, "id_slot": 0,
+                                "cache_prompt": False, **GREEDY}).json()
+        assert cold["content"] == j["content"]
+    finally:
+        fresh.stop()

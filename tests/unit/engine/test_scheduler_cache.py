@@ -138,3 +138,23 @@ def test_slot_tokens_read_write_and_busy(loaded):
     s.slot_action(SlotAction(103, 0), out)
     assert out[-1].kind == "unavailable_error"
     run(s, out)
+
+
+def test_restore_refills_the_cache_and_keeps_the_stream(loaded):
+    cache = PromptCache(None)
+    s = make(loaded, cache)
+    out = []
+    s.slot_action(SlotAction(200, 1, PROMPT, "raw"), out)
+    assert of(out, Started)[0].id_slot == 1      # the slot re-evaluates the tokens
+    s.slot_action(SlotAction(201, 1), out)
+    assert out[-1].kind == "unavailable_error"    # busy meanwhile
+    run(s, out)
+    assert len(cache) == 1
+    s.slot_action(SlotAction(202, 1), out)
+    assert of(out, SlotTokens, 202)[0].tokens == PROMPT  # the refill's own token not added
+    fin, _ = one(s, job(3, PROMPT + (7, 8)))
+    assert fin.timings.cache_n in (len(PROMPT), len(PROMPT) + 1)
+    # without a namespace a restore only sets the stream
+    s2, out2 = make(loaded, PromptCache(None)), []
+    s2.slot_action(SlotAction(300, 0, PROMPT), out2)
+    assert not of(out2, Started) and not s2.busy
