@@ -74,6 +74,10 @@ def test_hit_equals_cold_and_reports_cache_n(loaded):
     longer = PROMPT + tuple(range(300, 340))
     part, _ = one(s, job(3, longer))
     assert part.timings.cache_n >= len(PROMPT)
+    # a hit donates too: its leaf (adopted prefix + suffix + output) replaces nothing
+    # it does not cover, and its token record includes the adopted prefix
+    leaves = [list(e.tokens) for e in cache._lru.values()]
+    assert list(longer) + list(part.tokens) in leaves
     ref = make(loaded, None)
     cold_longer, _ = one(ref, job(4, longer))
     assert trace(part) == trace(cold_longer)
@@ -158,3 +162,21 @@ def test_restore_refills_the_cache_and_keeps_the_stream(loaded):
     s2, out2 = make(loaded, PromptCache(None)), []
     s2.slot_action(SlotAction(300, 0, PROMPT), out2)
     assert not of(out2, Started) and not s2.busy
+
+
+def test_penalties_see_the_adopted_prefix_as_history(loaded):
+    """Repetition and DRY penalties read the prompt as history: a hit must
+    hand them the same history a cold prefill does."""
+    params = SamplingParams(temperature=0.0, n_probs=3, repeat_penalty=1.5, repeat_last_n=256,
+                            presence_penalty=0.5, dry_multiplier=0.8, dry_allowed_length=1)
+    prompt = tuple(range(40, 60)) * 5
+
+    def pj(i, ns):
+        return Job(i, prompt, n_predict=12, sampling=params, ignore_eos=True, cache_ns=ns)
+
+    s = make(loaded, PromptCache(None))
+    cold, _ = one(s, pj(1, None))
+    one(s, pj(2, "raw"))
+    hit, _ = one(s, pj(3, "raw"))
+    assert hit.timings.cache_n == len(prompt) - 1
+    assert trace(hit) == trace(cold)
