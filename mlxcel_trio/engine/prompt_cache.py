@@ -110,6 +110,7 @@ class PromptCache:
         entry = self._lru[best]
         self._lru.move_to_end(best)
         self.hits += 1
+        log.debug("prompt cache hit: %d of %d prompt tokens", n, len(prompt))
         return n, adopt(entry.layers, n)
 
     # -- donation ------------------------------------------------------------------
@@ -156,6 +157,8 @@ class PromptCache:
             return
         while self.nbytes > self.budget and self._lru:
             key = next(iter(self._lru))
+            log.debug("prompt cache: evicting %d tokens (%d bytes) over the %d-byte budget",
+                      len(self._lru[key].tokens), self._lru[key].nbytes, self.budget)
             self._remove(key)
 
     def stats(self) -> dict[str, int]:

@@ -180,3 +180,16 @@ def test_penalties_see_the_adopted_prefix_as_history(loaded):
     hit, _ = one(s, pj(3, "raw"))
     assert hit.timings.cache_n == len(prompt) - 1
     assert trace(hit) == trace(cold)
+
+
+def test_clear_prompt_cache_drops_every_entry(loaded):
+    from mlxcel_trio.engine.records import CacheStats
+
+    cache = PromptCache(None)
+    s = make(loaded, cache)
+    one(s, job(1))
+    out = []
+    s.clear_prompt_cache(out)
+    assert len(cache) == 0 and of(out, CacheStats)[-1].bytes == 0
+    fin, _ = one(s, job(2))
+    assert fin.timings.cache_n == 0
