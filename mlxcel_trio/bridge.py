@@ -25,11 +25,11 @@ import threading
 from contextlib import asynccontextmanager
 from typing import AsyncIterator, Callable
 
-import attrs
 import trio
 
 from .config import ServerConfig
 from .engine.loop import EngineLoop
+from .monitor import Monitor
 from .engine.records import (
     CacheStats,
     Cancel,
@@ -44,7 +44,6 @@ from .engine.records import (
     SlotAction,
     SlotFreed,
     SlotTokens,
-    Started,
     StepEvents,
     Submit,
     TokenPiece,
@@ -100,16 +99,6 @@ class JobHandle:
         self.events.close()
 
 
-@attrs.define
-class SlotView:
-    """What the trio side knows about one slot, updated from engine events."""
-
-    id: int
-    job_id: int | None = None
-    n_prompt: int = 0
-    freed_at: float = 0.0
-
-
 class Bridge:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
@@ -117,7 +106,7 @@ class Bridge:
         self.vocab = None
         self.load_error: str | None = None
         self.loaded = trio.Event()
-        self.slots = [SlotView(i) for i in range(config.slots)]
+        self.monitor = Monitor(config.slots)
         self._ids = itertools.count(1)
         self._streams: dict[int, _Group] = {}
         self._engine: EngineLoop | None = None
@@ -137,7 +126,9 @@ class Bridge:
         cfg = self.config
         engine = EngineLoop(cfg.model, n_slots=cfg.slots, ctx_size=cfg.ctx_size,
                             batch_size=cfg.batch_size, warmup=cfg.warmup, emit=emit,
-                            special=cfg.special, cache_ram_mib=cfg.cache_ram)
+                            special=cfg.special, cache_ram_mib=cfg.cache_ram,
+                            sleep_idle_s=(cfg.sleep_idle_seconds
+                                          if cfg.sleep_idle_seconds >= 0 else None))
         self._engine = engine
         thread = threading.Thread(target=engine.run, name="mlx-engine", daemon=True)
         thread.start()
@@ -153,6 +144,16 @@ class Bridge:
     def ready(self) -> bool:
         return self.info is not None
 
+    @property
+    def sleeping(self) -> bool:
+        return self.monitor.sleeping
+
+    @property
+    def engine_counters(self) -> tuple[int, int]:
+        """(decode steps, sum of busy slots over them), cumulative."""
+        engine = self._engine
+        return (engine.n_decode, engine.n_busy_slots) if engine is not None else (0, 0)
+
     def next_job_id(self) -> int:
         return next(self._ids)
 
@@ -167,6 +168,7 @@ class Bridge:
         group = _Group(send, (job.id for job in jobs))
         for job in jobs:
             self._streams[job.id] = group
+            self.monitor.submitted(job)
             self._engine.post(Submit(job))
         handle = JobHandle(self, tuple(job.id for job in jobs), recv)
         cleanups = REQUEST_CLEANUPS.get()
@@ -204,6 +206,7 @@ class Bridge:
 
     def _forget(self, job_id: int) -> None:
         group = self._streams.pop(job_id, None)
+        self.monitor.dropped(job_id)
         if group is not None:  # still running: cancel it before its next step
             self._engine.post(Cancel(job_id))
             group.end(job_id)
@@ -212,16 +215,13 @@ class Bridge:
 
     def _deliver(self, batch: StepEvents) -> None:
         streams = self._streams
+        observe = self.monitor.observe
         for ev in batch.events:
+            observe(ev)
             job_id = getattr(ev, "job_id", None)
             if not isinstance(ev, TokenPiece):
                 log.debug("event %s", ev)
-            if isinstance(ev, Started):
-                view = self.slots[ev.id_slot]
-                view.job_id, view.n_prompt = ev.job_id, ev.n_prompt
-            elif isinstance(ev, SlotFreed):
-                view = self.slots[ev.id_slot]
-                view.job_id, view.freed_at = None, trio.current_time()
+            if isinstance(ev, SlotFreed):
                 continue
             elif isinstance(ev, Loaded):
                 self.info, self.vocab = ev.info, self._engine.vocab

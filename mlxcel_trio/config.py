@@ -113,6 +113,11 @@ class ServerConfig:
     cache_prompt: bool = True        # the per-request cache_prompt default
     cache_ram: int = 8192            # MiB; -1 = no limit, 0 = no prompt cache
     slot_save_path: str | None = None  # canonical directory; None = slot actions 501
+    # -- monitoring endpoints and idle sleep (issue #6) --
+    endpoint_metrics: bool = False   # --metrics: GET /metrics
+    endpoint_props: bool = False     # --props: POST /props
+    endpoint_slots: bool = True      # --slots / --no-slots: GET /slots
+    sleep_idle_seconds: int = -1     # < 0 = never sleep
     sampling: SamplingDefaults = SamplingDefaults()
     # -- chat (issue #4): templates, reasoning, parsing --
     chat_jinja: bool = True                  # --no-jinja is refused at startup

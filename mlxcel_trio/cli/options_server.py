@@ -1,8 +1,10 @@
 """Server options: logging, transport, CORS and API-key files (issue #7,
-acted on: see logging_setup.py, server/listen.py, server/cors.py); monitoring
-endpoints, slots, idle sleep and the router (issue #6, deferred: upstream's
-default, or the value asking for nothing, is accepted, anything else is
-refused naming the issue).
+acted on: see logging_setup.py, server/listen.py, server/cors.py); the
+monitoring endpoints and idle sleep (issue #6, acted on: server/info.py,
+server/metrics.py, engine/loop.py); slot files (issue #6, acted on:
+server/slot_files.py); the router (deferred: upstream's default, or the
+value asking for nothing, is accepted, anything else is refused naming the
+issue).
 
 --threads-http is not applicable: requests are served by one Trio event
 loop, and upstream's fixed pool never bounded concurrency either (it grows
@@ -16,11 +18,17 @@ from typing import Any
 import attrs
 
 from mlxcel_trio.cli.record import Option
-from mlxcel_trio.cli.refusals import ALWAYS, below, deferred, not_applicable
+from mlxcel_trio.cli.refusals import ALWAYS, deferred, not_applicable
 from mlxcel_trio.cli.values import BadValue, Choice, Int, Text
 
 TRANSPORT_ISSUE = 7
 ENDPOINTS_ISSUE = 6
+
+
+def _m(spellings: tuple[str, ...], dest: str, help: str, **kw: Any) -> Option:
+    kw.setdefault("section", "server")
+    kw.setdefault("owner", ENDPOINTS_ISSUE)
+    return Option(spellings, dest, help, **kw)
 
 
 def _e(spellings: tuple[str, ...], dest: str, help: str, **kw: Any) -> Option:
@@ -138,20 +146,19 @@ TRANSPORT: tuple[Option, ...] = (
 )
 
 ENDPOINTS: tuple[Option, ...] = (
-    _e(("--metrics",), "metrics", "serve Prometheus metrics at /metrics", kind="flag",
-       env="LLAMA_ARG_ENDPOINT_METRICS", default_text="disabled"),
-    _e(("--props",), "props", "let POST /props change global properties", kind="flag",
-       env="LLAMA_ARG_ENDPOINT_PROPS", default_text="disabled"),
-    _e(("--slots",), "slots", "serve the slot monitor at /slots", kind="bool",
+    _m(("--metrics",), "endpoint_metrics", "serve Prometheus metrics at /metrics",
+       kind="flag", default=False, env="LLAMA_ARG_ENDPOINT_METRICS", default_text="disabled"),
+    _m(("--props",), "endpoint_props", "let POST /props change global properties",
+       kind="flag", default=False, env="LLAMA_ARG_ENDPOINT_PROPS", default_text="disabled"),
+    _m(("--slots",), "endpoint_slots", "serve the slot monitor at /slots", kind="bool",
        negations=("--no-slots",), default=True, env="LLAMA_ARG_ENDPOINT_SLOTS"),
     Option(("--slot-save-path",), "slot_save_path",
            "directory where POST /slots/{id}?action=save|restore keeps slot files",
            value=Directory(), metavar="PATH", default_text="disabled", section="server",
            owner=ENDPOINTS_ISSUE),
-    _e(("--sleep-idle-seconds",), "sleep_idle_seconds",
-       "unload the model after this many idle seconds", value=Int(),
-       metavar="SECONDS", default=-1, default_text="-1; -1 = disabled",
-       inert=below(0), accepts="a negative number (disabled)"),
+    _m(("--sleep-idle-seconds",), "sleep_idle_seconds",
+       "unload the model after this many idle seconds (the next request reloads it)",
+       value=Int(), metavar="SECONDS", default=-1, default_text="-1; -1 = disabled"),
     _e(("--models-dir",), "models_dir", "router mode: directory of models to serve",
        value=Text(), metavar="PATH", default_text="disabled", env="LLAMA_ARG_MODELS_DIR",
        instead="serve one model with --model"),

@@ -5,6 +5,18 @@ This is the only place MLX runs.  Commands arrive on a thread-safe queue
 `StepEvents` batch.  The loop blocks on the queue only while it has no work,
 and drains it without blocking before every step, so a `Cancel` lands before
 the next forward pass.  Nothing here imports trio.
+
+Idle sleep (--sleep-idle-seconds): the idle arm's blocking `get` takes the
+window as its timeout.  Its expiry is the decision to sleep, taken by the one
+thread that knows nothing is admitted or queued, so no request can be caught
+half-served and there is no race with a submit in flight (a submit that
+lands first simply resets the wait).  Sleeping drops the scheduler (its
+generator, KV caches and any prompt cache it holds) and with it the model,
+then returns MLX's buffer cache to the system; the tokenizer (`vocab`) stays.
+The thread then parks on the same queue: the next `Submit` reloads the
+weights and is served by the new scheduler, so waking is that request's own
+latency.  `n_decode` / `n_busy_slots` live here, not in the scheduler, so the
+/metrics counters survive a sleep.
 """
 
 from __future__ import annotations
@@ -18,6 +30,7 @@ from typing import Callable
 from .records import (
     Cancel,
     ClearPromptCache,
+    Failed,
     Job,
     Loaded,
     LoadFailed,
@@ -25,8 +38,10 @@ from .records import (
     SamplingParams,
     Shutdown,
     SlotAction,
+    Sleeping,
     StepEvents,
     Submit,
+    Woke,
 )
 
 log = logging.getLogger("mlxcel.engine")
@@ -71,7 +86,7 @@ class EngineLoop:
     def __init__(self, model_path: str, *, n_slots: int, ctx_size: int,
                  batch_size: int, warmup: bool,
                  emit: Callable[[StepEvents], None], special: bool = False,
-                 cache_ram_mib: int = 0) -> None:
+                 cache_ram_mib: int = 0, sleep_idle_s: float | None = None) -> None:
         self._path = Path(model_path)
         self._n_slots = n_slots
         self._ctx_size = ctx_size
@@ -80,8 +95,14 @@ class EngineLoop:
         self._special = special
         self._cache_ram_mib = cache_ram_mib  # 0 = no prompt cache, -1 = no limit
         self._emit = emit
+        self._sleep_idle_s = sleep_idle_s  # None = never sleep
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self.vocab = None  # published before Loaded is emitted; read-only after
+        self._n_ctx = 0
+        # Cumulative, written by this thread only; ints are read from trio
+        # without a lock (a torn read is impossible for a Python int).
+        self.n_decode = 0       # scheduler steps that computed for >= 1 slot
+        self.n_busy_slots = 0   # sum over those steps of the slots computed
 
     def post(self, command) -> None:
         """Thread-safe, never blocks: callable from trio or from a cancel path."""
@@ -99,29 +120,39 @@ class EngineLoop:
         self._serve(scheduler)
 
     def _load(self):
-        from mlx_lm.utils import load_model
-
-        from .prompt_cache import PromptCache, budget_from_mib
-        from .scheduler import Scheduler
         from .vocab import Vocab
 
         t0 = time.perf_counter()
-        model, config = load_model(self._path)
+        model, config = self._load_model()
         n_ctx = self._ctx_size or int(config.get("max_position_embeddings") or 4096)
+        self._n_ctx = n_ctx
         vocab = Vocab(self._path, int(config.get("vocab_size", 0)) or None)
-        scheduler = Scheduler(model, vocab, n_slots=self._n_slots,
-                              n_ctx_slot=n_ctx // self._n_slots,
-                              batch_size=self._batch_size, special=self._special,
-                              prompt_cache=(PromptCache(budget_from_mib(self._cache_ram_mib))
-                                            if self._cache_ram_mib != 0 else None))
+        self.vocab = vocab
+        scheduler = self._new_scheduler(model)
         if self._warmup:
             self._run_warmup(scheduler, vocab)
-        self.vocab = vocab
         info = _model_facts(model, config, self._path, n_ctx, self._n_slots)
         log.info("model loaded in %.2f s: %s", time.perf_counter() - t0, info)
         self._report_platform(info)
         self._emit(StepEvents((Loaded(info),)))
         return scheduler
+
+    def _load_model(self):
+        from mlx_lm.utils import load_model
+
+        return load_model(self._path)
+
+    def _new_scheduler(self, model):
+        """A scheduler with a fresh prompt cache: the cache lives and dies with
+        its scheduler, so an idle sleep frees both."""
+        from .prompt_cache import PromptCache, budget_from_mib
+        from .scheduler import Scheduler
+
+        return Scheduler(model, self.vocab, n_slots=self._n_slots,
+                         n_ctx_slot=self._n_ctx // self._n_slots,
+                         batch_size=self._batch_size, special=self._special,
+                         prompt_cache=(PromptCache(budget_from_mib(self._cache_ram_mib))
+                                       if self._cache_ram_mib != 0 else None))
 
     @staticmethod
     def _report_platform(info: ModelInfo) -> None:
@@ -156,9 +187,16 @@ class EngineLoop:
             block = not scheduler.busy
             while True:
                 try:
-                    cmd = commands.get(block=block)
+                    cmd = commands.get(block=block,
+                                       timeout=self._sleep_idle_s if block else None)
                 except queue.Empty:
-                    break
+                    if not block:
+                        break
+                    # the idle window passed with nothing admitted or queued
+                    scheduler = None  # the last reference: the model goes with it
+                    scheduler, cmd = self._sleep()
+                    if scheduler is None:  # Shutdown while asleep
+                        return
                 block = False
                 if isinstance(cmd, Submit):
                     scheduler.submit(cmd.job, out)
@@ -173,6 +211,10 @@ class EngineLoop:
                     if out:
                         self._emit(StepEvents(tuple(out)))
                     return
+            n_active = scheduler.n_active
+            if n_active:
+                self.n_decode += 1
+                self.n_busy_slots += n_active
             try:
                 scheduler.step(out)
             except Exception as exc:
@@ -182,3 +224,41 @@ class EngineLoop:
                 scheduler.fail_all(out, f"{type(exc).__name__}: {exc}")
             if out:
                 self._emit(StepEvents(tuple(out)))
+
+    # -- idle sleep ----------------------------------------------------------------
+
+    def _sleep(self):
+        """Free the model's memory (the caller dropped the scheduler), then
+        park until a Submit (reload; returns the new scheduler and that
+        command) or Shutdown (returns None and it)."""
+        import gc
+
+        import mlx.core as mx
+
+        before = mx.get_active_memory() + mx.get_cache_memory()
+        gc.collect()  # the model graph holds reference cycles
+        mx.clear_cache()
+        released = before - (mx.get_active_memory() + mx.get_cache_memory())
+        log.info("server is entering sleeping state (released %.1f MiB)", released / 2**20)
+        self._emit(StepEvents((Sleeping(released),)))
+        while True:
+            cmd = self._commands.get()
+            if isinstance(cmd, Shutdown):
+                return None, cmd
+            if not isinstance(cmd, Submit):
+                continue  # a Cancel for a job that already ended
+            try:
+                return self._wake(), cmd
+            except Exception as exc:  # stay asleep; this request fails, not the server
+                log.exception("reloading the model failed")
+                self._emit(StepEvents((Failed(cmd.job.id, "server_error",
+                                              f"{type(exc).__name__}: {exc}"),)))
+
+    def _wake(self):
+        t0 = time.perf_counter()
+        model, _ = self._load_model()
+        scheduler = self._new_scheduler(model)
+        load_ms = (time.perf_counter() - t0) * 1e3
+        log.info("server is exiting sleeping state (model reloaded in %.0f ms)", load_ms)
+        self._emit(StepEvents((Woke(load_ms),)))
+        return scheduler

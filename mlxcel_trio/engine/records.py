@@ -2,7 +2,8 @@
 
 Commands go into the engine (`Submit`, `Cancel`, `Shutdown`); events come out,
 one `StepEvents` batch per engine step (`Loaded`, `Started`, `PromptProgress`,
-`TokenPiece`, `Finished`, `Failed`).  All of them are immutable so that the
+`TokenPiece`, `Finished`, `Failed`, and `Sleeping` / `Woke` around an idle
+sleep).  All of them are immutable so that the
 trio side can read them without locks once they have been handed over.
 """
 
@@ -79,6 +80,9 @@ class Job:
     # a compiled grammar (grammar/compile.CompiledGrammar): its start(n_prompt)
     # gives the sequence's constraint; None = unconstrained
     grammar: object = attrs.field(default=None, eq=False, repr=False)
+    # the request's resolved field values (server/fields.py), which /slots
+    # reports as the slot's params; the engine never reads it
+    settings: object = attrs.field(default=None, eq=False, repr=False)
 
 
 # --- commands ---------------------------------------------------------------
@@ -144,6 +148,20 @@ class Loaded:
 @attrs.frozen
 class LoadFailed:
     message: str
+
+
+@attrs.frozen
+class Sleeping:
+    """The engine dropped the model after the idle window (--sleep-idle-seconds)."""
+
+    released_bytes: int       # MLX active + cache memory before minus after
+
+
+@attrs.frozen
+class Woke:
+    """The engine reloaded the model for a request that arrived while asleep."""
+
+    load_ms: float
 
 
 @attrs.frozen

@@ -145,6 +145,11 @@ class Scheduler:
     def busy(self) -> bool:
         return bool(self._by_job) or bool(self._pending)
 
+    @property
+    def n_active(self) -> int:
+        """Slots holding a job (the next step computes for each of them)."""
+        return len(self._by_job)
+
     def submit(self, job: Job, out: list) -> None:
         if job.id_slot >= self.n_slots or job.id_slot < -1:
             out.append(Failed(job.id, "invalid_request_error", "Invalid slot ID"))

@@ -27,6 +27,7 @@ from ..logging_setup import TRACE
 from ..bridge import REQUEST_CLEANUPS, Bridge
 from ..config import ServerConfig
 from . import info, infill, limits, native, openai_completions, slot_files, streams, tokens
+from .metrics import Metrics
 from . import chat_routes
 from .completion import Served, server_defaults
 from .body import parse_body
@@ -106,6 +107,7 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
     app.stream_sessions = streams.StreamRegistry.from_env()  # run by server/runner.py
     public = {r.path for r in ROUTES if r.public}
     served: Served | None = None
+    metrics = Metrics(bridge)
 
     def ctx() -> Served:
         nonlocal served
@@ -119,15 +121,15 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
         "health": lambda: info.health(),
         "props": lambda: info.props(ctx()),
         "models": lambda: info.models(ctx(), config.aliases, config.tags),
-        "slots": lambda: info.slots(bridge),
+        "slots": lambda: info.slots(bridge, request.args),
+        "metrics": lambda: metrics.scrape(),
+        "set_props": lambda: info.set_props(config),
         "completion": lambda body: native.complete(ctx(), body),
         "v1_completions": lambda body: openai_completions.complete_v1(
             ctx(), body, caller_scope(config.api_keys)),
         "infill": lambda body: infill.infill(ctx(), body),
         "tokenize": lambda body: tokens.tokenize(bridge.vocab, body),
         "detokenize": lambda body: tokens.detokenize(bridge.vocab, body),
-        "no_metrics": lambda: not_supported("metrics endpoint", "--metrics"),
-        "no_props": lambda: not_supported("changing global properties", "--props"),
         "slot_actions": ((lambda: slot_files.handle(bridge, config.slot_save_path))
                          if config.slot_save_path else
                          (lambda: not_supported("slots action", "--slot-save-path"))),

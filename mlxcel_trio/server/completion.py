@@ -150,6 +150,7 @@ def make_job(served: Served, values: dict, prompt: list[int], body: dict,
         t_max_predict_ms=values["t_max_predict_ms"],
         return_progress=values["return_progress"] and values["stream"],
         cache_ns=cache_ns,
+        settings=values,
     )
 
 

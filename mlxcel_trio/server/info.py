@@ -1,4 +1,9 @@
-"""GET /health, /props, /models, /v1/models, /slots: what the server is."""
+"""GET /health, /props, /models, /v1/models, /slots, POST /props: what the server is.
+
+None of these reads the model: they answer from the config, the tokenizer,
+the chat template and the bridge's monitor, so they keep answering while
+the engine sleeps (--sleep-idle-seconds) and never wake it.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +11,9 @@ import os
 import time
 
 from ..bridge import Bridge
-from .completion import Served, reduced_settings
-from .errors import json_response
+from ..monitor import SlotView
+from .completion import Served, generation_settings, reduced_settings
+from .errors import ApiError, json_response, not_supported
 from .fields import parse_fields
 
 VOCAB_TYPE = {"byte_level": 2, "sentencepiece": 1}  # llama.cpp's BPE / SPM ids
@@ -50,9 +56,9 @@ def props(served: Served):
         "model_path": info.path,
         "modalities": {"vision": False, "video": False, "audio": False},
         "media_marker": MEDIA_MARKER,
-        "endpoint_slots": True,
-        "endpoint_props": False,
-        "endpoint_metrics": False,
+        "endpoint_slots": bridge.config.endpoint_slots,
+        "endpoint_props": bridge.config.endpoint_props,
+        "endpoint_metrics": bridge.config.endpoint_metrics,
         "ui": False,
         "ui_settings": {},
         "chat_template": chat.template.source,
@@ -60,7 +66,7 @@ def props(served: Served):
         "bos_token": vocab.bos_token or "",
         "eos_token": vocab.eos_token or "",
         "build_info": served.build_info,
-        "is_sleeping": False,
+        "is_sleeping": bridge.sleeping,
         "cors_proxy_enabled": False,
     }
     if chat.template.tool_use_source:
@@ -126,14 +132,51 @@ def models(served: Served, aliases: tuple[str, ...], tags: tuple[str, ...] = ())
     })
 
 
-def slots(bridge: Bridge):
+def set_props(config):
+    """POST /props: upstream's handler acknowledges and changes nothing."""
+    if not config.endpoint_props:
+        return not_supported("changing global properties", "--props")
+    return json_response({"success": True})
+
+
+def _slot_json(view: SlotView, n_ctx: int, debug: bool, vocab) -> dict:
+    """server_slot::to_json: the last job stays on an idle slot."""
+    entry = {"id": view.id, "n_ctx": n_ctx, "speculative": False,
+             "is_processing": view.processing}
+    if view.job_id is None:
+        return entry
+    job = view.job
+    values = job.settings if job is not None else None
+    if values is None:
+        params = {}
+    else:
+        params = generation_settings(values) if debug else reduced_settings(values)
+    entry.update({
+        "id_task": view.job_id,
+        "n_prompt_tokens": view.n_prompt,
+        "n_prompt_tokens_processed": view.n_processed,
+        "n_prompt_tokens_cache": view.n_cache,
+        "params": params,
+        "next_token": [{
+            "has_next_token": view.processing,
+            "has_new_line": view.has_new_line,
+            "n_remain": view.n_remain,
+            "n_decoded": view.n_decoded,
+        }],
+    })
+    if debug:
+        entry["prompt"] = vocab.detokenize(list(job.prompt)) if job is not None else ""
+        entry["generated"] = "".join(view.pieces or ())
+    return entry
+
+
+def slots(bridge: Bridge, query):
+    """GET /slots; prompt and generated text only under LLAMA_SERVER_SLOTS_DEBUG."""
+    if not bridge.config.endpoint_slots:
+        return not_supported("slots endpoint", "--slots")
+    monitor = bridge.monitor
+    if query.get("fail_on_no_slot") and monitor.n_idle == 0:
+        raise ApiError("no slot available", "unavailable_error")
     n_ctx = bridge.info.n_ctx_slot
-    out = []
-    for s in bridge.slots:
-        entry = {"id": s.id, "n_ctx": n_ctx, "speculative": False,
-                 "is_processing": s.job_id is not None}
-        if s.job_id is not None:
-            entry["id_task"] = s.job_id
-            entry["n_prompt_tokens"] = s.n_prompt
-        out.append(entry)
-    return json_response(out)
+    return json_response([_slot_json(v, n_ctx, monitor.debug, bridge.vocab)
+                          for v in monitor.slots])

@@ -24,6 +24,8 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/models", "models"),
     Route("GET", "/v1/models", "models"),
     Route("GET", "/slots", "slots"),
+    Route("GET", "/metrics", "metrics"),
+    Route("POST", "/props", "set_props"),
     Route("POST", "/completion", "completion"),
     Route("POST", "/completions", "completion"),
     Route("POST", "/v1/completions", "v1_completions"),
@@ -51,11 +53,9 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/responses/:response_id/cancel", "responses_cancel"),
     # realtime reasoning control (issue #6)
     Route("POST", "/v1/chat/completions/control", "chat_control"),
+    Route("POST", "/slots/:id_slot", "slot_actions"),
     # Features this server runs without, answered exactly as llama-server
     # answers them when it was started without the enabling flag.
-    Route("GET", "/metrics", "no_metrics"),
-    Route("POST", "/props", "no_props"),
-    Route("POST", "/slots/:id_slot", "slot_actions"),
     Route("POST", "/embedding", "no_embeddings"),
     Route("POST", "/embeddings", "no_embeddings"),
     Route("POST", "/v1/embeddings", "no_embeddings"),

@@ -1,0 +1,227 @@
+"""What the server knows about its slots and its work, read off engine events.
+
+Theory of operation: the bridge hands every engine event to `Monitor.observe`
+(on the trio thread, inside the same hop that delivers it to its request), and
+/slots and /metrics render from the state kept here.  Nothing here asks the
+engine anything or adds work to its loop: the slot registry follows
+Started / PromptProgress / TokenPiece / Finished / SlotFreed, and the
+`llamacpp:` counters are fed once per job from the timings those events
+already carry (the prompt when the first token arrives, the generation when
+the slot frees).  The two per-step counters upstream keeps (decode calls and
+busy slots per call) are plain ints the engine thread increments once per
+step and /metrics reads (see engine/loop.py).
+
+Upstream's semantics kept here:
+- a slot is the engine's own slot (the lowest free one at admission), held
+  from `Started` until `SlotFreed`; an idle slot still reports its last job
+  (upstream's task_prev), with is_processing false;
+- throughput gauges are rates over the window since the previous scrape
+  (`take_buckets` resets them), the counters are cumulative since start;
+- generation rates count decode steps, not tokens: the first token of a job
+  comes from the prompt's logits and is free.
+
+Nothing here imports trio or MLX.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+import attrs
+
+from .engine.records import (
+    Failed,
+    Finished,
+    Job,
+    PromptProgress,
+    Sleeping,
+    SlotFreed,
+    Started,
+    Timings,
+    TokenPiece,
+    Woke,
+)
+
+SLOTS_DEBUG_ENV = "LLAMA_SERVER_SLOTS_DEBUG"
+
+
+def slots_debug() -> bool:
+    """upstream's gate: atoi(LLAMA_SERVER_SLOTS_DEBUG) != 0."""
+    m = re.match(r"\s*[+-]?\d+", os.environ.get(SLOTS_DEBUG_ENV, ""))
+    return m is not None and int(m.group()) != 0
+
+
+@attrs.define
+class SlotView:
+    """One slot as /slots reports it."""
+
+    id: int
+    job_id: int | None = None     # the current job, else the last one (None: never used)
+    job: Job | None = None        # its record (None if it was cancelled before admission)
+    processing: bool = False
+    n_prompt: int = 0
+    n_cache: int = 0
+    n_processed: int = 0
+    n_decoded: int = 0
+    has_new_line: bool = False
+    timings: Timings | None = None
+    pieces: list[str] | None = None   # generated text; kept only when slots_debug()
+
+    @property
+    def n_remain(self) -> int:
+        n_predict = self.job.n_predict if self.job is not None else -1
+        return -1 if n_predict < 0 else n_predict - self.n_decoded
+
+
+@attrs.define
+class Bucket:
+    """Tokens, the decode steps that produced them, and the time they took."""
+
+    count: int = 0
+    steps: int = 0
+    seconds: float = 0.0
+
+    def add(self, count: int, steps: int, seconds: float) -> None:
+        self.count += count
+        self.steps += steps
+        self.seconds += seconds
+
+    def rate(self) -> float:
+        return self.steps / self.seconds if self.seconds > 0 else 0.0
+
+
+@attrs.define
+class Counters:
+    """upstream's server_metrics, minus what the engine thread counts."""
+
+    t_start: float = attrs.field(factory=time.time)
+    prompt: Bucket = attrs.field(factory=Bucket)
+    predict: Bucket = attrs.field(factory=Bucket)
+    prompt_window: Bucket = attrs.field(factory=Bucket)    # since the last scrape
+    predict_window: Bucket = attrs.field(factory=Bucket)
+    n_prompt_cached: int = 0
+    n_tokens_max: int = 0
+    # ours (mlxcel_ families)
+    finished: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    sleeps: int = 0
+    wakes: int = 0
+    wake_seconds: float = 0.0
+    released_bytes: int = 0
+
+
+class Monitor:
+    def __init__(self, n_slots: int) -> None:
+        self.slots = [SlotView(i) for i in range(n_slots)]
+        self.counters = Counters()
+        self.sleeping = False
+        self.debug = slots_debug()
+        self._slot_of: dict[int, SlotView] = {}
+        self.queued: dict[int, Job] = {}   # submitted, not admitted yet (requests_deferred)
+
+    # -- from the bridge -------------------------------------------------------------
+
+    def submitted(self, job: Job) -> None:
+        self.queued[job.id] = job
+
+    def dropped(self, job_id: int) -> None:
+        """The request let go of a job (ended or cancelled)."""
+        self.queued.pop(job_id, None)
+
+    def observe(self, ev) -> None:
+        if isinstance(ev, TokenPiece):  # the hot one first
+            view = self._slot_of.get(ev.job_id)
+            if view is None:
+                return
+            view.n_decoded = ev.n_decoded
+            view.timings = ev.timings
+            if ev.n_decoded == 1:
+                self._prompt_done(view, ev.timings)
+            if not view.has_new_line and "\n" in ev.text:
+                view.has_new_line = True
+            if view.pieces is not None:
+                view.pieces.append(ev.text)
+        elif isinstance(ev, Started):
+            self._started(ev)
+        elif isinstance(ev, PromptProgress):
+            view = self._slot_of.get(ev.job_id)
+            if view is not None:
+                view.n_processed = ev.processed
+        elif isinstance(ev, Finished):
+            view = self._slot_of.get(ev.job_id)
+            if view is not None:
+                view.timings = ev.timings
+            self.counters.finished += 1
+        elif isinstance(ev, SlotFreed):
+            self._freed(ev)
+        elif isinstance(ev, Failed):
+            self.queued.pop(ev.job_id, None)
+            self.counters.failed += 1
+        elif isinstance(ev, Sleeping):
+            self.sleeping = True
+            self.counters.sleeps += 1
+            self.counters.released_bytes = ev.released_bytes
+        elif isinstance(ev, Woke):
+            self.sleeping = False
+            self.counters.wakes += 1
+            self.counters.wake_seconds += ev.load_ms / 1e3
+
+    # -- readers ---------------------------------------------------------------------
+
+    @property
+    def n_processing(self) -> int:
+        return sum(1 for s in self.slots if s.processing)
+
+    @property
+    def n_idle(self) -> int:
+        return len(self.slots) - self.n_processing
+
+    def n_tokens_max(self) -> int:
+        live = max((s.n_prompt + s.n_decoded for s in self.slots if s.processing), default=0)
+        return max(self.counters.n_tokens_max, live)
+
+    def take_windows(self) -> tuple[float, float]:
+        """The prompt and generation rates since the previous call (upstream
+        resets its buckets on every scrape)."""
+        c = self.counters
+        rates = c.prompt_window.rate(), c.predict_window.rate()
+        c.prompt_window, c.predict_window = Bucket(), Bucket()
+        return rates
+
+    # -- internals -------------------------------------------------------------------
+
+    def _started(self, ev: Started) -> None:
+        view = self.slots[ev.id_slot]
+        view.job_id, view.job = ev.job_id, self.queued.pop(ev.job_id, None)
+        view.processing = True
+        view.n_prompt, view.n_cache = ev.n_prompt, ev.n_cache
+        view.n_processed = view.n_decoded = 0
+        view.has_new_line = False
+        view.timings = None
+        view.pieces = [] if self.debug else None
+        self._slot_of[ev.job_id] = view
+
+    def _prompt_done(self, view: SlotView, t: Timings) -> None:
+        view.n_processed = t.prompt_n
+        c = self.counters
+        c.prompt.add(t.prompt_n, t.prompt_n, t.prompt_ms / 1e3)
+        c.prompt_window.add(t.prompt_n, t.prompt_n, t.prompt_ms / 1e3)
+        c.n_prompt_cached += t.cache_n
+
+    def _freed(self, ev: SlotFreed) -> None:
+        view = self._slot_of.pop(ev.job_id, None)
+        if view is None:
+            return
+        view.processing = False
+        c = self.counters
+        if ev.cancelled:
+            c.cancelled += 1
+        t = view.timings
+        if t is not None and t.predicted_n > 0:
+            n = t.predicted_n
+            c.predict.add(n, n - 1, t.predicted_ms / 1e3)
+            c.predict_window.add(n, n - 1, t.predicted_ms / 1e3)
+        c.n_tokens_max = max(c.n_tokens_max, view.n_prompt + view.n_decoded)

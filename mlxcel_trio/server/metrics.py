@@ -1,0 +1,134 @@
+"""GET /metrics: upstream's `llamacpp:` families, then ours (`mlxcel_`).
+
+The `llamacpp:` block is written line for line as llama-server writes it
+(server_task_result_metrics::to_metrics): the same names, HELP texts, types
+and order, so a scrape config or dashboard built for llama-server finds every
+series.  It is rendered here rather than through prometheus-client's
+exposition because one of upstream's counters, `llamacpp:n_tokens_max`, has no
+`_total` suffix, and prometheus-client renames counter families to end in
+`_total` (its HELP/TYPE lines would no longer name the series).  Our own
+families follow, built and rendered by prometheus-client.
+
+Semantics (see monitor.py): counters are cumulative since start; the two
+throughput gauges are averaged over the window since the previous scrape
+(each scrape resets it, as upstream's does); requests_processing and
+requests_deferred are live; n_busy_slots_per_decode is the busy-slot sum over
+engine steps divided by the steps.  Speculative counters are 0: no draft
+model runs here.  Every value is read from AppState (the monitor and two
+engine ints), so a sleeping server answers without waking.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.utils import floatToGoString
+from quart import Response
+
+from ..bridge import Bridge
+from .errors import not_supported
+
+CONTENT_TYPE = "text/plain; version=0.0.4"
+
+# upstream's (name, HELP) pairs, in its order
+COUNTERS = (
+    ("prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens"),
+    ("prompt_tokens_cached_total", "Number of prompt tokens reused from the cache"),
+    ("prompt_seconds_total", "Total time spent processing prompts"),
+    ("tokens_predicted_total", "Number of generation tokens processed"),
+    ("tokens_predicted_seconds_total", "Total time spent generating tokens"),
+    ("n_decode_total", "Total number of llama_decode() calls, excluding speculative "
+                       "decoding and multimodal decoding"),
+    ("n_tokens_max", "Largest observed sequence length (prompt + generation)"),
+    ("spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated"),
+    ("spec_decode_num_accepted_tokens_total",
+     "Speculative: Total draft tokens accepted by the target model"),
+    ("spec_decode_num_drafts_total", "Speculative: Total speculative decoding verification steps"),
+)
+GAUGES = (
+    ("prompt_tokens_seconds", "Average prompt throughput in tokens/s"),
+    ("predicted_tokens_seconds", "Average generation throughput in tokens/s"),
+    ("requests_processing", "Number of requests processing"),
+    ("requests_deferred", "Number of requests deferred"),
+    ("n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call"),
+)
+UPSTREAM_FAMILIES = tuple(f"llamacpp:{name}" for name, _ in COUNTERS + GAUGES)
+
+
+def _upstream_values(bridge: Bridge) -> dict[str, float]:
+    monitor = bridge.monitor
+    c = monitor.counters
+    n_decode, n_busy = bridge.engine_counters
+    prompt_rate, predict_rate = monitor.take_windows()
+    return {
+        "prompt_tokens_total": c.prompt.count,
+        "prompt_tokens_cached_total": c.n_prompt_cached,
+        "prompt_seconds_total": c.prompt.seconds,
+        "tokens_predicted_total": c.predict.count,
+        "tokens_predicted_seconds_total": c.predict.seconds,
+        "n_decode_total": n_decode,
+        "n_tokens_max": monitor.n_tokens_max(),
+        "spec_decode_num_draft_tokens_total": 0,
+        "spec_decode_num_accepted_tokens_total": 0,
+        "spec_decode_num_drafts_total": 0,
+        "prompt_tokens_seconds": prompt_rate,
+        "predicted_tokens_seconds": predict_rate,
+        "requests_processing": monitor.n_processing,
+        "requests_deferred": len(monitor.queued),
+        "n_busy_slots_per_decode": n_busy / max(n_decode, 1),
+    }
+
+
+def _upstream_block(values: dict[str, float]) -> str:
+    lines = []
+    for kind, items in (("counter", COUNTERS), ("gauge", GAUGES)):
+        for name, help_text in items:
+            full = f"llamacpp:{name}"
+            lines += (f"# HELP {full} {help_text}", f"# TYPE {full} {kind}",
+                      f"{full} {floatToGoString(values[name])}")
+    return "\n".join(lines) + "\n"
+
+
+class _Ours:
+    """prometheus-client collector for the mlxcel_ families."""
+
+    def __init__(self, bridge: Bridge) -> None:
+        self.bridge = bridge
+
+    def collect(self):
+        monitor = self.bridge.monitor
+        c = monitor.counters
+        requests = CounterMetricFamily("mlxcel_requests", "Generation jobs that ended, "
+                                       "by outcome", labels=("outcome",))
+        requests.add_metric(("finished",), c.finished)
+        requests.add_metric(("failed",), c.failed)
+        requests.add_metric(("cancelled",), c.cancelled)
+        yield requests
+        yield GaugeMetricFamily("mlxcel_slots", "Slots (--parallel)", value=len(monitor.slots))
+        yield GaugeMetricFamily("mlxcel_slots_idle", "Slots holding no job", value=monitor.n_idle)
+        yield GaugeMetricFamily("mlxcel_sleeping", "1 while the model is unloaded by "
+                                "--sleep-idle-seconds", value=int(monitor.sleeping))
+        yield CounterMetricFamily("mlxcel_sleeps", "Times the server went to sleep",
+                                  value=c.sleeps)
+        yield CounterMetricFamily("mlxcel_wakes", "Times a request woke the server",
+                                  value=c.wakes)
+        yield CounterMetricFamily("mlxcel_wake_load_seconds",
+                                  "Time spent reloading the model on wake", value=c.wake_seconds)
+        yield GaugeMetricFamily("mlxcel_sleep_released_bytes",
+                                "MLX memory the last sleep gave back", value=c.released_bytes)
+
+
+class Metrics:
+    def __init__(self, bridge: Bridge) -> None:
+        self.bridge = bridge
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_Ours(bridge))
+
+    def scrape(self) -> Response:
+        bridge = self.bridge
+        if not bridge.config.endpoint_metrics:
+            return not_supported("metrics endpoint", "--metrics")
+        body = _upstream_block(_upstream_values(bridge)) + generate_latest(self.registry).decode()
+        resp = Response(body, status=200, content_type=CONTENT_TYPE)
+        resp.headers["Process-Start-Time-Unix"] = str(int(bridge.monitor.counters.t_start))
+        return resp
