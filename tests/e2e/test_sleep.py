@@ -1,0 +1,103 @@
+"""--sleep-idle-seconds: the engine drops the model after the idle window,
+the read-only routes answer without waking it, and the next generation
+wakes it and is served."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import httpx
+import pytest
+
+from .sse import complete, post
+from .test_slots_metrics import scrape, wait_until
+
+pytestmark = pytest.mark.e2e
+
+WINDOW_S = 1
+GREEDY = {"prompt": "the quick brown fox", "n_predict": 8, "temperature": 0,
+          "ignore_eos": True}
+
+
+def sleeping(srv) -> bool:
+    return httpx.get(srv.url + "/props", timeout=30).json()["is_sleeping"]
+
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+@pytest.fixture(scope="module")
+def sleepy(tiny_model, start_server):
+    return start_server(tiny_model, "-np", "2", "-c", "16384", "--metrics",
+                        "--sleep-idle-seconds", str(WINDOW_S))
+
+
+def test_sleeps_after_the_window_and_wakes_for_the_next_request(sleepy):
+    srv = sleepy
+    awake = complete(srv, **GREEDY)
+    t_idle = time.monotonic()
+    wait_until(lambda: sleeping(srv), "the server to fall asleep", timeout=30)
+    asleep_after = time.monotonic() - t_idle
+    assert asleep_after >= WINDOW_S * 0.9
+    metrics, _, _ = scrape(srv)
+    assert metrics["mlxcel_sleeping"] == 1
+    assert metrics["mlxcel_sleeps_total"] >= 1
+    assert metrics["mlxcel_sleep_released_bytes"] > 0, "the weights were not released"
+
+    # none of these reads the model, so none wakes it
+    assert httpx.get(srv.url + "/health").json() == {"status": "ok"}
+    assert httpx.get(srv.url + "/v1/models").status_code == 200
+    assert httpx.get(srv.url + "/slots").status_code == 200
+    toks = post(srv.url, {"content": "hello"}, path="/tokenize")
+    assert toks.status_code == 200 and toks.json()["tokens"]
+    assert post(srv.url, {"tokens": toks.json()["tokens"]}, path="/detokenize").json() == \
+        {"content": "hello"}
+    tmpl = post(srv.url, {"messages": [{"role": "user", "content": "hi"}]}, path="/apply-template")
+    assert tmpl.status_code == 200, tmpl.text
+    assert sleeping(srv), "a read-only route woke the server"
+    assert scrape(srv)[0]["mlxcel_wakes_total"] == 0
+
+    t0 = time.monotonic()
+    woken = complete(srv, **GREEDY)
+    wake_latency = time.monotonic() - t0
+    assert woken["content"] == awake["content"], "the reloaded model answers differently"
+    assert not sleeping(srv)
+    metrics, _, _ = scrape(srv)
+    assert metrics["mlxcel_wakes_total"] == 1 and metrics["mlxcel_sleeping"] == 0
+    print(f"\nsleep after {asleep_after:.2f} s (window {WINDOW_S} s); "
+          f"wake request {wake_latency * 1e3:.0f} ms; "
+          f"reload {metrics['mlxcel_wake_load_seconds_total'] * 1e3:.0f} ms; "
+          f"released {metrics['mlxcel_sleep_released_bytes'] / 2**20:.2f} MiB; "
+          f"VmRSS now {rss_kib(srv.proc.pid)} KiB")
+
+
+def test_a_generation_longer_than_the_window_is_never_cut(sleepy):
+    srv = sleepy
+    wait_until(lambda: sleeping(srv), "the server to fall asleep", timeout=30)
+    n = 2000  # several windows' worth of decoding on the tiny model
+    res = complete(srv, prompt="x", n_predict=n, ignore_eos=True, temperature=0)
+    assert res["tokens_predicted"] == n
+    assert res["timings"]["predicted_ms"] > 0
+    wait_until(lambda: sleeping(srv), "the server to fall asleep again", timeout=30)
+
+
+def test_concurrent_requests_wake_it_once_and_all_are_served(sleepy):
+    srv = sleepy
+    wait_until(lambda: sleeping(srv), "the server to fall asleep", timeout=30)
+    wakes = scrape(srv)[0]["mlxcel_wakes_total"]
+    import concurrent.futures as cf
+    with cf.ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda i: post(srv.url, {**GREEDY, "prompt": f"p{i}"}),
+                                range(4)))
+    assert [r.status_code for r in results] == [200] * 4
+    assert scrape(srv)[0]["mlxcel_wakes_total"] == wakes + 1
+
+
+def test_sigterm_while_asleep_exits_zero(tiny_model, start_server):
+    srv = start_server(tiny_model, "-np", "1", "--sleep-idle-seconds", "0")
+    wait_until(lambda: sleeping(srv), "the server to fall asleep", timeout=30)
+    srv.signal(signal.SIGTERM)
+    assert srv.wait(15) == 0
