@@ -118,6 +118,10 @@ class ServerConfig:
     endpoint_props: bool = False     # --props: POST /props
     endpoint_slots: bool = True      # --slots / --no-slots: GET /slots
     sleep_idle_seconds: int = -1     # < 0 = never sleep
+    # -- Vertex AI (AIP_MODE=PREDICTION; server/aip.py), None = not registered --
+    aip_predict_route: str | None = None
+    aip_health_route: str | None = None
+    aip_replaced_port: int | None = None   # the --port AIP_HTTP_PORT replaced (warned)
     sampling: SamplingDefaults = SamplingDefaults()
     # -- chat (issue #4): templates, reasoning, parsing --
     chat_jinja: bool = True                  # --no-jinja is refused at startup

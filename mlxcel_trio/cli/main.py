@@ -96,6 +96,7 @@ def configure(parsed: Parsed, env: Mapping[str, str] | None = None) -> ServerCon
     resolve the model, and build the config (no server starts)."""
     validate(parsed)
     io = sinks.resolve(parsed, os.environ if env is None else env)
+    io.update(_vertex(parsed, os.environ if env is None else env))
     ref = parsed.values.get("model")
     repo = parsed.values.get("hf_repo")
     if repo:
@@ -118,6 +119,21 @@ def configure(parsed: Parsed, env: Mapping[str, str] | None = None) -> ServerCon
         raise CliError(f"{model_ref.OPTION} {ref!r}{via}: {exc}") from None
     check_gpu_layers(parsed, resolved.path)
     return attrs.evolve(build_config(parsed, resolved.path), **io)
+
+
+def _vertex(parsed: Parsed, env: Mapping[str, str]) -> dict[str, Any]:
+    """The AIP_* settings (Vertex AI), checked before any model is resolved."""
+    from mlxcel_trio.server.aip import GcpConfigError, GcpParams
+
+    try:
+        gcp = GcpParams.from_env(env)
+    except GcpConfigError as exc:
+        raise CliError(str(exc)) from None
+    if not gcp.enabled:
+        return {}
+    port = parsed.values.get("port", 8080)
+    return {"aip_health_route": gcp.health_path or None, "aip_predict_route": gcp.predict_path,
+            "port": gcp.port, "aip_replaced_port": port if port != gcp.port else None}
 
 
 def prepare(

@@ -27,6 +27,7 @@ from ..logging_setup import TRACE
 from ..bridge import REQUEST_CLEANUPS, Bridge
 from ..config import ServerConfig
 from . import info, infill, limits, native, openai_completions, slot_files, streams, tokens
+from .gcp import Predictor
 from .metrics import Metrics
 from . import chat_routes
 from .completion import Served, server_defaults
@@ -165,6 +166,8 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
     for route in ROUTES:
         mount(route)
 
+    predictor = _mount_vertex(app, config) if config.aip_predict_route else None
+
     @app.before_request
     async def _gate():
         if not bridge.ready:
@@ -209,8 +212,31 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
 
     policy = CorsPolicy(config.cors_origins, config.cors_methods, config.cors_headers,
                         config.cors_credentials)
-    app.asgi_app = CorsMiddleware(_Cleanups(app.asgi_app), policy, [("Server", "llama.cpp")])
+    inner = _Cleanups(app.asgi_app)
+    if predictor is not None:  # instances are dispatched below CORS, through the gate
+        predictor.asgi = inner
+    app.asgi_app = CorsMiddleware(inner, policy, [("Server", "llama.cpp")])
     return app
+
+
+def _mount_vertex(app: QuartTrio, config: ServerConfig) -> Predictor:
+    """AIP_MODE=PREDICTION: the predict fan-out and the optional health
+    alias (neither is exempt from --api-key, as upstream)."""
+    prefix = config.api_prefix
+    predictor = Predictor(None, prefix)
+
+    async def predict():
+        return await predictor.predict(await request.get_data(), request.scope)
+
+    app.add_url_rule(prefix + config.aip_predict_route, "POST $AIP_PREDICT_ROUTE", predict,
+                     methods=["POST"])
+    async def health():
+        return info.health()
+
+    if config.aip_health_route:
+        app.add_url_rule(prefix + config.aip_health_route, "GET $AIP_HEALTH_ROUTE", health,
+                         methods=["GET"])
+    return predictor
 
 
 def _authorized(keys: list[bytes]) -> int:

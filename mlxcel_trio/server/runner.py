@@ -149,6 +149,9 @@ def run(config: ServerConfig) -> int:
         print(f"error: --log-file {config.log_file!r}: {exc}", file=sys.stderr, flush=True)
         return 1
     _TO_FILE = sinks.to_file
+    if config.aip_replaced_port is not None:
+        log.warning("Google Cloud Platform compat: overriding server port %d with AIP_HTTP_PORT %d",
+                    config.aip_replaced_port, config.port)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         sock = listen.bind(config.host, config.port, config.reuse_port)
