@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 
 import httpx
 import pytest
@@ -56,3 +57,39 @@ def test_signal_during_model_load_is_graceful(tiny_model, start_server):
     assert srv.wait(EXIT_BOUND_S) == 0
     assert not any("Traceback" in line for line in srv.stdout + srv.stderr), \
         "".join(srv.stdout + srv.stderr)
+
+
+def test_sigterm_lets_a_short_request_in_flight_finish(tiny_model, start_server):
+    """Within the grace period an in-flight request completes normally, and
+    no new connection is accepted meanwhile."""
+    srv = start_server(tiny_model, "-np", "1", "-c", "8192")
+    result: dict = {}
+
+    def request():
+        try:
+            result["r"] = httpx.post(srv.url + "/completion",
+                                     json={"prompt": "x", "n_predict": 300, "ignore_eos": True},
+                                     timeout=60)
+        except httpx.HTTPError as exc:
+            result["error"] = exc
+
+    t = threading.Thread(target=request)
+    t.start()
+    deadline = time.monotonic() + 30
+    while not any(s["is_processing"] for s in httpx.get(srv.url + "/slots").json()):
+        assert time.monotonic() < deadline, "the request never started"
+    srv.signal(signal.SIGTERM)
+    srv.wait_for_line("main: received SIGTERM, shutting down", timeout=10)
+    refused = None
+    if t.is_alive():  # still generating: the listener must be closed already
+        try:
+            httpx.get(srv.url + "/health", timeout=5)
+            refused = False
+        except httpx.ConnectError:
+            refused = True
+    assert srv.wait(EXIT_BOUND_S) == 0
+    t.join(10)
+    assert "error" not in result, result.get("error")
+    assert result["r"].status_code == 200
+    assert result["r"].json()["tokens_predicted"] == 300
+    assert refused is not False, "a new connection was accepted during the grace period"
