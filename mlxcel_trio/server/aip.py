@@ -50,7 +50,7 @@ class GcpParams:
                                  "use a port from 1 to 65535")
         params = cls(True, _env(env, "AIP_HEALTH_ROUTE", "", slash=True),
                      _env(env, "AIP_PREDICT_ROUTE", "/predict", slash=True), port)
-        if any(r.path == params.predict_path for r in ROUTES):
+        if any(r.path == params.predict_path for r in ROUTES if not r.vertex):
             raise GcpConfigError(f"AIP_PREDICT_ROUTE={params.predict_path} conflicts with an "
                                  "existing llama-server route; choose another path")
         return params
@@ -81,7 +81,8 @@ def targets() -> tuple[dict[str, str], dict[str, str]]:
     where upstream's unordered map leaves the winner unspecified."""
     methods: dict[str, str] = {}
     for r in ROUTES:
-        methods.setdefault(r.path, r.method)
+        if not r.vertex:
+            methods.setdefault(r.path, r.method)
     aliases: dict[str, str] = {}
     for path in methods:
         alias = request_format(path)

@@ -164,7 +164,8 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
                          f"{route.method} {route.path}", view, methods=[route.method])
 
     for route in ROUTES:
-        mount(route)
+        if not route.vertex:
+            mount(route)
 
     predictor = _mount_vertex(app, config) if config.aip_predict_route else None
 

@@ -1,7 +1,10 @@
 """The route table: the one list of (method, path) pairs the server mounts.
 
 The app registers exactly these; the API-key middleware reads `public`
-from here; the compatibility manifest's route claims are checked against it.
+from here; Vertex AI's @requestFormat aliases are derived from it; the
+compatibility manifest's route claims are checked against it.  A route with
+`vertex` set is registered only under AIP_MODE=PREDICTION, at the path its
+AIP_* variable names (server/aip.py); its `path` here is the placeholder.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ class Route:
     path: str
     handler: str          # name of the handler in server/app.py's HANDLERS
     public: bool = False  # exempt from --api-key (upstream: the health routes only)
+    vertex: bool = False  # AIP_MODE=PREDICTION only; the path comes from the environment
 
 
 ROUTES: tuple[Route, ...] = (
@@ -67,6 +71,9 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/tools", "feature_disabled"),
     Route("GET", "/cors-proxy", "feature_disabled"),
     Route("POST", "/cors-proxy", "feature_disabled"),
+    # Vertex AI (server/aip.py, server/gcp.py)
+    Route("GET", "$AIP_HEALTH_ROUTE", "health", vertex=True),
+    Route("POST", "$AIP_PREDICT_ROUTE", "vertex_predict", vertex=True),
 )
 
 

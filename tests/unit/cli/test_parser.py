@@ -29,6 +29,8 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "chat_reasoning_budget": ("256", 256),
     "chat_reasoning_budget_message": ("Time to answer.", "Time to answer."),
     "model": ("some/model", "some/model"),
+    # issue #6: idle sleep
+    "sleep_idle_seconds": ("300", 300),
     "ctx_size": ("4096", 4096),
     "sampling.n_predict": ("128", 128),
     "batch_size": ("512", 512),
