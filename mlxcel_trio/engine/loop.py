@@ -22,6 +22,7 @@ latency.  `n_decode` / `n_busy_slots` live here, not in the scheduler, so the
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import time
 from pathlib import Path
@@ -82,6 +83,19 @@ def _model_facts(model, config: dict, path: Path, n_ctx: int, n_slots: int) -> M
     )
 
 
+def _resident_bytes() -> int:
+    """The process's resident memory where the OS reports it (Linux), else
+    what MLX's allocator holds (safetensors weights may be file-backed pages
+    MLX does not count, so RSS is the better measure where there is one)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import mlx.core as mx
+
+        return mx.get_active_memory() + mx.get_cache_memory()
+
+
 class EngineLoop:
     def __init__(self, model_path: str, *, n_slots: int, ctx_size: int,
                  batch_size: int, warmup: bool,
@@ -117,7 +131,11 @@ class EngineLoop:
             log.exception("model load failed")
             self._emit(StepEvents((LoadFailed(f"{type(exc).__name__}: {exc}"),)))
             return
-        self._serve(scheduler)
+        # _serve must hold the only reference (an idle sleep drops it to free
+        # the model), so this frame hands it over in a box and keeps none
+        box = [scheduler]
+        del scheduler
+        self._serve(box)
 
     def _load(self):
         from .vocab import Vocab
@@ -180,7 +198,8 @@ class EngineLoop:
         while scheduler.busy:
             scheduler.step(sink)
 
-    def _serve(self, scheduler) -> None:
+    def _serve(self, box: list) -> None:
+        scheduler = box.pop()
         commands = self._commands
         while True:
             out: list = []
@@ -235,10 +254,10 @@ class EngineLoop:
 
         import mlx.core as mx
 
-        before = mx.get_active_memory() + mx.get_cache_memory()
+        before = _resident_bytes()
         gc.collect()  # the model graph holds reference cycles
         mx.clear_cache()
-        released = before - (mx.get_active_memory() + mx.get_cache_memory())
+        released = before - _resident_bytes()
         log.info("server is entering sleeping state (released %.1f MiB)", released / 2**20)
         self._emit(StepEvents((Sleeping(released),)))
         while True:

@@ -154,7 +154,7 @@ class LoadFailed:
 class Sleeping:
     """The engine dropped the model after the idle window (--sleep-idle-seconds)."""
 
-    released_bytes: int       # MLX active + cache memory before minus after
+    released_bytes: int       # resident memory before minus after (may be <= 0)
 
 
 @attrs.frozen

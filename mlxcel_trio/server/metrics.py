@@ -115,7 +115,7 @@ class _Ours:
         yield CounterMetricFamily("mlxcel_wake_load_seconds",
                                   "Time spent reloading the model on wake", value=c.wake_seconds)
         yield GaugeMetricFamily("mlxcel_sleep_released_bytes",
-                                "MLX memory the last sleep gave back", value=c.released_bytes)
+                                "Resident memory the last sleep gave back", value=c.released_bytes)
 
 
 class Metrics:
