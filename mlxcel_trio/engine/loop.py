@@ -212,8 +212,9 @@ class EngineLoop:
                     if not block:
                         break
                     # the idle window passed with nothing admitted or queued
+                    before = _resident_bytes()
                     scheduler = None  # the last reference: the model goes with it
-                    scheduler, cmd = self._sleep()
+                    scheduler, cmd = self._sleep(before)
                     if scheduler is None:  # Shutdown while asleep
                         return
                 block = False
@@ -246,7 +247,7 @@ class EngineLoop:
 
     # -- idle sleep ----------------------------------------------------------------
 
-    def _sleep(self):
+    def _sleep(self, before: int):
         """Free the model's memory (the caller dropped the scheduler), then
         park until a Submit (reload; returns the new scheduler and that
         command) or Shutdown (returns None and it)."""
@@ -254,8 +255,7 @@ class EngineLoop:
 
         import mlx.core as mx
 
-        before = _resident_bytes()
-        gc.collect()  # the model graph holds reference cycles
+        gc.collect()  # the model graph may hold reference cycles
         mx.clear_cache()
         released = before - _resident_bytes()
         log.info("server is entering sleeping state (released %.1f MiB)", released / 2**20)

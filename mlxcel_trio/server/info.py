@@ -72,6 +72,11 @@ def props(served: Served):
     if chat.template.tool_use_source:
         res["chat_template_tool_use"] = chat.template.tool_use_source
     res["prompt_cache"] = prompt_cache_props(bridge)
+    # our extensions, after upstream's keys: the resolved geometry and sleep window
+    cfg = bridge.config
+    res["geometry"] = {"n_ctx": info.n_ctx, "n_ctx_slot": info.n_ctx_slot,
+                       "n_slots": info.n_slots, "n_batch": cfg.batch_size}
+    res["sleep_idle_seconds"] = cfg.sleep_idle_seconds
     return json_response(res)
 
 

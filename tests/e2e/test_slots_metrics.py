@@ -93,6 +93,7 @@ def test_slots_follow_live_requests(two_slots):
                               "both slots busy")
             assert both[1]["id_task"] != both[0]["id_task"]
             assert both[1]["next_token"][0]["n_remain"] <= 100000
+            assert get(srv, "/health").json() == {"status": "ok"}, "load never changes /health"
             r = get(srv, "/slots?fail_on_no_slot=1")
             assert r.status_code == 503
             assert r.json() == {"error": {"code": 503, "message": "no slot available",
@@ -139,6 +140,9 @@ def test_props_endpoint_toggles_and_post(two_slots):
     assert (props["endpoint_slots"], props["endpoint_props"], props["endpoint_metrics"]) == \
         (True, True, True)
     assert props["is_sleeping"] is False
+    assert props["geometry"] == {"n_ctx": 65536, "n_ctx_slot": 32768, "n_slots": 2,
+                                 "n_batch": 2048}
+    assert props["sleep_idle_seconds"] == -1
     r = post(two_slots.url, {"anything": 1}, path="/props")
     assert r.status_code == 200 and r.json() == {"success": True}
     assert get(two_slots, "/props").json() == props, "POST /props changes nothing, as upstream"

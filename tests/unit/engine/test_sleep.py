@@ -29,6 +29,15 @@ def live_models() -> int:
                if type(o).__name__ == "Model" and type(o).__module__.startswith("mlx_lm.models."))
 
 
+def test_live_models_sees_a_loaded_model(tiny_model):
+    from mlx_lm.utils import load_model
+
+    model, _ = load_model(tiny_model)
+    assert live_models() == 1
+    del model
+    assert live_models() == 0
+
+
 def test_sleep_drops_the_model_and_a_submit_wakes_it(tiny_model):
     events: queue.SimpleQueue = queue.SimpleQueue()
 
@@ -48,7 +57,6 @@ def test_sleep_drops_the_model_and_a_submit_wakes_it(tiny_model):
     thread.start()
     try:
         next_of(Loaded)
-        assert live_models() == 1
         next_of(Sleeping)
         assert live_models() == 0, "a reference kept the model alive through the sleep"
         greedy = SamplingParams(temperature=0.0)
