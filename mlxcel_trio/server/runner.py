@@ -62,7 +62,7 @@ def _say(line: str) -> None:
 
 async def _signals(signals, shutdown: trio.Event) -> None:
     async for signum in signals:
-        _say(f"main: received {signal.Signals(signum).name}, shutting down")
+        log.info("received %s, shutting down", signal.Signals(signum).name)
         shutdown.set()
         return
 

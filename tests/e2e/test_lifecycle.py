@@ -79,7 +79,10 @@ def test_sigterm_lets_a_short_request_in_flight_finish(tiny_model, start_server)
     while not any(s["is_processing"] for s in httpx.get(srv.url + "/slots").json()):
         assert time.monotonic() < deadline, "the request never started"
     srv.signal(signal.SIGTERM)
-    srv.wait_for_line("main: received SIGTERM, shutting down", timeout=10)
+    with srv._lines_changed:  # the log line the signal handler writes
+        assert srv._lines_changed.wait_for(
+            lambda: any("received SIGTERM, shutting down" in ln
+                        for ln in srv.stdout + srv.stderr), 10), "the signal was not seen"
     refused = None
     if t.is_alive():  # still generating: the listener must be closed already
         try:
