@@ -249,8 +249,10 @@ class EngineLoop:
 
     def _sleep(self, before: int):
         """Free the model's memory (the caller dropped the scheduler), then
-        park until a Submit (reload; returns the new scheduler and that
-        command) or Shutdown (returns None and it)."""
+        park until a command that needs the model: a Submit or a SlotAction
+        (reload; returns the new scheduler and that command), or Shutdown
+        (returns None and it).  A Cancel names a job that already ended and a
+        ClearPromptCache finds the cache already gone: both are dropped."""
         import gc
 
         import mlx.core as mx
@@ -264,13 +266,14 @@ class EngineLoop:
             cmd = self._commands.get()
             if isinstance(cmd, Shutdown):
                 return None, cmd
-            if not isinstance(cmd, Submit):
-                continue  # a Cancel for a job that already ended
+            if not isinstance(cmd, (Submit, SlotAction)):
+                continue
             try:
                 return self._wake(), cmd
             except Exception as exc:  # stay asleep; this request fails, not the server
                 log.exception("reloading the model failed")
-                self._emit(StepEvents((Failed(cmd.job.id, "server_error",
+                job_id = cmd.job.id if isinstance(cmd, Submit) else cmd.job_id
+                self._emit(StepEvents((Failed(job_id, "server_error",
                                               f"{type(exc).__name__}: {exc}"),)))
 
     def _wake(self):

@@ -103,3 +103,21 @@ def test_sigterm_while_asleep_exits_zero(tiny_model, start_server):
     wait_until(lambda: sleeping(srv), "the server to fall asleep", timeout=30)
     srv.signal(signal.SIGTERM)
     assert srv.wait(15) == 0
+
+
+def test_a_slot_action_while_asleep_wakes_and_is_answered(tiny_model, start_server, tmp_path):
+    """Slot files need the scheduler, so a slot action wakes the engine (the
+    slot's stream was dropped with it: a save finds it empty, as upstream's
+    does after its context is destroyed)."""
+    srv = start_server(tiny_model, "-np", "1", "--metrics", "--sleep-idle-seconds", "1",
+                       "--slot-save-path", str(tmp_path))
+    complete(srv, **GREEDY)
+    wait_until(lambda: sleeping(srv), "the server to fall asleep", timeout=30)
+    r = httpx.post(srv.url + "/slots/0?action=save", json={"filename": "s.slot"}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["n_saved"] == 0
+    assert scrape(srv)[0]["mlxcel_wakes_total"] == 1
+    # a restore re-evaluates into a live scheduler, then generation still works
+    r = httpx.post(srv.url + "/slots/0?action=restore", json={"filename": "s.slot"}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert complete(srv, **GREEDY)["tokens_predicted"] == GREEDY["n_predict"]
