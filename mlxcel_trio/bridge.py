@@ -128,7 +128,9 @@ class Bridge:
                             batch_size=cfg.batch_size, warmup=cfg.warmup, emit=emit,
                             special=cfg.special, cache_ram_mib=cfg.cache_ram,
                             sleep_idle_s=(cfg.sleep_idle_seconds
-                                          if cfg.sleep_idle_seconds >= 0 else None))
+                                          if cfg.sleep_idle_seconds >= 0 else None),
+                            context_shift=cfg.context_shift,
+                            cont_batching=cfg.cont_batching, rope=cfg.rope)
         self._engine = engine
         thread = threading.Thread(target=engine.run, name="mlx-engine", daemon=True)
         thread.start()

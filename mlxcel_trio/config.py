@@ -73,6 +73,26 @@ class SamplingDefaults:
 
 
 @attrs.frozen
+class RopeOverrides:
+    """--rope-* / --yarn-*, as given (None / upstream's sentinels = the
+    checkpoint's own); engine/rope.py applies them to the model config."""
+
+    scaling: str | None = None       # none | linear | yarn
+    scale: float | None = None       # --rope-scale N (freq scale 1/N)
+    freq_base: float | None = None
+    freq_scale: float | None = None
+    yarn_orig_ctx: int = 0
+    yarn_ext_factor: float = -1.0
+    yarn_attn_factor: float = -1.0
+    yarn_beta_slow: float = -1.0
+    yarn_beta_fast: float = -1.0
+
+    @property
+    def any(self) -> bool:
+        return self != RopeOverrides()
+
+
+@attrs.frozen
 class ServerConfig:
     model: str
     host: str = "127.0.0.1"
@@ -80,6 +100,12 @@ class ServerConfig:
     ctx_size: int = 0            # 0 = the checkpoint's trained context
     n_parallel: int = -1         # -1 = auto (4 slots, as upstream)
     batch_size: int = 2048       # logical prefill chunk
+    # -- context and batching (issue #8) --
+    ubatch_size: int = 512       # accepted and reported; no MLX micro-batch
+    context_shift: bool = False  # --context-shift: shift instead of stopping at the bound
+    n_keep: int = 0              # --keep: the default n_keep (-1 = the whole prompt)
+    cont_batching: bool = True   # -nocb: prompts wait while any slot decodes
+    rope: "RopeOverrides" = attrs.field(factory=lambda: RopeOverrides())
     aliases: tuple[str, ...] = ()
     tags: tuple[str, ...] = ()   # informational, reported by /v1/models
     offline: bool = False        # never download (HF_HUB_OFFLINE for the process)

@@ -25,10 +25,11 @@ import attrs
 
 from mlxcel_trio.cli import actions, model_ref, sinks
 from mlxcel_trio.cli.options import BY_DEST, OPTIONS, Option
+from mlxcel_trio.cli.options_context import rope_reciprocal_refusal
 from mlxcel_trio.cli.options_ggml import gpu_layers_refusal
 from mlxcel_trio.cli.parser import CliError, Parsed, build_parser, describe, parse, validate
 from mlxcel_trio.cli.surface import dump_flag_surface
-from mlxcel_trio.config import SamplingDefaults, ServerConfig
+from mlxcel_trio.config import RopeOverrides, SamplingDefaults, ServerConfig
 
 SERVER_PROG = "mlxcel-server"
 # The inert classifications: such an option may have no ServerConfig field.
@@ -61,9 +62,11 @@ def build_config(
     as given is kept in `model_ref`."""
     top: dict[str, Any] = {}
     sampling: dict[str, Any] = {}
+    rope: dict[str, Any] = {}
     fields = {
         "": (top, attrs.fields_dict(ServerConfig)),
         "sampling": (sampling, attrs.fields_dict(SamplingDefaults)),
+        "rope": (rope, attrs.fields_dict(RopeOverrides)),
     }
     by_dest = {opt.dest: opt for opt in table}
     for dest, value in parsed.values.items():
@@ -75,7 +78,7 @@ def build_config(
             raise AssertionError(f"{by_dest[dest].name} has no ServerConfig field {dest!r}")
     top.update(model=model_path,
                model_ref=parsed.values.get("hf_repo") or parsed.values.get("model"))
-    return ServerConfig(**top, sampling=SamplingDefaults(**sampling))
+    return ServerConfig(**top, sampling=SamplingDefaults(**sampling), rope=RopeOverrides(**rope))
 
 
 def check_gpu_layers(parsed: Parsed, model_path: str) -> None:
@@ -91,10 +94,19 @@ def check_gpu_layers(parsed: Parsed, model_path: str) -> None:
         raise CliError(f"{describe(BY_DEST['gpu_layers'], parsed)}: {reason}")
 
 
+def check_rope(parsed: Parsed) -> None:
+    """--rope-scale and --rope-freq-scale given together must agree."""
+    values = parsed.values
+    reason = rope_reciprocal_refusal(values.get("rope.scale"), values.get("rope.freq_scale"))
+    if reason is not None:
+        raise CliError(f"{describe(BY_DEST['rope.freq_scale'], parsed)}: {reason}")
+
+
 def configure(parsed: Parsed, env: Mapping[str, str] | None = None) -> ServerConfig:
     """Validate, check the files the server will use (log, keys, TLS),
     resolve the model, and build the config (no server starts)."""
     validate(parsed)
+    check_rope(parsed)
     io = sinks.resolve(parsed, os.environ if env is None else env)
     io.update(_vertex(parsed, os.environ if env is None else env))
     ref = parsed.values.get("model")

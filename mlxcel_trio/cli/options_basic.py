@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from mlxcel_trio.cli import model_ref
 from mlxcel_trio.cli.record import Option
-from mlxcel_trio.cli.values import INT32_MAX, CsvList, Int, Text
+from mlxcel_trio.cli.refusals import Refuser
+from mlxcel_trio.cli.values import INT32_MAX, INT32_MIN, CsvList, Int, Text
 
 ACTIONS: tuple[Option, ...] = (
     Option(("-h", "--help", "--usage"), "help", "show this help and exit",
@@ -58,9 +59,11 @@ SERVER: tuple[Option, ...] = (
            env="LLAMA_ARG_PORT", section="server"),
     Option(("-np", "--parallel"), "n_parallel",
            "number of server slots (sequences decoded together)",
-           value=Int(1, INT32_MAX, sentinels=(-1,)), metavar="N", default=-1,
+           value=Int(INT32_MIN, INT32_MAX), metavar="N", default=-1,
            default_text="-1, -1 = auto (4 slots)", env="LLAMA_ARG_N_PARALLEL",
-           section="server"),
+           section="server", owner=8,
+           refuse=Refuser(lambda v: v != 0, "invalid value for n_parallel (0 slots "
+                          "serve nothing)", "pass a slot count, or -1 for auto (4)")),
     Option(("-a", "--alias"), "aliases",
            "model names to serve under, comma-separated; the first in sorted "
            "order is the one reported",

@@ -1,6 +1,9 @@
 """Context, batching, the prompt cache and RoPE overrides (issue #8).
 
-Deferred options accept upstream's default or the value asking for nothing.
+--context-shift, --keep, --cont-batching and the RoPE / YaRN overrides act
+(engine/scheduler.py, engine/rope.py); values no MLX rotation can express
+are refused here, before any model is resolved.
+
 --cache-prompt and --cache-ram drive the prompt cache (engine/prompt_cache.py).
 The per-slot prompt machinery (--kv-unified, --ctx-checkpoints,
 --checkpoint-min-step, --slot-prompt-similarity, --cache-idle-slots) is not
@@ -13,16 +16,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
+
 from mlxcel_trio.cli.record import Option
-from mlxcel_trio.cli.refusals import ALWAYS, deferred, equals, not_applicable
-from mlxcel_trio.cli.values import INT32_MAX, Choice, Float, Int
+from mlxcel_trio.cli.refusals import ALWAYS, equals, not_applicable
+from mlxcel_trio.cli.values import INT32_MAX, BadValue, Choice, Float, Int
 
 CONTEXT_ISSUE = 8
-
-
-def _c(spellings: tuple[str, ...], dest: str, help: str, **kw: Any) -> Option:
-    kw.setdefault("section", "server")
-    return deferred(spellings, dest, help, issue=CONTEXT_ISSUE, **kw)
 
 
 # --cache-ram's unset default, upstream's: a ceiling, not a reservation (the
@@ -45,19 +45,17 @@ def _slot_machinery(spellings: tuple[str, ...], dest: str, help: str, **kw: Any)
     return not_applicable(spellings, dest, help, owner=CONTEXT_ISSUE, **kw)
 
 
-def _rope(spelling: str, dest: str, help: str, **kw: Any) -> Option:
-    return deferred((spelling,), dest, help, issue=CONTEXT_ISSUE, **kw)
-
-
 CONTEXT: tuple[Option, ...] = (
     not_applicable(("-ub", "--ubatch-size"), "ubatch_size",
-                   "physical batch size (no separate micro-batch exists under MLX)",
+                   "physical batch size (no separate micro-batch exists under MLX; "
+                   "logged at startup)",
                    value=Int(1, INT32_MAX), metavar="N", default=512,
                    env="LLAMA_ARG_UBATCH", owner=CONTEXT_ISSUE, why="", inert=ALWAYS,
                    accepts="any value (MLX has no separate physical micro-batch)"),
-    _c(("--keep",), "n_keep", "prompt tokens kept when the context shifts",
-       value=Int(-1, INT32_MAX), metavar="N", default=0, default_text="0, -1 = all",
-       section="common"),
+    Option(("--keep",), "n_keep",
+           "tokens of the prompt kept when the context shifts (the default n_keep)",
+           value=Int(-1, INT32_MAX), metavar="N", default=0, default_text="0, -1 = all",
+           owner=CONTEXT_ISSUE),
     not_applicable(("--swa-full",), "swa_full", "full-size cache for sliding-window layers",
                    kind="flag", env="LLAMA_ARG_SWA_FULL", default_text="false",
                    owner=CONTEXT_ISSUE,
@@ -95,13 +93,16 @@ CONTEXT: tuple[Option, ...] = (
                     why="slots retain no KV of their own: every finished or cancelled "
                     "sequence already goes to the process-wide prompt cache",
                     inert=equals(False), accepts="--no-cache-idle-slots"),
-    _c(("--context-shift",), "context_shift",
-       "drop old tokens to keep generating past a full context", kind="bool",
-       negations=("--no-context-shift",), default=False, env="LLAMA_ARG_CONTEXT_SHIFT"),
-    _c(("-cb", "--cont-batching"), "cont_batching",
-       "continuous batching: admit new requests between decode steps", kind="bool",
-       negations=("-nocb", "--no-cont-batching"), default=True,
-       env="LLAMA_ARG_CONT_BATCHING"),
+    Option(("--context-shift",), "context_shift",
+           "when a generation fills its slot's context, drop old tokens (after "
+           "n_keep) and continue instead of stopping", kind="bool",
+           negations=("--no-context-shift",), default=False, env="LLAMA_ARG_CONTEXT_SHIFT",
+           section="server", owner=CONTEXT_ISSUE),
+    Option(("-cb", "--cont-batching"), "cont_batching",
+           "continuous batching: new prompts join while other slots decode "
+           "(disabled: they wait until no slot decodes)", kind="bool",
+           negations=("-nocb", "--no-cont-batching"), default=True,
+           env="LLAMA_ARG_CONT_BATCHING", section="server", owner=CONTEXT_ISSUE),
     Option(("--cache-prompt",), "cache_prompt",
            "default of the per-request cache_prompt: reuse a cached prompt prefix's KV",
            kind="bool", negations=("--no-cache-prompt",), default=True,
@@ -122,31 +123,65 @@ CONTEXT: tuple[Option, ...] = (
                     inert=equals(0.0), accepts="0.0"),
 )
 
+@attrs.frozen
+class PositiveFloat:
+    """A finite number above 0 (a scale of 0 has no rotation)."""
+
+    domain: str = "a number above 0"
+
+    def parse(self, text: str) -> float:
+        value = Float().parse(text)
+        if value <= 0:
+            raise BadValue("out of range")
+        return value
+
+
+def _rope(spelling: str, dest: str, help: str, **kw: Any) -> Option:
+    kw.setdefault("owner", CONTEXT_ISSUE)
+    return Option((spelling,), dest, help, **kw)
+
+
 ROPE: tuple[Option, ...] = (
-    _rope("--rope-scaling", "rope_scaling", "RoPE scaling method",
+    _rope("--rope-scaling", "rope.scaling",
+          "RoPE frequency scaling method, defaults to linear unless specified by the model",
           value=Choice(("none", "linear", "yarn")), metavar="{none,linear,yarn}",
           env="LLAMA_ARG_ROPE_SCALING_TYPE"),
-    _rope("--rope-scale", "rope_scale", "RoPE context scaling factor",
-          value=Float(), metavar="N", env="LLAMA_ARG_ROPE_SCALE"),
-    _rope("--rope-freq-base", "rope_freq_base", "RoPE base frequency",
-          value=Float(), metavar="N", default_text="loaded from model",
+    _rope("--rope-scale", "rope.scale",
+          "RoPE context scaling factor, expands context by a factor of N",
+          value=PositiveFloat(), metavar="N", env="LLAMA_ARG_ROPE_SCALE"),
+    _rope("--rope-freq-base", "rope.freq_base",
+          "RoPE base frequency",
+          value=Float(lo=0.0), metavar="N", default_text="loaded from model",
           env="LLAMA_ARG_ROPE_FREQ_BASE"),
-    _rope("--rope-freq-scale", "rope_freq_scale", "RoPE frequency scaling factor",
-          value=Float(), metavar="N", env="LLAMA_ARG_ROPE_FREQ_SCALE"),
-    _rope("--yarn-orig-ctx", "yarn_orig_ctx", "YaRN: the model's original context size",
+    _rope("--rope-freq-scale", "rope.freq_scale",
+          "RoPE frequency scaling factor, expands context by a factor of 1/N",
+          value=Float(lo=0.0), metavar="N", env="LLAMA_ARG_ROPE_FREQ_SCALE"),
+    _rope("--yarn-orig-ctx", "rope.yarn_orig_ctx",
+          "YaRN: original context size of model",
           value=Int(0, INT32_MAX), metavar="N", default=0,
-          default_text="0 = model training context size",
-          env="LLAMA_ARG_YARN_ORIG_CTX", accepts="0"),
-    _rope("--yarn-ext-factor", "yarn_ext_factor", "YaRN: extrapolation mix",
+          default_text="0 = model training context size", env="LLAMA_ARG_YARN_ORIG_CTX"),
+    _rope("--yarn-ext-factor", "rope.yarn_ext_factor", "YaRN: extrapolation mix factor",
           value=Float(), metavar="N", default=-1.0,
           default_text="-1.00, 0.0 = full interpolation", env="LLAMA_ARG_YARN_EXT_FACTOR"),
-    _rope("--yarn-attn-factor", "yarn_attn_factor", "YaRN: attention magnitude scale",
+    _rope("--yarn-attn-factor", "rope.yarn_attn_factor",
+          "YaRN: scale sqrt(t) or attention magnitude",
           value=Float(), metavar="N", default=-1.0, default_text="-1.00",
           env="LLAMA_ARG_YARN_ATTN_FACTOR"),
-    _rope("--yarn-beta-slow", "yarn_beta_slow", "YaRN: high correction dimension",
+    _rope("--yarn-beta-slow", "rope.yarn_beta_slow", "YaRN: high correction dim or alpha",
           value=Float(), metavar="N", default=-1.0, default_text="-1.00",
           env="LLAMA_ARG_YARN_BETA_SLOW"),
-    _rope("--yarn-beta-fast", "yarn_beta_fast", "YaRN: low correction dimension",
+    _rope("--yarn-beta-fast", "rope.yarn_beta_fast", "YaRN: low correction dim or beta",
           value=Float(), metavar="N", default=-1.0, default_text="-1.00",
           env="LLAMA_ARG_YARN_BETA_FAST"),
 )
+
+
+def rope_reciprocal_refusal(scale: float | None, freq_scale: float | None) -> str | None:
+    """--rope-scale N and --rope-freq-scale M set one value upstream (the
+    last one wins); both given must agree rather than race."""
+    if scale is None or freq_scale is None or not scale > 0:
+        return None
+    if abs(freq_scale * scale - 1.0) <= 1e-6:
+        return None
+    return (f"not the reciprocal of --rope-scale {scale:g} (both set the same "
+            "rotation: --rope-freq-scale M is --rope-scale 1/M); pass only one of them")

@@ -83,6 +83,14 @@ SOURCE: tuple[Option, ...] = (
            section="server", owner=MODEL_ISSUE),
 )
 
+# A vector accepted but not applied would change what a deployment believes it
+# serves; any configured vector (a zero scale included) is refused whole.
+NO_STEERING = ("mlxcel-trio has no control-vector path: nothing adds steering vectors "
+               "to the residual stream, and a vector accepted unapplied would silently "
+               "change what is served")
+STEER_LOGITS = ("omit it; the nearest feature is logit-level steering "
+                "(-l/--logit-bias, or the per-request logit_bias field)")
+
 ADAPTERS: tuple[Option, ...] = (
     deferred(("--lora",), "lora", "LoRA adapters to apply (comma-separated paths)",
              value=Text(), metavar="FNAME", issue=ADAPTER_ISSUE),
@@ -95,15 +103,11 @@ ADAPTERS: tuple[Option, ...] = (
     not_applicable(("--control-vector",), "control_vector",
                    "add control vectors (comma-separated paths)",
                    value=Text(), metavar="FNAME",
-                   why="mlxcel-trio cannot add steering vectors to the residual stream",
-                   instead="no alternative yet (per-request logit_bias is tracked by "
-                   "issue #5)"),
+                   why=NO_STEERING, instead=STEER_LOGITS),
     not_applicable(("--control-vector-scaled",), "control_vector_scaled",
                    "add control vectors with a scale each (FNAME:SCALE,...)",
                    value=Text(), metavar="FNAME:SCALE,...",
-                   why="mlxcel-trio cannot add steering vectors to the residual stream",
-                   instead="no alternative yet (per-request logit_bias is tracked by "
-                   "issue #5)"),
+                   why=NO_STEERING, instead=STEER_LOGITS),
     not_applicable(("--control-vector-layer-range",), "control_vector_layer_range",
                    "first and last layer the control vectors apply to",
                    value=IntPair(), metavar="START END", nargs=2,

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from ..config import RopeOverrides
 from .records import (
     Cancel,
     ClearPromptCache,
@@ -100,7 +101,9 @@ class EngineLoop:
     def __init__(self, model_path: str, *, n_slots: int, ctx_size: int,
                  batch_size: int, warmup: bool,
                  emit: Callable[[StepEvents], None], special: bool = False,
-                 cache_ram_mib: int = 0, sleep_idle_s: float | None = None) -> None:
+                 cache_ram_mib: int = 0, sleep_idle_s: float | None = None,
+                 context_shift: bool = False, cont_batching: bool = True,
+                 rope: RopeOverrides = RopeOverrides()) -> None:
         self._path = Path(model_path)
         self._n_slots = n_slots
         self._ctx_size = ctx_size
@@ -108,6 +111,9 @@ class EngineLoop:
         self._warmup = warmup
         self._special = special
         self._cache_ram_mib = cache_ram_mib  # 0 = no prompt cache, -1 = no limit
+        self._context_shift = context_shift
+        self._cont_batching = cont_batching
+        self._rope = rope
         self._emit = emit
         self._sleep_idle_s = sleep_idle_s  # None = never sleep
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
@@ -156,9 +162,9 @@ class EngineLoop:
         return scheduler
 
     def _load_model(self):
-        from mlx_lm.utils import load_model
+        from . import rope
 
-        return load_model(self._path)
+        return rope.load(self._path, self._rope)
 
     def _new_scheduler(self, model):
         """A scheduler with a fresh prompt cache: the cache lives and dies with
@@ -169,6 +175,8 @@ class EngineLoop:
         return Scheduler(model, self.vocab, n_slots=self._n_slots,
                          n_ctx_slot=self._n_ctx // self._n_slots,
                          batch_size=self._batch_size, special=self._special,
+                         context_shift=self._context_shift,
+                         cont_batching=self._cont_batching,
                          prompt_cache=(PromptCache(budget_from_mib(self._cache_ram_mib))
                                        if self._cache_ram_mib != 0 else None))
 

@@ -74,6 +74,9 @@ class Job:
     n_indent: int = 0                   # 0 = off
     t_max_predict_ms: int = -1          # <= 0 = off
     return_progress: bool = False
+    n_keep: int = 0                     # context shift: tokens kept (-1 = the prompt)
+    n_discard: int = 0                  # context shift: tokens dropped (0 = half)
+    shared_prompt: bool = False         # one of n_cmpl > 1 copies: never shifted
     # prompt-cache namespace (engine/prompt_cache.py); None = cache_prompt
     # false: no lookup and no donate-back
     cache_ns: str | None = None

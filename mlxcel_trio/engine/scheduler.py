@@ -5,7 +5,17 @@ the prefill batch, the decode batch) and interleaves one prefill chunk of
 `batch_size` tokens with one decode step per `next()` call.  This module owns
 everything a llama-server client can see: which slot serves a job, when a job
 waits for a slot, detokenization, stop strings, the n_predict / context /
-indent / time limits, and timings.
+indent / time limits, context shift, and timings.
+
+Context: a prompt that does not fit a slot is refused at admission.  With
+--context-shift off (upstream's default) a generation stops at the slot's
+bound (`truncated`, stop type "limit"); with it on, the sequence is shifted
+before it would fill the last cell (engine/context_shift.py) and continues.
+
+--no-cont-batching (upstream's gate `cont_batching || batch.size() == 0`):
+a job takes its slot at once, but its prompt enters the generator only
+while no admitted sequence has reached decoding, so prefill never
+interleaves with decode.
 
 Rules:
 - Single-threaded: only the engine thread calls into a `Scheduler`.
@@ -26,6 +36,7 @@ import attrs
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 
+from . import context_shift
 from .detokenizer import IncrementalDetokenizer
 from .prompt_cache import PromptCache, supported
 from .records import (
@@ -55,6 +66,8 @@ log = logging.getLogger("mlxcel.engine")
 
 GREEDY_PARAMS = SamplingParams(temperature=0.0)
 REFILL_IDS = -1000  # internal refill jobs take ids below this (warmup uses -1, -2)
+# mlx-lm's own max_tokens for a sequence whose bound the scheduler enforces
+UNBOUNDED = 2**31 - 1
 
 
 def _ms_since(t0: float, now: float) -> float:
@@ -68,6 +81,7 @@ class _Sequence:
         "job", "slot", "uid", "detok", "stops", "tokens", "content", "max_tokens",
         "stop_type", "stopping_word", "truncated", "t_start", "t_first",
         "t_prompt_ms", "last_nl_pos", "done", "processed", "row", "probs", "n_cache",
+        "kv", "sampler", "processors", "prefilled", "n_shifts", "cached",
     )
 
     def __init__(self, job: Job, slot: int, vocab: Vocab, max_tokens: int) -> None:
@@ -91,6 +105,12 @@ class _Sequence:
         self.row = None                     # sampler state (samplers/batch.Row)
         self.probs: list[TokenProbs] = []   # completion_probabilities, when asked
         self.n_cache = 0                    # prompt tokens the prompt cache supplied
+        self.cached = None                  # the prompt cache's KV until inserted
+        self.kv: list[int] = list(job.prompt)  # the tokens the sequence's KV holds
+        self.sampler = None                 # kept for a context shift's re-insert
+        self.processors: list = []
+        self.prefilled = False              # its prompt reached decoding
+        self.n_shifts = 0
 
     def timings(self, now: float) -> Timings:
         n = len(self.tokens)
@@ -106,8 +126,12 @@ class _Sequence:
 class Scheduler:
     def __init__(self, model, vocab: Vocab, *, n_slots: int, n_ctx_slot: int,
                  batch_size: int, special: bool = False,
-                 prompt_cache: PromptCache | None = None) -> None:
+                 prompt_cache: PromptCache | None = None, context_shift: bool = False,
+                 cont_batching: bool = True) -> None:
         self.vocab = vocab
+        self.context_shift = context_shift
+        self.cont_batching = cont_batching
+        self._add_bos = bool(getattr(vocab, "add_bos", False))
         self._render_special = special  # -sp: special tokens appear in the text
         self.n_slots = n_slots
         self.n_ctx_slot = n_ctx_slot
@@ -119,6 +143,7 @@ class Scheduler:
         self._free = list(range(n_slots))
         self._by_uid: dict[int, _Sequence] = {}
         self._by_job: dict[int, _Sequence] = {}
+        self._held: deque[_Sequence] = deque()  # -nocb: slotted, prompt not inserted
         self._cache = prompt_cache
         if prompt_cache is not None and not supported(make_prompt_cache(model)):
             log.warning("prompt cache off: this model's KV cache cannot be cut to a prefix")
@@ -249,27 +274,41 @@ class Scheduler:
         """One prefill chunk and/or one decode step for everything admitted."""
         if not self._by_job:
             return
+        if self._held and not self._decoding():
+            while self._held:
+                self._insert(self._held.popleft())
+        if not self._by_uid:
+            return
         self._batch.reset()
+        n_free = len(self._free)
         prompt_resps, gen_resps = self._gen.next()
         now = time.perf_counter()
+        finished: list = []
         for r in prompt_resps:
             seq = self._by_uid.get(r.uid)
-            if seq is not None and seq.job.return_progress:
+            if seq is None:
+                continue
+            if seq.job.return_progress and seq.t_first is None:
                 self._progress(seq, r.progress[0], now, out)
-        finished: list = []
+            if r.end_of_prompt:
+                seq.prefilled = True
+                self._maybe_shift(seq, now, out, finished)
         for r in gen_resps:
             seq = self._by_uid.get(r.uid)
             if seq is None or seq.done:
                 continue
+            seq.kv.append(r.token)
             self._on_token(seq, r.token, now, out)
             if seq.done:
                 finished.append((seq, r))
+            else:
+                self._maybe_shift(seq, now, out, finished)
         for seq, r in finished:
             # mlx-lm drops a sequence at its max_tokens itself, handing its
             # KV over on the response
-            held = (r.prompt_cache, r.all_tokens) if r.finish_reason is not None else None
+            held = (r.prompt_cache, r.all_tokens) if r and r.finish_reason is not None else None
             self._finish(seq, now, out, held)
-        if finished:
+        if len(self._free) > n_free:
             self._admit(out)
 
     # -- internals -------------------------------------------------------------
@@ -294,14 +333,16 @@ class Scheduler:
     def _start(self, job: Job, slot: int, out: list) -> None:
         n_prompt = len(job.prompt)
         room = self.n_ctx_slot - n_prompt
-        # n_predict 0 still yields one token, as upstream does.
-        want = room if job.n_predict < 0 else max(1, job.n_predict)
-        seq = _Sequence(job, slot, self.vocab, min(want, room))
+        # n_predict 0 still yields one token, as upstream does.  With context
+        # shift on, only n_predict bounds a generation.
+        want = (UNBOUNDED if self.context_shift else room) if job.n_predict < 0 \
+            else max(1, job.n_predict)
+        seq = _Sequence(job, slot, self.vocab, want if self.context_shift else min(want, room))
         self._by_job[job.id] = seq
         n_cache, caches = 0, None
         if self._cache is not None and job.cache_ns is not None and n_prompt > 1:
             n_cache, caches = self._cache.lookup(job.cache_ns, job.prompt)
-            seq.n_cache = n_cache
+            seq.n_cache, seq.cached = n_cache, caches
             self._cache_stats(out)
         out.append(Started(job.id, slot, n_prompt, n_cache))
         if job.return_progress:
@@ -311,14 +352,64 @@ class Scheduler:
             seq.done = True
             self._finish(seq, time.perf_counter(), out)
             return
-        sampler, processors, seq.row = self._sampling_plan(job)
+        seq.sampler, seq.processors, seq.row = self._sampling_plan(job)
+        if not self.cont_batching and self._decoding():
+            self._held.append(seq)
+            return
+        self._insert(seq)
+
+    def _decoding(self) -> bool:
+        """Whether an admitted sequence has reached decoding (-nocb's gate)."""
+        return any(s.prefilled or s.t_first is not None for s in self._by_uid.values())
+
+    def _insert(self, seq: _Sequence, processors: list | None = None) -> None:
+        """Hand the sequence's KV tokens to the generator as its prompt (the
+        first time after the prompt cache's prefix, if it supplied one)."""
+        seq.t_start = time.perf_counter() if seq.t_first is None else seq.t_start
+        gen_max = UNBOUNDED if self.context_shift else seq.max_tokens
+        caches, seq.cached = seq.cached, None
+        n = seq.n_cache if caches else 0
         (uid,) = self._gen.insert(
-            [list(job.prompt[n_cache:])], max_tokens=[seq.max_tokens],
+            [list(seq.kv[n:])], max_tokens=[gen_max],
             caches=[caches] if caches else None,
-            all_tokens=[list(job.prompt[:n_cache])] if caches else None,
-            samplers=[sampler], logits_processors=[processors])
+            all_tokens=[list(seq.kv[:n])] if caches else None,
+            samplers=[seq.sampler],
+            logits_processors=[seq.processors if processors is None else processors])
         seq.uid = uid
+        seq.prefilled = False
         self._by_uid[uid] = seq
+
+    def _maybe_shift(self, seq: _Sequence, now: float, out: list, finished: list) -> None:
+        """Upstream's pre_decode: before the sampled token is decoded into
+        the slot's last cell, process it, then shift the window."""
+        if not self.context_shift or len(seq.kv) + 1 < self.n_ctx_slot:
+            return
+        token = context_shift.pending_token(self._gen, seq.uid)
+        if token is None:
+            return
+        self._on_token(seq, token, now, out)
+        if seq.done:
+            finished.append((seq, None))
+            return
+        job = seq.job
+        if job.shared_prompt:
+            # upstream refuses to shift a parent/child task of n_cmpl > 1
+            out.append(Failed(job.id, "server_error",
+                              "context shift cannot be used for shared prompt"))
+            self._release(seq, out, cancelled=False)
+            return
+        n_keep, n_discard = context_shift.window(
+            len(seq.kv), self.n_ctx_slot, job.n_keep, job.n_discard, len(job.prompt),
+            self._add_bos)
+        log.warning("slot %d | task %d | slot context shift, n_keep = %d, n_left = %d, "
+                    "n_discard = %d", seq.slot, job.id, n_keep, len(seq.kv) - n_keep, n_discard)
+        self._gen.remove([seq.uid])
+        del self._by_uid[seq.uid]
+        seq.kv = [*context_shift.retained(seq.kv, n_keep, n_discard), token]
+        seq.truncated = True
+        seq.n_shifts += 1
+        self._insert(seq, context_shift.history_processors(
+            seq.processors, [*job.prompt, *seq.tokens], len(seq.kv)))
 
     def _sampling_plan(self, job: Job):
         params = job.sampling
@@ -361,10 +452,12 @@ class Scheduler:
             seq.stop_type, seq.stopping_word, seq.done = "word", r.word, True
         seq.content.append(emit)
         n = len(seq.tokens)
-        if not seq.done and n >= seq.max_tokens:
+        if not self.context_shift and len(job.prompt) + n >= self.n_ctx_slot:
+            # the slot's context is full: upstream checks this after the stop
+            # words, so it overrides a word stop's type
+            seq.truncated, seq.stop_type, seq.done = True, "limit", True
+        elif not seq.done and n >= seq.max_tokens:
             seq.stop_type, seq.done = "limit", True
-            # Upstream flags truncation whenever the slot's context is full.
-            seq.truncated = len(job.prompt) + n >= self.n_ctx_slot
         if job.n_indent > 0:
             self._check_indent(seq)
         if (not seq.done and job.t_max_predict_ms > 0 and "\n" in emit
@@ -372,7 +465,7 @@ class Scheduler:
             seq.stop_type, seq.done = "limit", True
         if is_eos:
             seq.stop_type, seq.done = "eos", True
-        if seq.done and seq.stop_type != "word":
+        if seq.done and not seq.stops.stopped:
             # The last token releases everything still held back, as
             # upstream's last partial frame does.
             tail = self._drain(seq)
@@ -435,8 +528,12 @@ class Scheduler:
 
     def _release(self, seq: _Sequence, out: list, cancelled: bool, held=None) -> None:
         seq.done = True
+        if seq in self._held:
+            self._held.remove(seq)
         if seq.job.id > REFILL_IDS:  # a refill leaves the restored stream alone
-            self._slot_tokens[seq.slot] = seq.job.prompt + tuple(seq.tokens)
+            # after a context shift the slot holds the shifted window, as upstream's
+            self._slot_tokens[seq.slot] = (tuple(seq.kv) if seq.n_shifts
+                                           else seq.job.prompt + tuple(seq.tokens))
             self._slot_ns[seq.slot] = seq.job.cache_ns
         if seq.uid is not None:
             donate = self._cache is not None and seq.job.cache_ns is not None

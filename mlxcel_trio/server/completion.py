@@ -40,7 +40,8 @@ def server_defaults(config, vocab) -> dict[str, Any]:
     server's grammar (--grammar / --json-schema)."""
     return {**sampling.server_defaults(config, vocab),
             "grammar_spec": grammar.default_spec(config),
-            "cache_prompt": config.cache_prompt}
+            "cache_prompt": config.cache_prompt,
+            "n_keep": config.n_keep}
 
 
 # -- prompts --------------------------------------------------------------------
@@ -148,6 +149,9 @@ def make_job(served: Served, values: dict, prompt: list[int], body: dict,
         id_slot=id_slot,
         n_indent=values["n_indent"],
         t_max_predict_ms=values["t_max_predict_ms"],
+        n_keep=values["n_keep"],
+        n_discard=values["n_discard"],
+        shared_prompt=values["n_cmpl"] > 1,
         return_progress=values["return_progress"] and values["stream"],
         cache_ns=cache_ns,
         settings=values,
@@ -199,8 +203,8 @@ def generation_settings(values: dict) -> dict[str, Any]:
         "stop": list(values["stop"]),
         "max_tokens": n_predict,
         "n_predict": n_predict,
-        "n_keep": 0,
-        "n_discard": 0,
+        "n_keep": values["n_keep"],
+        "n_discard": values["n_discard"],
         "ignore_eos": values["ignore_eos"],
         "stream": values["stream"],
         "logit_bias": sampling.logit_bias_json(values),

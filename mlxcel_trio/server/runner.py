@@ -81,6 +81,12 @@ async def _watch_load(bridge: Bridge, shutdown: trio.Event, status: dict) -> Non
         await trio.to_thread.run_sync(server_grammar.startup, bridge.config, bridge.vocab)
         _say(f"main: model loaded ({info.model_type}, {info.dtype}, n_ctx {info.n_ctx}, "
              f"{info.n_slots} slots of {info.n_ctx_slot})")
+        cfg = bridge.config
+        # where upstream reports them too: its context setup logs the batch sizes
+        log.info("n_ctx_slot = %d, n_batch = %d (prefill chunk), n_ubatch = %d (no MLX "
+                 "effect), cont_batching = %s, context_shift = %s", info.n_ctx_slot,
+                 cfg.batch_size, cfg.ubatch_size, str(cfg.cont_batching).lower(),
+                 str(cfg.context_shift).lower())
 
 
 def _hypercorn_config(config: ServerConfig) -> HypercornConfig:

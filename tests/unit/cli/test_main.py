@@ -28,7 +28,7 @@ REFUSALS = [
     (["-m", "https://example.com/model"], "URLs are not accepted"),
     (["--model", "hf://owner/name"], "use --model owner/name"),
     (["--port", "abc"], "invalid value 'abc' for --port"),
-    (["-np", "0", "-m", "x"], "invalid value '0' for --parallel"),
+    (["-np", "0", "-m", "x"], "--parallel '0': invalid value for n_parallel"),
     (["--ctx", "10"], "invalid argument: --ctx"),
     ([], "no model given"),
 ]

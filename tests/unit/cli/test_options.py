@@ -11,7 +11,7 @@ import pytest
 
 from mlxcel_trio.cli.options import OPTIONS, Option, check_table
 from mlxcel_trio.cli.values import Int
-from mlxcel_trio.config import SamplingDefaults, ServerConfig
+from mlxcel_trio.config import RopeOverrides, SamplingDefaults, ServerConfig
 
 REPO = Path(__file__).resolve().parents[3]
 UPSTREAM = REPO.parent / "shared" / "upstream" / "llama-server" / "options.json"
@@ -22,6 +22,8 @@ def _config_default(dest: str) -> object:
     head, _, tail = dest.partition(".")
     if head == "sampling":
         return attrs.fields_dict(SamplingDefaults)[tail].default
+    if head == "rope":
+        return attrs.fields_dict(RopeOverrides)[tail].default
     return attrs.fields_dict(ServerConfig)[dest].default
 
 

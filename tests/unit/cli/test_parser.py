@@ -31,6 +31,17 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "model": ("some/model", "some/model"),
     # issue #6: idle sleep
     "sleep_idle_seconds": ("300", 300),
+    # issue #8: context and RoPE
+    "n_keep": ("-1", -1),
+    "rope.scaling": ("yarn", "yarn"),
+    "rope.scale": ("4", 4.0),
+    "rope.freq_base": ("500000", 500000.0),
+    "rope.freq_scale": ("0.25", 0.25),
+    "rope.yarn_orig_ctx": ("8192", 8192),
+    "rope.yarn_ext_factor": ("0.5", 0.5),
+    "rope.yarn_attn_factor": ("0.5", 0.5),
+    "rope.yarn_beta_slow": ("2", 2.0),
+    "rope.yarn_beta_fast": ("16", 16.0),
     "ctx_size": ("4096", 4096),
     "sampling.n_predict": ("128", 128),
     "batch_size": ("512", 512),
@@ -105,7 +116,7 @@ VALUE_SPELLINGS = [(o, s) for o in LIVE_VALUES for s in o.spellings]
 
 def field(config: ServerConfig, dest: str) -> Any:
     head, _, tail = dest.partition(".")
-    return getattr(config.sampling, tail) if tail else getattr(config, head)
+    return getattr(getattr(config, head), tail) if tail else getattr(config, head)
 
 
 def config_of(argv: list[str], env: dict[str, str] | None = None) -> ServerConfig:
@@ -236,8 +247,6 @@ def test_secret_values_are_never_echoed() -> None:
     (["--port", "abc"], "--port", "[0, 65535]"),
     (["--port", "70000"], "--port", "[0, 65535]"),
     (["-c", "-5"], "--ctx-size", "[0, 2147483647]"),
-    (["-np", "0"], "--parallel", "-1 or an integer in [1, 2147483647]"),
-    (["-np", "-2"], "--parallel", "-1 or an integer in [1, 2147483647]"),
     (["-b", "0"], "--batch-size", "[1, 2147483647]"),
     (["-n", "-2"], "--predict", "[-1, 2147483647]"),
     (["--temp", "nan"], "--temp", "finite"),

@@ -1,0 +1,165 @@
+"""The slot context bound on a real server: admission refusal with upstream's
+wording, the stop at the bound without --context-shift, and shifting past it
+with upstream's n_keep / n_discard arithmetic (read back from the server's
+own "slot context shift" lines).  -c 128 -np 2 gives 64-token slots."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from mlxcel_trio.engine.context_shift import window
+from tests.e2e.sse import post, stream_frames
+
+N_CTX_SLOT = 64
+GREEDY = {"temperature": 0, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def bounded(tiny_model):
+    from tests.conftest import ServerProcess
+
+    srv = ServerProcess(tiny_model, "-c", "128", "-np", "2", "--no-warmup").start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def shifting(tiny_model):
+    from tests.conftest import ServerProcess
+
+    srv = ServerProcess(tiny_model, "-c", "128", "-np", "2", "--no-warmup",
+                        "--context-shift", "--keep", "4").start()
+    yield srv
+    srv.stop()
+
+
+def _overflow(r, n: int | None = None) -> None:
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "exceed_context_size_error" and err["code"] == 400
+    assert err["n_ctx"] == N_CTX_SLOT and err["n_prompt_tokens"] >= N_CTX_SLOT
+    if n is not None:
+        assert err["n_prompt_tokens"] == n
+    assert err["message"] == (f"request ({err['n_prompt_tokens']} tokens) exceeds the "
+                              f"available context size ({N_CTX_SLOT} tokens), try increasing it")
+
+
+@pytest.mark.parametrize("srv", ["bounded", "shifting"])
+def test_a_prompt_that_cannot_fit_is_refused_on_every_route(request, srv):
+    server = request.getfixturevalue(srv)
+    _overflow(post(server.url, {"prompt": [5] * 64}), 64)
+    _overflow(post(server.url, {"prompt": [5] * 64, "max_tokens": 4}, path="/v1/completions"),
+              64)
+    chat = {"messages": [{"role": "user", "content": "word " * 80}], "max_tokens": 4}
+    _overflow(post(server.url, chat, path="/v1/chat/completions"))
+    # one below the bound is admitted
+    assert post(server.url, {"prompt": [5] * 63, "n_predict": 4}).status_code == 200
+
+
+def test_without_shift_generation_stops_at_the_bound(bounded):
+    res = post(bounded.url, {"prompt": [5] * 40, "n_predict": -1, **GREEDY}).json()
+    assert res["tokens_predicted"] == N_CTX_SLOT - 40
+    assert res["stop_type"] == "limit" and res["truncated"] is True
+    frames, _ = stream_frames(bounded.url, {"prompt": [5] * 40, "n_predict": 100, **GREEDY})
+    assert frames[-1]["stop"] is True and frames[-1]["truncated"] is True
+    assert frames[-1]["tokens_predicted"] == N_CTX_SLOT - 40
+    oa = post(bounded.url, {"prompt": [5] * 40, "max_tokens": 100, **GREEDY},
+              path="/v1/completions").json()
+    assert oa["choices"][0]["finish_reason"] == "length"
+    assert oa["usage"]["completion_tokens"] == N_CTX_SLOT - 40
+    chat = post(bounded.url, {"messages": [{"role": "user", "content": "hello " * 5}],
+                              "max_tokens": 200, **GREEDY}, path="/v1/chat/completions").json()
+    assert chat["choices"][0]["finish_reason"] == "length"
+    assert chat["usage"]["prompt_tokens"] + chat["usage"]["completion_tokens"] == N_CTX_SLOT
+
+
+SHIFT_LINE = re.compile(r"task (\d+) \| slot context shift, n_keep = (\d+), n_left = (\d+), "
+                        r"n_discard = (\d+)")
+
+
+def _expected_shifts(n_prompt: int, n_predict: int, n_keep: int, n_discard: int):
+    """Upstream's pre_decode, simulated: KV cells before each decode."""
+    out, cells = [], n_prompt
+    for _ in range(n_predict - 1):      # the last token is never decoded
+        if cells + 1 >= N_CTX_SLOT:
+            keep, discard = window(cells, N_CTX_SLOT, n_keep, n_discard, n_prompt, False)
+            out.append((keep, cells - keep, discard))
+            cells -= discard
+        cells += 1
+    return out
+
+
+def _shifts(server, task_marker: int | None = None):
+    lines = "".join(server.stdout + server.stderr)
+    return [tuple(map(int, m.groups())) for m in SHIFT_LINE.finditer(lines)]
+
+
+@pytest.mark.parametrize("fields, n_keep, n_discard", [
+    ({}, 4, 0),                                   # --keep 4, half the rest
+    ({"n_keep": -1}, -1, 0),                      # the whole prompt
+    ({"n_keep": 0, "n_discard": 7}, 0, 7),
+    ({"n_keep": 2, "n_discard": 1000}, 2, 1000),  # clamped to n_left - 1
+])
+def test_shift_runs_past_the_bound_as_upstream(shifting, fields, n_keep, n_discard):
+    prompt = list(range(100, 110))
+    before = len(_shifts(shifting))
+    res = post(shifting.url, {"prompt": prompt, "n_predict": 150, **GREEDY, **fields}).json()
+    assert res["tokens_predicted"] == 150                       # past the 64-token bound
+    assert res["stop_type"] == "limit" and res["truncated"] is True
+    assert res["tokens_evaluated"] == len(prompt)
+    assert res["generation_settings"]["n_keep"] == n_keep
+    assert res["generation_settings"]["n_discard"] == n_discard
+    got = [s[1:] for s in _shifts(shifting)[before:]]
+    assert got == _expected_shifts(len(prompt), 150, n_keep, n_discard)
+
+
+def test_shift_on_the_openai_and_chat_routes(shifting):
+    oa = post(shifting.url, {"prompt": "hello " * 10, "max_tokens": 120, **GREEDY},
+              path="/v1/completions").json()
+    assert oa["choices"][0]["finish_reason"] == "length"
+    assert oa["usage"]["completion_tokens"] == 120
+    chat = post(shifting.url, {"messages": [{"role": "user", "content": "hi"}],
+                               "max_tokens": 120, **GREEDY}, path="/v1/chat/completions").json()
+    assert chat["choices"][0]["finish_reason"] == "length"
+    assert chat["usage"]["completion_tokens"] == 120
+
+
+def test_a_short_generation_never_shifts(shifting):
+    res = post(shifting.url, {"prompt": [5] * 10, "n_predict": 20, **GREEDY}).json()
+    assert res["truncated"] is False and res["tokens_predicted"] == 20
+
+
+@pytest.fixture(scope="module")
+def geometry_server(tiny_model):
+    from tests.conftest import ServerProcess
+
+    srv = ServerProcess(tiny_model, "-c", "256", "-np", "-3", "-nocb", "-ub", "100",
+                        "-b", "16", "--no-warmup").start()
+    yield srv
+    srv.stop()
+
+
+def test_parallel_auto_batch_and_ubatch_geometry(geometry_server):
+    import httpx
+
+    props = httpx.get(geometry_server.url + "/props").json()
+    # any negative --parallel is upstream's auto: 4 slots; the context is split
+    assert props["total_slots"] == 4
+    assert props["default_generation_settings"]["n_ctx"] == 64
+    logged = "".join(geometry_server.stdout + geometry_server.stderr)
+    assert ("n_ctx_slot = 64, n_batch = 16 (prefill chunk), n_ubatch = 100 (no MLX "
+            "effect), cont_batching = false, context_shift = false") in logged, logged
+    # -b is the prefill chunk: a 50-token prompt is prefilled 16 tokens at a time
+    frames, _ = stream_frames(geometry_server.url, {"prompt": [5] * 50, "n_predict": 2,
+                                                    "return_progress": True, **GREEDY})
+    processed = [f["prompt_progress"]["processed"] for f in frames if "prompt_progress" in f]
+    assert processed[:4] == [0, 16, 32, 48], processed
+    # -nocb still serves concurrent requests (their ordering is pinned in
+    # tests/unit/engine/test_context_shift.py, where it is deterministic)
+    import concurrent.futures as cf
+    with cf.ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(lambda i: post(geometry_server.url, {
+            "prompt": [5 + i] * 8, "n_predict": 6, **GREEDY}).json(), range(3)))
+    assert [r["tokens_predicted"] for r in results] == [6, 6, 6]
