@@ -148,6 +148,9 @@ def test_parallel_auto_batch_and_ubatch_geometry(geometry_server):
     # any negative --parallel is upstream's auto: 4 slots; the context is split
     assert props["total_slots"] == 4
     assert props["default_generation_settings"]["n_ctx"] == 64
+    assert props["geometry"] == {"n_ctx": 256, "n_ctx_slot": 64, "n_slots": 4, "n_batch": 16,
+                                 "n_ubatch": 100, "cont_batching": False,
+                                 "context_shift": False}
     logged = "".join(geometry_server.stdout + geometry_server.stderr)
     assert ("n_ctx_slot = 64, n_batch = 16 (prefill chunk), n_ubatch = 100 (no MLX "
             "effect), cont_batching = false, context_shift = false") in logged, logged
