@@ -51,7 +51,27 @@ log = logging.getLogger("mlxcel.engine")
 WARMUP_JOB_ID = -1
 
 
-def _model_facts(model, config: dict, path: Path, n_ctx: int, n_slots: int) -> ModelInfo:
+def n_ctx_train_of(config: dict, n_ctx: int) -> int:
+    """The checkpoint's training context; a config without one is taken to
+    allow whatever context was asked for."""
+    return int(config.get("max_position_embeddings") or n_ctx)
+
+
+def slot_context(n_ctx: int, n_slots: int, n_ctx_train: int) -> int:
+    """Each slot's context: an even share of the total, capped (with
+    upstream's warning) at the training context, as upstream's server does.
+    Computed once per load; admission, the bound, /props and /slots all read
+    this value."""
+    n_ctx_slot = n_ctx // n_slots
+    if n_ctx_slot > n_ctx_train:
+        log.warning("the slot context (%d) exceeds the training context of the model (%d) "
+                    "- capping", n_ctx_slot, n_ctx_train)
+        n_ctx_slot = n_ctx_train
+    return n_ctx_slot
+
+
+def _model_facts(model, config: dict, path: Path, n_ctx: int, n_ctx_slot: int,
+                 n_slots: int) -> ModelInfo:
     from mlx.utils import tree_flatten
 
     params = tree_flatten(model.parameters())
@@ -72,8 +92,8 @@ def _model_facts(model, config: dict, path: Path, n_ctx: int, n_slots: int) -> M
         path=str(path),
         model_type=config.get("model_type", "unknown"),
         n_ctx=n_ctx,
-        n_ctx_slot=n_ctx // n_slots,
-        n_ctx_train=int(config.get("max_position_embeddings") or n_ctx),
+        n_ctx_slot=n_ctx_slot,
+        n_ctx_train=n_ctx_train_of(config, n_ctx),
         n_slots=n_slots,
         n_vocab=int(config.get("vocab_size", 0)),
         n_embd=int(config.get("hidden_size", 0)),
@@ -118,7 +138,7 @@ class EngineLoop:
         self._sleep_idle_s = sleep_idle_s  # None = never sleep
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self.vocab = None  # published before Loaded is emitted; read-only after
-        self._n_ctx = 0
+        self._n_ctx_slot = 0  # set once by _load; a wake reuses it
         # Cumulative, written by this thread only; ints are read from trio
         # without a lock (a torn read is impossible for a Python int).
         self.n_decode = 0       # scheduler steps that computed for >= 1 slot
@@ -149,13 +169,13 @@ class EngineLoop:
         t0 = time.perf_counter()
         model, config = self._load_model()
         n_ctx = self._ctx_size or int(config.get("max_position_embeddings") or 4096)
-        self._n_ctx = n_ctx
+        self._n_ctx_slot = slot_context(n_ctx, self._n_slots, n_ctx_train_of(config, n_ctx))
         vocab = Vocab(self._path, int(config.get("vocab_size", 0)) or None)
         self.vocab = vocab
         scheduler = self._new_scheduler(model)
         if self._warmup:
             self._run_warmup(scheduler, vocab)
-        info = _model_facts(model, config, self._path, n_ctx, self._n_slots)
+        info = _model_facts(model, config, self._path, n_ctx, self._n_ctx_slot, self._n_slots)
         log.info("model loaded in %.2f s: %s", time.perf_counter() - t0, info)
         self._report_platform(info)
         self._emit(StepEvents((Loaded(info),)))
@@ -173,7 +193,7 @@ class EngineLoop:
         from .scheduler import Scheduler
 
         return Scheduler(model, self.vocab, n_slots=self._n_slots,
-                         n_ctx_slot=self._n_ctx // self._n_slots,
+                         n_ctx_slot=self._n_ctx_slot,
                          batch_size=self._batch_size, special=self._special,
                          context_shift=self._context_shift,
                          cont_batching=self._cont_batching,

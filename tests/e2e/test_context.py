@@ -1,7 +1,9 @@
 """The slot context bound on a real server: admission refusal with upstream's
 wording, the stop at the bound without --context-shift, and shifting past it
 with upstream's n_keep / n_discard arithmetic (read back from the server's
-own "slot context shift" lines).  -c 128 -np 2 gives 64-token slots."""
+own "slot context shift" lines).  -c 128 -np 2 gives 64-token slots.  Last,
+upstream's cap of a slot at the model's training context, on a checkpoint
+whose config claims a short one."""
 
 from __future__ import annotations
 
@@ -166,3 +168,62 @@ def test_parallel_auto_batch_and_ubatch_geometry(geometry_server):
         results = list(pool.map(lambda i: post(geometry_server.url, {
             "prompt": [5 + i] * 8, "n_predict": 6, **GREEDY}).json(), range(3)))
     assert [r["tokens_predicted"] for r in results] == [6, 6, 6]
+
+
+# -- the training-context cap ----------------------------------------------------
+
+N_CTX_TRAIN = 96   # the variant's max_position_embeddings
+CAP_LINE = ("the slot context (256) exceeds the training context of the model (96) "
+            "- capping")
+
+
+@pytest.fixture(scope="module")
+def capped(tiny_model, tmp_path_factory):
+    """The tiny weights under a config that claims a 96-token training
+    context, served with -c 512 -np 2: 256-token slots before the cap."""
+    import json
+
+    from tests.conftest import ServerProcess
+
+    ckpt = tmp_path_factory.mktemp("short-train")
+    for f in tiny_model.iterdir():
+        if f.name != "config.json":
+            (ckpt / f.name).symlink_to(f)
+    cfg = json.loads((tiny_model / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": N_CTX_TRAIN}))
+    srv = ServerProcess(ckpt, "-c", "512", "-np", "2", "--no-warmup").start()
+    yield srv
+    srv.stop()
+
+
+def test_a_slot_is_capped_at_the_training_context(capped):
+    import httpx
+
+    logged = [ln for ln in capped.stdout + capped.stderr if CAP_LINE in ln]
+    assert len(logged) == 1 and " W mlxcel.engine: " in logged[0], \
+        "".join(capped.stdout + capped.stderr)
+    props = httpx.get(capped.url + "/props").json()
+    assert props["default_generation_settings"]["n_ctx"] == N_CTX_TRAIN
+    assert props["geometry"]["n_ctx"] == 512 and props["geometry"]["n_ctx_slot"] == N_CTX_TRAIN
+    slots = httpx.get(capped.url + "/slots").json()
+    assert [s["n_ctx"] for s in slots] == [N_CTX_TRAIN, N_CTX_TRAIN]
+    meta = httpx.get(capped.url + "/v1/models").json()["data"][0]["meta"]
+    assert meta["n_ctx_train"] == N_CTX_TRAIN
+    # admission: a prompt that fits the 256-token share but not the cap
+    r = post(capped.url, {"prompt": [5] * 100, "n_predict": 4})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"] == {
+        "code": 400, "type": "exceed_context_size_error",
+        "message": f"request (100 tokens) exceeds the available context size "
+                   f"({N_CTX_TRAIN} tokens), try increasing it",
+        "n_prompt_tokens": 100, "n_ctx": N_CTX_TRAIN}
+    assert post(capped.url, {"prompt": [5] * (N_CTX_TRAIN - 1), "n_predict": 1}).status_code == 200
+    # the bound: generation stops at the capped context, not at 256
+    res = post(capped.url, {"prompt": [5] * 60, "n_predict": -1, **GREEDY}).json()
+    assert res["tokens_predicted"] == N_CTX_TRAIN - 60
+    assert res["stop_type"] == "limit" and res["truncated"] is True
+
+
+def test_an_uncapped_server_says_nothing_about_the_training_context(bounded):
+    logged = "".join(bounded.stdout + bounded.stderr)
+    assert "exceeds the training context" not in logged
