@@ -34,7 +34,7 @@ from ..bridge import Bridge
 from ..engine.records import Failed, SlotTokens
 from .body import parse_body
 from .completion import namespace, namespace_kind
-from .errors import ApiError, json_response
+from .errors import ApiError, json_response, json_type_name
 
 FORMAT = "mlxcel-trio-slot"
 VERSION = 1
@@ -174,18 +174,8 @@ def _filename(body: Any) -> str:
     name = body["filename"]
     if not isinstance(name, str):
         raise ApiError("[json.exception.type_error.302] type must be string, but is "
-                       f"{_json_type(name)}", "server_error")
+                       f"{json_type_name(name)}", "server_error")
     return name
-
-
-def _json_type(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "boolean"
-    if isinstance(v, (int, float)):
-        return "number"
-    return "array" if isinstance(v, list) else "object"
 
 
 def _path_for(root: str, name: str) -> str:
