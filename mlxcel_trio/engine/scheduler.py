@@ -250,8 +250,13 @@ class Scheduler:
 
     def _refill(self, slot: int, tokens: tuple[int, ...], ns: str, out: list) -> None:
         """Re-evaluate restored tokens on their slot so the prompt cache holds
-        their KV again: the slot is busy meanwhile, and requests for it wait."""
+        their KV again: the slot is busy meanwhile, and requests for it wait.
+        A stream that filled its slot (a truncated generation saves exactly
+        n_ctx_slot tokens) is re-evaluated minus its last token: admission
+        needs room for the one token a refill draws, and no admissible prompt
+        could adopt more than n_ctx_slot - 1 of it anyway."""
         self._refill_ids -= 1
+        tokens = tokens[:self.n_ctx_slot - 1]
         job = Job(self._refill_ids, tokens, n_predict=1, ignore_eos=True, id_slot=slot,
                   sampling=GREEDY_PARAMS, cache_ns=ns)
         self._pending.appendleft(job)
