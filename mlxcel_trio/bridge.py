@@ -43,6 +43,7 @@ from .engine.records import (
     Shutdown,
     SlotAction,
     SlotFreed,
+    Sleeping,
     SlotTokens,
     StepEvents,
     Submit,
@@ -231,6 +232,10 @@ class Bridge:
                 continue
             elif isinstance(ev, CacheStats):
                 self.cache_stats = ev
+                continue
+            elif isinstance(ev, Sleeping):
+                # the prompt cache went with the scheduler; a wake starts a new one
+                self.cache_stats = None
                 continue
             elif isinstance(ev, LoadFailed):
                 self.load_error = ev.message
