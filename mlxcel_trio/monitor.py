@@ -20,6 +20,10 @@ Upstream's semantics kept here:
 - generation rates count decode steps, not tokens: the first token of a job
   comes from the prompt's logits and is free.
 
+The engine's internal jobs (negative ids: a slot restore's refill) hold a
+slot, so it shows busy, but they are no request: they keep the slot's last
+task and count nowhere.  Nor does a failed slot action.
+
 Nothing here imports trio or MLX.
 """
 
@@ -120,6 +124,7 @@ class Monitor:
         self.sleeping = False
         self.debug = slots_debug()
         self._slot_of: dict[int, SlotView] = {}
+        self._internal: dict[int, SlotView] = {}   # internal jobs' slots
         self.queued: dict[int, Job] = {}   # submitted, not admitted yet (requests_deferred)
 
     # -- from the bridge -------------------------------------------------------------
@@ -154,12 +159,13 @@ class Monitor:
             view = self._slot_of.get(ev.job_id)
             if view is not None:
                 view.timings = ev.timings
-            self.counters.finished += 1
+                self.counters.finished += 1
         elif isinstance(ev, SlotFreed):
             self._freed(ev)
         elif isinstance(ev, Failed):
-            self.queued.pop(ev.job_id, None)
-            self.counters.failed += 1
+            # a generation job is queued or holds a slot
+            if self.queued.pop(ev.job_id, None) is not None or ev.job_id in self._slot_of:
+                self.counters.failed += 1
         elif isinstance(ev, Sleeping):
             self.sleeping = True
             self.counters.sleeps += 1
@@ -195,6 +201,10 @@ class Monitor:
 
     def _started(self, ev: Started) -> None:
         view = self.slots[ev.id_slot]
+        if ev.job_id < 0:
+            view.processing = True
+            self._internal[ev.job_id] = view
+            return
         view.job_id, view.job = ev.job_id, self.queued.pop(ev.job_id, None)
         view.processing = True
         view.n_prompt, view.n_cache = ev.n_prompt, ev.n_cache
@@ -212,6 +222,10 @@ class Monitor:
         c.n_prompt_cached += t.cache_n
 
     def _freed(self, ev: SlotFreed) -> None:
+        internal = self._internal.pop(ev.job_id, None)
+        if internal is not None:
+            internal.processing = False
+            return
         view = self._slot_of.pop(ev.job_id, None)
         if view is None:
             return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from mlxcel_trio.engine.records import (
@@ -52,8 +53,9 @@ def test_cancelled_and_failed_jobs():
     assert m.counters.cancelled == 1 and m.counters.predict.count == 2
     m.dropped(2)  # the waiting request went away before admission
     assert not m.queued
-    m.observe(Failed(3, "invalid_request_error", "x"))
-    assert m.counters.failed == 1
+    m.submitted(Job(3, (1,), n_predict=-1))
+    m.observe(Failed(3, "invalid_request_error", "x"))  # refused before admission
+    assert m.counters.failed == 1 and not m.queued
 
 
 def test_sleep_events():
@@ -70,3 +72,28 @@ def test_sleep_events():
 def test_slots_debug_reads_like_atoi(monkeypatch, value, on):
     monkeypatch.setenv("LLAMA_SERVER_SLOTS_DEBUG", value)
     assert slots_debug() is on
+
+
+def test_a_restore_refill_is_no_request():
+    """A slot restore with the prompt cache on re-evaluates the tokens as an
+    internal job (negative id, engine/scheduler.py _refill): the slot shows
+    busy meanwhile, but the refill is no request and keeps the slot's last
+    task; a failed slot action is no generation job either."""
+    m = Monitor(1)
+    job = Job(1, (1, 2, 3), n_predict=2)
+    m.submitted(job)
+    m.observe(Started(1, 0, 3, 0))
+    m.observe(piece(1, 1))
+    m.observe(Finished(1, 0, "a", (7,), "limit", "", False, 3, Timings(0, 3, 30.0, 1, 0.0)))
+    m.observe(SlotFreed(0, 1, False))
+    before = attrs.asdict(m.counters)
+    m.observe(Started(-1001, 0, 50, 0))
+    assert m.n_processing == 1, "the slot is busy while it refills"
+    m.observe(piece(-1001, 1, prompt_n=50))
+    m.observe(Finished(-1001, 0, "", (7,), "limit", "", True, 50, Timings(0, 50, 9.0, 1, 0.0)))
+    m.observe(SlotFreed(0, -1001, False))
+    m.observe(Failed(5, "unavailable_error", "slot 0 is processing a task"))
+    view = m.slots[0]
+    assert m.n_processing == 0 and view.job_id == 1 and view.job is job
+    assert attrs.asdict(m.counters) == before
+    assert m.n_tokens_max() == 4
