@@ -4,7 +4,9 @@ This is the only place MLX runs.  Commands arrive on a thread-safe queue
 (`post`); everything one step produced leaves through `emit` as a single
 `StepEvents` batch.  The loop blocks on the queue only while it has no work,
 and drains it without blocking before every step, so a `Cancel` lands before
-the next forward pass.  Nothing here imports trio.
+the next forward pass.  A step or a command that throws fails
+the jobs in flight (and the command's own), never the thread: a dead
+engine thread would leave every request waiting.  Nothing here imports trio.
 
 Idle sleep (--sleep-idle-seconds): the idle arm's blocking `get` takes the
 window as its timeout.  Its expiry is the decision to sleep, taken by the one
@@ -33,6 +35,7 @@ from .records import (
     Cancel,
     ClearPromptCache,
     Failed,
+    Finished,
     Job,
     Loaded,
     LoadFailed,
@@ -40,6 +43,7 @@ from .records import (
     SamplingParams,
     Shutdown,
     SlotAction,
+    SlotTokens,
     Sleeping,
     StepEvents,
     Submit,
@@ -246,19 +250,25 @@ class EngineLoop:
                     if scheduler is None:  # Shutdown while asleep
                         return
                 block = False
-                if isinstance(cmd, Submit):
-                    scheduler.submit(cmd.job, out)
-                elif isinstance(cmd, Cancel):
-                    scheduler.cancel(cmd.job_id, out)
-                elif isinstance(cmd, SlotAction):
-                    scheduler.slot_action(cmd, out)
-                elif isinstance(cmd, ClearPromptCache):
-                    scheduler.clear_prompt_cache(out)
-                elif isinstance(cmd, Shutdown):
+                if isinstance(cmd, Shutdown):
                     scheduler.close(out)
                     if out:
                         self._emit(StepEvents(tuple(out)))
                     return
+                try:
+                    if isinstance(cmd, Submit):
+                        scheduler.submit(cmd.job, out)
+                    elif isinstance(cmd, Cancel):
+                        scheduler.cancel(cmd.job_id, out)
+                    elif isinstance(cmd, SlotAction):
+                        scheduler.slot_action(cmd, out)
+                    elif isinstance(cmd, ClearPromptCache):
+                        scheduler.clear_prompt_cache(out)
+                except Exception as exc:
+                    # as for a failed step: an exception that ended this thread
+                    # would leave every request waiting forever
+                    log.exception("engine command failed")
+                    self._command_failed(scheduler, cmd, out, f"{type(exc).__name__}: {exc}")
             n_active = scheduler.n_active
             if n_active:
                 self.n_decode += 1
@@ -272,6 +282,18 @@ class EngineLoop:
                 scheduler.fail_all(out, f"{type(exc).__name__}: {exc}")
             if out:
                 self._emit(StepEvents(tuple(out)))
+
+    @staticmethod
+    def _command_failed(scheduler, cmd, out: list, message: str) -> None:
+        """The admitted jobs fail (the generator may be half-updated) and so
+        does the command's own job, whose request is waiting for an answer."""
+        scheduler.fail_all(out, message)
+        job_id = (cmd.job.id if isinstance(cmd, Submit)
+                  else cmd.job_id if isinstance(cmd, SlotAction) else None)
+        answered = any(isinstance(ev, (Failed, Finished, SlotTokens)) and ev.job_id == job_id
+                       for ev in out)
+        if job_id is not None and not answered:
+            out.append(Failed(job_id, "server_error", message))
 
     # -- idle sleep ----------------------------------------------------------------
 

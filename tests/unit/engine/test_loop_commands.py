@@ -1,0 +1,73 @@
+"""The engine loop survives a command that throws, as it survives a failed
+step: the command's own request gets its answer and later ones are served."""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+from mlxcel_trio.engine.loop import EngineLoop
+from mlxcel_trio.engine.records import (
+    Failed,
+    Finished,
+    Job,
+    Loaded,
+    SamplingParams,
+    Shutdown,
+    SlotAction,
+    SlotFreed,
+    Submit,
+)
+from mlxcel_trio.engine.scheduler import Scheduler
+
+WAIT_S = 60
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def test_a_throwing_command_fails_its_job_not_the_engine(tiny_model, monkeypatch):
+    real_plan = Scheduler._sampling_plan
+
+    def plan(self, job):   # fails after the job took its slot and was Started
+        if job.id == 2:
+            raise RuntimeError("injected")
+        return real_plan(self, job)
+
+    def slot_action(self, cmd, out):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(Scheduler, "_sampling_plan", plan)
+    monkeypatch.setattr(Scheduler, "slot_action", slot_action)
+    events: queue.SimpleQueue = queue.SimpleQueue()
+
+    def emit(batch):
+        for ev in batch.events:
+            events.put(ev)
+
+    def until(pred):
+        seen = []
+        while True:
+            ev = events.get(timeout=WAIT_S)
+            seen.append(ev)
+            if pred(ev):
+                return seen
+
+    engine = EngineLoop(str(tiny_model), n_slots=1, ctx_size=256, batch_size=64,
+                        warmup=False, emit=emit)
+    thread = threading.Thread(target=engine.run, daemon=True)
+    thread.start()
+    try:
+        until(lambda ev: isinstance(ev, Loaded))
+        engine.post(Submit(Job(2, (5, 6, 7), n_predict=4, sampling=GREEDY)))
+        seen = until(lambda ev: isinstance(ev, SlotFreed) and ev.job_id == 2)
+        assert [ev.message for ev in seen if isinstance(ev, Failed)] == [
+            "RuntimeError: injected"]
+        engine.post(SlotAction(3, 0))
+        (failed,) = until(lambda ev: isinstance(ev, Failed))
+        assert failed.job_id == 3 and failed.kind == "server_error"
+        engine.post(Submit(Job(4, (5, 6, 7), n_predict=4, sampling=GREEDY, ignore_eos=True)))
+        done = until(lambda ev: isinstance(ev, Finished))[-1]
+        assert done.job_id == 4 and len(done.tokens) == 4, "the slot was freed and reused"
+    finally:
+        engine.post(Shutdown())
+        thread.join(WAIT_S)
+    assert not thread.is_alive()
