@@ -321,19 +321,30 @@ class Scheduler:
     def _admit(self, out: list) -> None:
         """Move waiting jobs into free slots (FIFO, honoring id_slot)."""
         waiting: deque[Job] = deque()
-        while self._pending and self._free:
-            job = self._pending.popleft()
-            if job.id_slot == -1:
-                slot = self._free.pop(0)
-            elif job.id_slot in self._free:
-                slot = job.id_slot
-                self._free.remove(slot)
-            else:
-                waiting.append(job)
-                continue
-            self._start(job, slot, out)
-        waiting.extend(self._pending)
-        self._pending = waiting
+        try:
+            while self._pending and self._free:
+                job = self._pending.popleft()
+                if job.id_slot == -1:
+                    slot = self._free.pop(0)
+                elif job.id_slot in self._free:
+                    slot = job.id_slot
+                    self._free.remove(slot)
+                else:
+                    waiting.append(job)
+                    continue
+                try:
+                    self._start(job, slot, out)
+                except BaseException:
+                    # the engine loop fails the jobs it knows about; a slot
+                    # taken before its job was registered must not leak
+                    if job.id not in self._by_job:
+                        self._free.append(slot)
+                        self._free.sort()
+                    raise
+        finally:
+            # jobs skipped for a pinned slot stay queued even if a start failed
+            waiting.extend(self._pending)
+            self._pending = waiting
 
     def _start(self, job: Job, slot: int, out: list) -> None:
         n_prompt = len(job.prompt)

@@ -66,3 +66,30 @@ def test_restoring_a_stream_that_filled_its_slot_refills_without_failing(loaded)
     s2.submit(Job(2, saved[:N_CTX - 1], n_predict=1, sampling=GREEDY, cache_ns="raw"), out2)
     run(s2, out2)
     assert of(out2, Started, 2)[0].n_cache == N_CTX - 2
+
+
+def test_a_start_that_throws_before_registering_leaks_no_slot_and_no_waiting_job(loaded, monkeypatch):
+    """If starting a job fails before the job is registered, its slot goes
+    back to the free list and jobs skipped for a pinned slot stay queued, so
+    the engine loop's failure path leaves nothing behind."""
+    from mlxcel_trio.engine import scheduler as sched
+
+    s, out = make(loaded, None, slots=2), []
+    s.submit(Job(1, (5, 6, 7), n_predict=50, sampling=GREEDY, id_slot=0), out)
+    real = sched._Sequence.__init__
+
+    def boom(self, job, *a, **kw):
+        if job.id == 3:
+            raise RuntimeError("injected")
+        real(self, job, *a, **kw)
+
+    monkeypatch.setattr(sched._Sequence, "__init__", boom)
+    s._pending.extend([Job(2, (5, 6), n_predict=1, sampling=GREEDY, id_slot=0),
+                       Job(3, (5, 6), n_predict=1, sampling=GREEDY)])
+    with pytest.raises(RuntimeError, match="injected"):
+        s._admit(out)
+    assert s._free == [1], "the slot taken for the failed start leaked"
+    assert [j.id for j in s._pending] == [2], "the job waiting for its pinned slot was lost"
+    monkeypatch.setattr(sched._Sequence, "__init__", real)
+    run(s, out)
+    assert {f.job_id for f in of(out, Finished)} == {1, 2}
