@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -126,12 +127,20 @@ def _write_atomic(root: str, path: str, data: bytes) -> None:
 
 
 def _read(path: str) -> bytes | None:
+    """The file's bytes, or None for anything but a regular file within the
+    size bound (O_NONBLOCK: opening a FIFO planted under the name must not
+    block the worker thread; fstat then refuses it, or a directory)."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
         return None
-    with os.fdopen(fd, "rb") as f:
-        data = f.read(MAX_FILE_BYTES + 1)
+    try:
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return None
+            data = f.read(MAX_FILE_BYTES + 1)
+    except OSError:
+        return None
     return None if len(data) > MAX_FILE_BYTES else data
 
 

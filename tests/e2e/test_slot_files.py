@@ -136,6 +136,17 @@ def test_restore_refusals(slot_server, save_dir):
         prefix + "Restored prompt does not fit in the slot context")
 
 
+def test_restore_of_a_directory_or_fifo_is_refused(slot_server, save_dir):
+    """Something not a regular file under the name is an invalid slot file:
+    a 400, not a 500 (directory) or a request that never answers (FIFO)."""
+    (save_dir / "dir.slot").mkdir()
+    os.mkfifo(save_dir / "fifo.slot")
+    for name in ("dir.slot", "fifo.slot"):
+        err(action(slot_server, 0, "restore", {"filename": name}), 400,
+            "Unable to restore slot: No available space in KV cache or invalid slot save file")
+    assert httpx.get(slot_server.url + "/health").status_code == 200
+
+
 def test_slot_id_action_and_body_refusals(slot_server):
     err(action(slot_server, "abc", "erase"), 400, "Invalid slot ID")
     err(action(slot_server, 7, "erase"), 400, "Invalid slot ID")

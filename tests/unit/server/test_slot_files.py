@@ -51,3 +51,28 @@ def test_stoi(text, value):
 def test_stoi_refuses(text):
     with pytest.raises(ValueError):
         _stoi(text)
+
+
+def test_read_refuses_what_is_not_a_regular_file(tmp_path):
+    """A directory or a FIFO named like the file is "no slot file" (None),
+    never an unhandled error or a worker thread blocked opening a FIFO."""
+    import threading
+
+    from mlxcel_trio.server.slot_files import _read
+
+    os.mkdir(tmp_path / "dir.slot")
+    assert _read(str(tmp_path / "dir.slot")) is None
+    os.mkfifo(tmp_path / "fifo.slot")
+    result: list = []
+    t = threading.Thread(target=lambda: result.append(_read(str(tmp_path / "fifo.slot"))),
+                         daemon=True)
+    t.start()
+    t.join(5.0)
+    if t.is_alive():  # unblock the thread: a writer lets its open() return
+        with open(tmp_path / "fifo.slot", "wb"):
+            pass
+        t.join(5.0)
+        raise AssertionError("_read blocked opening a FIFO")
+    assert result == [None]
+    (tmp_path / "ok.slot").write_bytes(b"{}")
+    assert _read(str(tmp_path / "ok.slot")) == b"{}"
