@@ -255,7 +255,9 @@ class StreamRegistry:
 
     def lookup(self, owner: int, ids: Iterable[str]) -> list[StreamSession]:
         """For each asked id in order: the session with that exact id and
-        every `<id>::<model>` variant.  Nothing not asked about is listed."""
+        every `<id>::<model>` variant.  Nothing not asked about is listed.
+        An id asked again adds nothing (upstream lists it again): so the
+        answer is bounded by the sessions, not by the request body."""
         by_prefix: dict[str, list[StreamSession]] = {}
         for (o, cid), session in self._sessions.items():
             if o != owner:
@@ -264,7 +266,7 @@ class StreamRegistry:
             parts = cid.split("::")
             for i in range(1, len(parts)):
                 by_prefix.setdefault("::".join(parts[:i]), []).append(session)
-        return [s for rid in ids for s in by_prefix.get(rid, ())]
+        return [s for rid in dict.fromkeys(ids) for s in by_prefix.get(rid, ())]
 
 
 # -- the request side ---------------------------------------------------------------

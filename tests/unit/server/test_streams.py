@@ -177,3 +177,17 @@ async def test_lookup_matches_exact_and_model_variants_only_for_the_owner(autoju
         assert [s.owner for s in reg.lookup(1, ["conv"])] == [1]
         assert reg.lookup(0, []) == []
         n.cancel_scope.cancel()
+
+
+async def test_lookup_answer_is_bounded_by_the_sessions_not_the_request(autojump_clock):
+    """An id asked again adds nothing: otherwise a 64 MiB body of one short
+    id repeated (16 M ids) would answer 16 M entries per matching session,
+    gigabytes from one request."""
+    reg = StreamRegistry()
+    async with trio.open_nursery() as n:
+        await n.start(reg.run)
+        for cid in ("conv", "conv::m/a"):
+            reg.open(0, cid, _Handle(), _frames(trio.Event(), []))
+        found = reg.lookup(0, ["conv"] * 100_000 + ["conv::m/a"] * 100_000)
+        assert [s.conversation_id for s in found] == ["conv", "conv::m/a", "conv::m/a"]
+        n.cancel_scope.cancel()
