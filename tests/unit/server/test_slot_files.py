@@ -76,3 +76,22 @@ def test_read_refuses_what_is_not_a_regular_file(tmp_path):
     assert result == [None]
     (tmp_path / "ok.slot").write_bytes(b"{}")
     assert _read(str(tmp_path / "ok.slot")) == b"{}"
+
+
+def test_a_symlink_planted_after_validation_is_neither_read_nor_written_through(tmp_path):
+    """The TOCTOU window between confined() and the I/O: a symlink swapped in
+    under the validated name is refused on read (O_NOFOLLOW) and replaced,
+    never written through, on save (rename over the link)."""
+    from mlxcel_trio.server.slot_files import _read, _write_atomic
+
+    root = os.path.realpath(tmp_path / "root")
+    os.mkdir(root)
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"precious")
+    path = confined(root, "a.slot")
+    os.symlink(outside, path)              # planted after the check
+    assert _read(path) is None
+    _write_atomic(root, path, b"slot")
+    assert outside.read_bytes() == b"precious"
+    assert not os.path.islink(path) and open(path, "rb").read() == b"slot"
+    assert [n for n in os.listdir(root) if n.startswith(".slot-")] == []
