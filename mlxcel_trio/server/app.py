@@ -76,9 +76,22 @@ async def _send_error(send, err: ApiError) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+def _has_body(headers) -> bool:
+    for k, v in headers:
+        k = k.lower()
+        if k == b"transfer-encoding" or (k == b"content-length" and v.strip() not in (b"", b"0")):
+            return True
+    return False
+
+
 class _Cleanups:
     """ASGI wrapper: runs each request's registered job cleanups once the
-    request is over, however it ended (see bridge.REQUEST_CLEANUPS)."""
+    request is over, however it ended (see bridge.REQUEST_CLEANUPS).
+
+    It also closes the connection after an answer given before the request
+    body was read to its end (the gate's 401 or 503, a 404, a stub route):
+    the unread rest would otherwise stay on the kept-alive connection and
+    hang the client's next request on it."""
 
     def __init__(self, app) -> None:
         self.app = app
@@ -90,10 +103,26 @@ class _Cleanups:
                                                        for k, v in scope.get("headers", ()))
         if head > MAX_HEAD_BYTES:
             return await _send_error(send, header_too_large(MAX_HEAD_BYTES))
+        body_done = not _has_body(scope.get("headers", ()))
+
+        async def receive_tracked():
+            nonlocal body_done
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_done = True
+            return message
+
+        async def send_closing(message):
+            if message["type"] == "http.response.start" and not body_done:
+                headers = [(k, v) for k, v in message.get("headers", ())
+                           if k.lower() != b"connection"]
+                message = {**message, "headers": headers + [(b"connection", b"close")]}
+            await send(message)
+
         cleanups: list = []
         token = REQUEST_CLEANUPS.set(cleanups)
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive_tracked, send_closing)
         finally:
             REQUEST_CLEANUPS.reset(token)
             for close in cleanups:

@@ -148,3 +148,19 @@ def test_command_line_beats_environment(tiny_model, start_server):
     finally:
         logs = drained_logs(srv)
         assert CLI_KEY not in logs and ENV_KEY not in logs
+
+
+@pytest.mark.parametrize("path,key", [("/completion", "wrong-key"), ("/no-such-route", K1)])
+def test_an_answer_before_the_body_is_read_does_not_wedge_the_connection(keyed, path, key):
+    """A 401 from the gate (or a 404) answers without reading the body; on a
+    kept-alive connection the unread rest of a large body then hung the next
+    request.  Such an answer closes the connection instead, so the client's
+    next request goes out on a fresh one."""
+    body = b'{"prompt": "' + b"x" * (4 << 20) + b'"}'
+    with httpx.Client(base_url=keyed.url, timeout=20) as c:
+        for _ in range(3):
+            r = c.post(path, content=body, headers={"Authorization": f"Bearer {key}",
+                                                    "Content-Type": "application/json"})
+            assert r.status_code in (401, 404), r.text
+            r = c.get("/slots", headers={"Authorization": f"Bearer {K1}"})
+            assert r.status_code == 200
