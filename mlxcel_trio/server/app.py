@@ -113,7 +113,7 @@ class _Cleanups:
             return message
 
         async def send_closing(message):
-            if message["type"] == "http.response.start" and not body_done:
+            if not body_done and message["type"] == "http.response.start":
                 headers = [(k, v) for k, v in message.get("headers", ())
                            if k.lower() != b"connection"]
                 message = {**message, "headers": headers + [(b"connection", b"close")]}
