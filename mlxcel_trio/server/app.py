@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import hmac
 import logging
-from typing import Any
 
-import trio
 from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
@@ -31,7 +29,7 @@ from .gcp import Predictor
 from .metrics import Metrics
 from . import chat_routes
 from .completion import Served, server_defaults
-from .body import parse_body
+from .body import read_json_body
 from .cors import CorsMiddleware, CorsPolicy
 from .errors import (
     JSON_TYPE,
@@ -55,16 +53,8 @@ log = logging.getLogger("mlxcel.http")
 BUILD_INFO = f"mlxcel-trio-{__version__}"
 MAX_BODY_BYTES = 64 * 1024 * 1024
 MAX_HEAD_BYTES = 16 * 1024  # the request line and headers (h11 also caps a partial head)
-THREAD_PARSE_BYTES = 256 * 1024  # a larger body is parsed off the event loop
 # upstream's request logger skips these polled paths
 _QUIET = frozenset({"/health", "/v1/health", "/models", "/v1/models", "/props", "/metrics"})
-
-
-async def _json_body() -> Any:
-    raw = await request.get_data()
-    if len(raw) > THREAD_PARSE_BYTES:
-        return await trio.to_thread.run_sync(parse_body, raw)
-    return parse_body(raw)
 
 
 async def _send_error(send, err: ApiError) -> None:
@@ -180,7 +170,7 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
 
         async def view(**path_params):
             if takes_body:
-                body = await _json_body()
+                body = await read_json_body(request)
                 limits.check(body)
                 result = fn(body)
             else:  # path parameters by name (`:response_id` -> response_id)

@@ -24,6 +24,8 @@ import sys
 from itertools import accumulate
 from typing import Any
 
+import trio
+
 from .errors import (
     ApiError, empty_input, number_overflow, parse_error, parse_error_at, too_deep,
 )
@@ -132,3 +134,15 @@ def parse_body(raw: bytes) -> Any:
         if err is not None:
             raise err
     return body
+
+
+THREAD_PARSE_BYTES = 256 * 1024  # a larger body is parsed off the event loop
+
+
+async def read_json_body(request) -> Any:
+    """The request's JSON body; a large one is parsed on a worker thread so
+    the event loop (and every stream it feeds) never stalls on it."""
+    raw = await request.get_data()
+    if len(raw) > THREAD_PARSE_BYTES:
+        return await trio.to_thread.run_sync(parse_body, raw)
+    return parse_body(raw)

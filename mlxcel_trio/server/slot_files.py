@@ -33,7 +33,7 @@ from quart import request
 
 from ..bridge import Bridge
 from ..engine.records import Failed, SlotTokens
-from .body import parse_body
+from .body import read_json_body
 from .completion import namespace, namespace_kind
 from .errors import ApiError, json_response, json_type_name
 
@@ -144,6 +144,11 @@ def _read(path: str) -> bytes | None:
     return None if len(data) > MAX_FILE_BYTES else data
 
 
+def _read_decoded(path: str, ident: dict[str, str]):
+    data = _read(path)
+    return data, _decode(data, ident)
+
+
 def _decode(data: bytes | None, ident: dict[str, str]
             ) -> tuple[tuple[int, ...], str | None] | None:
     """The file's tokens and prompt kind, or None if it is not a slot file of
@@ -207,7 +212,7 @@ async def handle(bridge: Bridge, root: str):
     if action == "erase":
         ev = await _engine(bridge, id_slot, ())
         return json_response({"id_slot": id_slot, "n_erased": ev.previous})
-    name = _filename(parse_body(await request.get_data()))
+    name = _filename(await read_json_body(request))
     path = _path_for(root, name)
     ident = await trio.to_thread.run_sync(identity, bridge.info.path)
     t0 = time.perf_counter()
@@ -224,8 +229,8 @@ async def handle(bridge: Bridge, root: str):
                               "n_written": len(data),
                               "timings": {"save_ms": (time.perf_counter() - t0) * 1e3}})
     await _engine(bridge, id_slot, None)  # slot id and busy first, as upstream's order
-    data = await trio.to_thread.run_sync(_read, path)
-    decoded = _decode(data, ident)
+    # a slot file may be large: read and decode it off the event loop
+    data, decoded = await trio.to_thread.run_sync(_read_decoded, path, ident)
     if decoded is None:
         raise ApiError(f"Unable to restore slot: {INVALID_FILE}")
     tokens, kind = decoded

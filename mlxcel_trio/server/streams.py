@@ -45,7 +45,7 @@ import trio
 from quart import Response, current_app, g, request
 
 from ..bridge import REQUEST_CLEANUPS, JobHandle
-from .body import parse_body
+from .body import read_json_body
 from .errors import ApiError, json_response, not_found
 
 log = logging.getLogger("mlxcel.streams")
@@ -331,7 +331,7 @@ async def get_stream() -> Response:
 async def lookup_streams() -> Response:
     """POST /v1/streams/lookup {"conversation_ids": [...]}."""
     try:
-        body = parse_body(await request.get_data())
+        body = await read_json_body(request)
     except ApiError as err:
         return json_response({"error": {"message": f"invalid body: {err.message}",
                                         "type": "invalid_request_error"}}, 400)
