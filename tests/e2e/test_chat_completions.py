@@ -30,13 +30,6 @@ TOOLS = [{"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
 
 
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    with openai.OpenAI(base_url=server.url + "/v1", api_key="x", timeout=60,
-                       max_retries=0) as c:
-        yield c
-
-
 def prompt_of(url, body) -> str:
     r = post(url, body, path="/apply-template")
     assert r.status_code == 200, r.text

@@ -17,13 +17,6 @@ pytestmark = pytest.mark.e2e
 GREEDY = {"temperature": 0, "ignore_eos": True}
 
 
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    with openai.OpenAI(base_url=server.url + "/v1", api_key="x", timeout=60,
-                       max_retries=0) as c:
-        yield c
-
-
 def native(server, **body) -> dict:
     r = post(server.url, body)
     assert r.status_code == 200, r.text

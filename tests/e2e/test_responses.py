@@ -6,7 +6,6 @@ response, and reasoning / function calls are driven by assistant prefills."""
 
 from __future__ import annotations
 
-import openai
 import pytest
 
 from .sse import iter_sse_lines, post
@@ -20,13 +19,6 @@ TOOLS = [{"type": "function", "name": "get_weather", "description": "Weather in 
 CHAT_TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city", "strict": True,
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
-
-
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    with openai.OpenAI(base_url=server.url + "/v1", api_key="x", timeout=60,
-                       max_retries=0) as c:
-        yield c
 
 
 def test_response_shape_and_text(server, client):

@@ -4,7 +4,6 @@ template kwargs the reasoning flags write, the template in force."""
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -13,15 +12,12 @@ import pytest
 from mlxcel_trio.chat import settings
 from mlxcel_trio.cli.main import build_config, prepare
 from mlxcel_trio.cli.parser import CliError, parse
+from .._checkpoint import fake_checkpoint
 
 
 @pytest.fixture
 def ckpt(tmp_path: Path) -> Path:
-    path = tmp_path / "ckpt"
-    path.mkdir()
-    (path / "config.json").write_text(json.dumps({"num_hidden_layers": 2}))
-    (path / "model.safetensors").write_bytes(b"")
-    return path
+    return fake_checkpoint(tmp_path / "ckpt", {"num_hidden_layers": 2})
 
 
 def refusal(argv, ckpt, env=None) -> str | None:

@@ -6,12 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from .._checkpoint import fake_checkpoint
+
 
 @pytest.fixture
 def checkpoint(tmp_path: Path) -> Path:
     """A directory that passes the checkpoint shape check (not loadable)."""
-    ckpt = tmp_path / "ckpt"
-    ckpt.mkdir()
-    (ckpt / "config.json").write_text("{}")
-    (ckpt / "model.safetensors").write_bytes(b"")
-    return ckpt
+    return fake_checkpoint(tmp_path / "ckpt")

@@ -16,16 +16,13 @@ from mlxcel_trio.cli.options_ui import PRESETS
 from mlxcel_trio.cli.parser import CliError
 
 from ._upstream import HAVE_UPSTREAM, expect_accepted, ours, plausible, record_id, records
+from .._checkpoint import fake_checkpoint
 
 
 @pytest.fixture
 def ckpt(tmp_path: Path) -> Path:
     """A checkpoint directory whose config.json states 4 layers."""
-    path = tmp_path / "ckpt"
-    path.mkdir()
-    (path / "config.json").write_text(json.dumps({"num_hidden_layers": 4}))
-    (path / "model.safetensors").write_bytes(b"")
-    return path
+    return fake_checkpoint(tmp_path / "ckpt", {"num_hidden_layers": 4})
 
 
 def outcome(argv: list[str], model: Path, env: dict[str, str] | None = None) -> str | None:

@@ -4,7 +4,6 @@ here: resolving it would be a different error)."""
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 from pathlib import Path
@@ -14,17 +13,14 @@ import pytest
 from mlxcel_trio.cli.main import prepare
 from mlxcel_trio.cli.parser import CliError
 from mlxcel_trio.cli.sinks import read_key_file
+from .._checkpoint import fake_checkpoint
 
 UNREACHABLE = ["-m", "nobody-xyz/not-a-repo"]
 
 
 @pytest.fixture
 def ckpt(tmp_path: Path) -> Path:
-    path = tmp_path / "ckpt"
-    path.mkdir()
-    (path / "config.json").write_text(json.dumps({"num_hidden_layers": 2}))
-    (path / "model.safetensors").write_bytes(b"")
-    return path
+    return fake_checkpoint(tmp_path / "ckpt", {"num_hidden_layers": 2})
 
 
 def refusal(argv: list[str], env: dict | None = None) -> str:
