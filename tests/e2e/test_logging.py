@@ -56,7 +56,7 @@ def test_no_secret_reaches_any_sink(tiny_model, start_server, tmp_path):
         for secret in CANARIES.values():
             assert secret not in out and secret not in text, (sink, secret)
         shown = text if sink == "file" else out
-        assert f"done request: GET /[redacted] " in shown, sink  # the leak path was exercised
+        assert "done request: GET /[redacted] " in shown, sink  # the leak path was exercised
     (_, file_srv, _), = [r for r in runs if r[0] == "file"]
     assert log_lines(file_srv.stdout) == [] and "main: model loaded" in text
 
