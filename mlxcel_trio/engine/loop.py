@@ -55,6 +55,13 @@ log = logging.getLogger("mlxcel.engine")
 WARMUP_JOB_ID = -1
 
 
+def _job_of(cmd) -> int | None:
+    """The job a command answers to: a Submit's job, a SlotAction's reply."""
+    if isinstance(cmd, Submit):
+        return cmd.job.id
+    return cmd.job_id if isinstance(cmd, SlotAction) else None
+
+
 def n_ctx_train_of(config: dict, n_ctx: int) -> int:
     """The checkpoint's training context; a config without one is taken to
     allow whatever context was asked for."""
@@ -288,8 +295,7 @@ class EngineLoop:
         """The admitted jobs fail (the generator may be half-updated) and so
         does the command's own job, whose request is waiting for an answer."""
         scheduler.fail_all(out, message)
-        job_id = (cmd.job.id if isinstance(cmd, Submit)
-                  else cmd.job_id if isinstance(cmd, SlotAction) else None)
+        job_id = _job_of(cmd)
         answered = any(isinstance(ev, (Failed, Finished, SlotTokens)) and ev.job_id == job_id
                        for ev in out)
         if job_id is not None and not answered:
@@ -322,8 +328,7 @@ class EngineLoop:
                 return self._wake(), cmd
             except Exception as exc:  # stay asleep; this request fails, not the server
                 log.exception("reloading the model failed")
-                job_id = cmd.job.id if isinstance(cmd, Submit) else cmd.job_id
-                self._emit(StepEvents((Failed(job_id, "server_error",
+                self._emit(StepEvents((Failed(_job_of(cmd), "server_error",
                                               f"{type(exc).__name__}: {exc}"),)))
 
     def _wake(self):

@@ -179,7 +179,7 @@ class Scheduler:
         if job.id_slot >= self.n_slots or job.id_slot < -1:
             out.append(Failed(job.id, "invalid_request_error", "Invalid slot ID"))
             return
-        if any(t < 0 or t >= self.vocab.n_vocab for t in job.prompt):
+        if not self._in_vocab(job.prompt):
             out.append(Failed(job.id, "invalid_request_error", "Prompt contains invalid tokens"))
             return
         n = len(job.prompt)
@@ -219,6 +219,10 @@ class Scheduler:
             self._cache.clear()
             self._cache_stats(out)
 
+    def _in_vocab(self, tokens) -> bool:
+        n_vocab = self.vocab.n_vocab
+        return all(0 <= t < n_vocab for t in tokens)
+
     def slot_action(self, cmd: SlotAction, out: list) -> None:
         """Read or replace a slot's retained tokens (slot save / restore /
         erase); a slot serving a job answers busy."""
@@ -237,7 +241,7 @@ class Scheduler:
                                   "Unable to restore slot: Restored prompt does not fit "
                                   "in the slot context"))
                 return
-            if any(t < 0 or t >= self.vocab.n_vocab for t in cmd.tokens):
+            if not self._in_vocab(cmd.tokens):
                 out.append(Failed(cmd.job_id, "invalid_request_error",
                                   "Unable to restore slot: Invalid tokens in slot save file"))
                 return
