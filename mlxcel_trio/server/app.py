@@ -146,7 +146,7 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
         "set_props": lambda: info.set_props(config),
         "completion": lambda body: native.complete(ctx(), body),
         "v1_completions": lambda body: openai_completions.complete_v1(
-            ctx(), body, caller_scope(config.api_keys)),
+            ctx(), body, caller_scope()),
         "infill": lambda body: infill.infill(ctx(), body),
         "tokenize": lambda body: tokens.tokenize(bridge.vocab, body),
         "detokenize": lambda body: tokens.detokenize(bridge.vocab, body),
@@ -197,8 +197,8 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
             if which < 0:
                 log.warning("unauthorized: Invalid API Key")
                 return invalid_api_key()
-            if len(keys) > 1:  # stream sessions are scoped to the key (server/streams.py)
-                g.stream_owner = which
+            if len(keys) > 1:  # per-key state is scoped to the key (server/scope.py)
+                g.key_scope = which
         return None
 
     @app.errorhandler(ApiError)

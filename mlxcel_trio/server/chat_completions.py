@@ -149,7 +149,7 @@ async def plan_jobs(served: Served, config, body: Any,
 
 # -- the route ------------------------------------------------------------------------------
 
-async def complete(served: Served, config, body: Any, scope: str = "") -> Response:
+async def complete(served: Served, config, body: Any, scope: str) -> Response:
     force_end = ForceEnd()
     chat, values, jobs = await plan_jobs(served, config, body, force_end)
     cid, created = "chatcmpl-" + random_string(), now_s()

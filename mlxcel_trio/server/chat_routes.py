@@ -18,8 +18,7 @@ from .scope import caller_scope
 def handlers(ctx: Callable[[], Any], config) -> dict[str, Callable]:
     store = ResponseStore()
 
-    def scope() -> str:
-        return caller_scope(config.api_keys)
+    scope = caller_scope
 
     return {
         "chat_completions": lambda body: chat_completions.complete(ctx(), config, body, scope()),

@@ -74,7 +74,7 @@ class _Render:
         return res
 
 
-async def complete_v1(served: Served, body: Any, scope: str = "") -> Response:
+async def complete_v1(served: Served, body: Any, scope: str) -> Response:
     values = resolve(body, served)
     await grammar.prepare(served, values)
     prompts = tokenize_prompts(body, served.bridge.vocab)

@@ -5,8 +5,8 @@ response, a live completion's control entry, a stream session) belongs to
 the key that made it, and another key sees it exactly as an unknown id.
 With zero or one key every caller shares one scope, as upstream treats all
 keys as one.  The scope is the index of the matching key, which the gate in
-server/app.py found with its constant-time compare (`g.stream_owner`, the
-same owner stream sessions use); the key itself is never kept.
+server/app.py found with its constant-time compare (`g.key_scope`, set only
+with more than one key); the key itself is never kept.
 """
 
 from __future__ import annotations
@@ -14,7 +14,12 @@ from __future__ import annotations
 from quart import g
 
 
-def caller_scope(api_keys) -> str:
-    if len(api_keys) <= 1:
-        return ""
-    return str(getattr(g, "stream_owner", 0))
+def key_scope() -> int:
+    """The index of the API key the request authenticated with when more
+    than one is configured; else 0 (every key is one trust domain)."""
+    return getattr(g, "key_scope", 0)
+
+
+def caller_scope() -> str:
+    """key_scope as the string the chat-side registries key on."""
+    return str(key_scope())

@@ -42,11 +42,12 @@ from contextlib import aclosing
 from typing import AsyncIterator, Iterable
 
 import trio
-from quart import Response, current_app, g, request
+from quart import Response, current_app, request
 
 from ..bridge import REQUEST_CLEANUPS, JobHandle
 from .body import read_json_body
 from .errors import ApiError, json_response, not_found
+from .scope import key_scope
 
 log = logging.getLogger("mlxcel.streams")
 
@@ -275,12 +276,6 @@ def _registry() -> StreamRegistry:
     return current_app.stream_sessions
 
 
-def _owner() -> int:
-    """The index of the API key the request authenticated with, when more
-    than one is configured; else 0 (every key is one trust domain)."""
-    return getattr(g, "stream_owner", 0)
-
-
 def sse_response(handle: JobHandle, frames: AsyncIterator[bytes]) -> Response:
     """The response of every streaming route.  Without the header: the frames
     themselves, cancelled with the request.  With it: the frames go to a
@@ -292,7 +287,7 @@ def sse_response(handle: JobHandle, frames: AsyncIterator[bytes]) -> Response:
         handle.close()
         raise ApiError(f"Invalid {HEADER} header: expected 1 to {MAX_ID_CHARS} printable "
                        "ASCII characters without spaces")
-    session = _registry().open(_owner(), conversation_id, handle, frames)
+    session = _registry().open(key_scope(), conversation_id, handle, frames)
     cleanups = REQUEST_CLEANUPS.get()
     if cleanups is not None and handle.close in cleanups:
         cleanups.remove(handle.close)   # the session's producer owns the job now
@@ -318,7 +313,7 @@ async def get_stream() -> Response:
     conversation_id = request.args.get("conv_id", "")
     if not conversation_id:
         raise _bad("Missing conversation id in path")
-    session = _registry().get(_owner(), conversation_id)
+    session = _registry().get(key_scope(), conversation_id)
     if session is None:
         return not_found()   # upstream's 404 handler answers "File Not Found"
     raw = request.args.get("from", "")
@@ -341,7 +336,7 @@ async def lookup_streams() -> Response:
         {"conversation_id": s.conversation_id, "is_done": s.done,
          "total_bytes": s.total_bytes, "started_at": s.started_at,
          "completed_at": s.completed_at}
-        for s in _registry().lookup(_owner(), wanted)])
+        for s in _registry().lookup(key_scope(), wanted)])
 
 
 async def delete_stream() -> Response:
@@ -349,5 +344,5 @@ async def delete_stream() -> Response:
     conversation_id = request.args.get("conv_id", "")
     if not conversation_id:
         raise _bad("Missing conversation id in path")
-    _registry().cancel(_owner(), conversation_id)
+    _registry().cancel(key_scope(), conversation_id)
     return Response("", status=204, content_type="application/json")
