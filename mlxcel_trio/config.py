@@ -144,7 +144,7 @@ class ServerConfig:
     endpoint_props: bool = False     # --props: POST /props
     endpoint_slots: bool = True      # --slots / --no-slots: GET /slots
     sleep_idle_seconds: int = -1     # < 0 = never sleep
-    # -- Vertex AI (AIP_MODE=PREDICTION; server/aip.py), None = not registered --
+    # -- Vertex AI (AIP_MODE=PREDICTION; server/surfaces/vertex_env.py), None = not registered --
     aip_predict_route: str | None = None
     aip_health_route: str | None = None
     aip_replaced_port: int | None = None   # the --port AIP_HTTP_PORT replaced (warned)

@@ -135,7 +135,7 @@ def configure(parsed: Parsed, env: Mapping[str, str] | None = None) -> ServerCon
 
 def _vertex(parsed: Parsed, env: Mapping[str, str]) -> dict[str, Any]:
     """The AIP_* settings (Vertex AI), checked before any model is resolved."""
-    from mlxcel_trio.server.aip import GcpConfigError, GcpParams
+    from mlxcel_trio.server.surfaces.vertex_env import GcpConfigError, GcpParams
 
     try:
         gcp = GcpParams.from_env(env)

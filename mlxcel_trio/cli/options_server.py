@@ -1,8 +1,8 @@
 """Server options: logging, transport, CORS and API-key files (issue #7,
-acted on: see logging_setup.py, server/listen.py, server/cors.py); the
-monitoring endpoints and idle sleep (issue #6, acted on: server/info.py,
-server/metrics.py, engine/loop.py); slot files (issue #6, acted on:
-server/slot_files.py); the router (deferred: upstream's default, or the
+acted on: see logging_setup.py, server/http/listen.py, server/http/cors.py); the
+monitoring endpoints and idle sleep (issue #6, acted on: server/surfaces/info.py,
+server/surfaces/metrics.py, engine/loop.py); slot files (issue #6, acted on:
+server/sessions/slot_files.py); the router (deferred: upstream's default, or the
 value asking for nothing, is accepted, anything else is refused naming the
 issue).
 

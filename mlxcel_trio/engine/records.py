@@ -83,7 +83,7 @@ class Job:
     # a compiled grammar (grammar/compile.CompiledGrammar): its start(n_prompt)
     # gives the sequence's constraint; None = unconstrained
     grammar: object = attrs.field(default=None, eq=False, repr=False)
-    # the request's resolved field values (server/fields.py), which /slots
+    # the request's resolved field values (server/request/fields.py), which /slots
     # reports as the slot's params; the engine never reads it
     settings: object = attrs.field(default=None, eq=False, repr=False)
 

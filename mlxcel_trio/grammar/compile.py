@@ -6,7 +6,7 @@ compiled grammars, so a deployment that sends the same schema with every
 request compiles it once.  Compiling (GBNF parse + lowering, or llguidance's
 JSON-schema front end, then the matcher's construction) can take from
 milliseconds to a second for large grammars: callers run it off the Trio
-thread (server/grammar.py uses trio.to_thread).  A `CompiledGrammar` is
+thread (server/request/grammar_fields.py uses trio.to_thread).  A `CompiledGrammar` is
 immutable; each sequence gets its own matcher copy through `start`.
 
 Limits: GBNF source above 256 KiB is refused (upstream has none, a recorded

@@ -24,14 +24,16 @@ from .. import __version__
 from ..logging_setup import TRACE
 from ..bridge import REQUEST_CLEANUPS, Bridge
 from ..config import ServerConfig
-from . import info, infill, limits, native, openai_completions, slot_files, streams, tokens
-from .gcp import Predictor
-from .metrics import Metrics
-from . import chat_routes
-from .completion import Served, server_defaults
-from .body import read_json_body
-from .cors import CorsMiddleware, CorsPolicy
-from .errors import (
+from .surfaces import info, infill, completion as native, openai_completions, tokens
+from .http import limits
+from .sessions import slot_files, streams
+from .surfaces.vertex import Predictor
+from .surfaces.metrics import Metrics
+from .surfaces import chat_routes
+from .request.jobs import Served, server_defaults
+from .http.body import read_json_body
+from .http.cors import CorsMiddleware, CorsPolicy
+from .http.errors import (
     JSON_TYPE,
     ApiError,
     dumps,
@@ -46,7 +48,7 @@ from .errors import (
     request_timeout,
 )
 from .routes import ROUTES, quart_rule
-from .scope import caller_scope
+from .http.key_scope import caller_scope
 
 log = logging.getLogger("mlxcel.http")
 
@@ -197,7 +199,7 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
             if which < 0:
                 log.warning("unauthorized: Invalid API Key")
                 return invalid_api_key()
-            if len(keys) > 1:  # per-key state is scoped to the key (server/scope.py)
+            if len(keys) > 1:  # per-key state is scoped to the key (server/http/key_scope.py)
                 g.key_scope = which
         return None
 

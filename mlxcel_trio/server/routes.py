@@ -4,7 +4,7 @@ The app registers exactly these; the API-key middleware reads `public`
 from here; Vertex AI's @requestFormat aliases are derived from it; the
 compatibility manifest's route claims are checked against it.  A route with
 `vertex` set is registered only under AIP_MODE=PREDICTION, at the path its
-AIP_* variable names (server/aip.py); its `path` here is the placeholder.
+AIP_* variable names (server/surfaces/vertex_env.py); its `path` here is the placeholder.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/infill", "infill"),
     Route("POST", "/tokenize", "tokenize"),
     Route("POST", "/detokenize", "detokenize"),
-    # chat surfaces (issue #4; handlers in server/chat_routes.py)
+    # chat surfaces (issue #4; handlers in server/surfaces/chat_routes.py)
     Route("POST", "/chat/completions", "chat_completions"),
     Route("POST", "/v1/chat/completions", "chat_completions"),
     Route("POST", "/apply-template", "apply_template"),
@@ -48,7 +48,7 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/responses", "responses"),
     Route("POST", "/responses/input_tokens", "responses_input_tokens"),
     Route("POST", "/v1/responses/input_tokens", "responses_input_tokens"),
-    # streams that survive reconnects (X-Conversation-Id; server/streams.py)
+    # streams that survive reconnects (X-Conversation-Id; server/sessions/streams.py)
     Route("GET", "/v1/stream", "stream_get"),
     Route("DELETE", "/v1/stream", "stream_delete"),
     Route("POST", "/v1/streams/lookup", "streams_lookup"),
@@ -71,7 +71,7 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/tools", "feature_disabled"),
     Route("GET", "/cors-proxy", "feature_disabled"),
     Route("POST", "/cors-proxy", "feature_disabled"),
-    # Vertex AI (server/aip.py, server/gcp.py)
+    # Vertex AI (server/surfaces/vertex_env.py, server/surfaces/vertex.py)
     Route("GET", "$AIP_HEALTH_ROUTE", "health", vertex=True),
     Route("POST", "$AIP_PREDICT_ROUTE", "vertex_predict", vertex=True),
 )

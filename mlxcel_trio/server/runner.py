@@ -4,7 +4,7 @@
     trio.run(_main)
     └── root nursery
         ├── bridge.run          the MLX engine thread's owner
-        ├── stream sessions     X-Conversation-Id producers + TTL sweep (server/streams.py)
+        ├── stream sessions     X-Conversation-Id producers + TTL sweep (server/sessions/streams.py)
         ├── _signals            SIGINT / SIGTERM -> graceful shutdown
         ├── _watch_load         logs readiness, or stops the server on a load failure
         └── listen.serve        hypercorn's protocol, one task per connection/request
@@ -32,8 +32,8 @@ from hypercorn.config import Config as HypercornConfig
 from .. import logging_setup
 from ..bridge import Bridge
 from ..config import ServerConfig
-from . import grammar as server_grammar
-from . import listen
+from .request import grammar_fields as server_grammar
+from .http import listen
 from .app import MAX_HEAD_BYTES, create_app
 
 log = logging.getLogger("mlxcel.server")

@@ -4,7 +4,7 @@ hundreds of idle or slow connections do not keep a normal request waiting.
 
 Limits exercised: the body size (413 from Content-Length, before a byte is
 read or parsed), nesting depth, invalid UTF-8, huge n_predict, huge stop
-lists / logit_bias / response_fields (server/limits.py), header size
+lists / logit_bias / response_fields (server/http/limits.py), header size
 (431), slow clients (the request head must arrive within the 5 s keep-alive
 window, the body within --timeout: test_transport.py)."""
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from mlxcel_trio.server.metrics import UPSTREAM_FAMILIES
+from mlxcel_trio.server.surfaces.metrics import UPSTREAM_FAMILIES
 
 from .sse import complete, iter_sse_lines, post
 

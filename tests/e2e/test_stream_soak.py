@@ -3,7 +3,7 @@ resuming, cancelling and deleting for a bounded time, then: every slot free,
 no session alive past its TTL, resident memory flat.
 
 The TTL and sweep interval are shortened through the internal environment
-variables server/streams.py documents (not options), so "past its TTL" is
+variables server/sessions/streams.py documents (not options), so "past its TTL" is
 checkable within the test's time bound.
 """
 

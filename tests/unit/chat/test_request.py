@@ -1,4 +1,4 @@
-"""server/chat_request.py: a chat body -> prompt, syntax, prefill; every
+"""server/request/chat.py: a chat body -> prompt, syntax, prefill; every
 malformed request refused with llama-server's wording and status."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 from mlxcel_trio.chat.settings import build
 from mlxcel_trio.config import ServerConfig
 from mlxcel_trio.engine.vocab import Vocab
-from mlxcel_trio.server.chat_request import plan
-from mlxcel_trio.server.errors import ApiError
+from mlxcel_trio.server.request.chat import plan
+from mlxcel_trio.server.http.errors import ApiError
 
 USER = {"role": "user", "content": "Hi"}
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
@@ -213,7 +213,7 @@ def test_forced_call_grammars_compile_and_accept_a_call():
     arguments, then the close; a name needing JSON escapes stays one literal."""
     import llguidance as llg
 
-    from mlxcel_trio.server.chat_request import _tool_call_grammar
+    from mlxcel_trio.server.request.chat import _tool_call_grammar
 
     tools = [{"type": "function", "function": {"name": 'odd"name', "parameters": {
         "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}},

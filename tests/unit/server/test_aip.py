@@ -1,10 +1,15 @@
-"""The AIP_* environment and the @requestFormat aliases (server/aip.py)."""
+"""The AIP_* environment and the @requestFormat aliases (server/surfaces/vertex_env.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from mlxcel_trio.server.aip import GcpConfigError, GcpParams, request_format, targets
+from mlxcel_trio.server.surfaces.vertex_env import (
+    GcpConfigError,
+    GcpParams,
+    request_format,
+    targets,
+)
 from mlxcel_trio.server.routes import ROUTES
 
 

@@ -1,12 +1,12 @@
-"""server/body.py nesting limit and server/limits.py per-token field limits."""
+"""server/http/body.py nesting limit and server/http/limits.py per-token field limits."""
 
 from __future__ import annotations
 
 import pytest
 
-from mlxcel_trio.server import limits
-from mlxcel_trio.server.body import MAX_DEPTH, nesting_depth, parse_body
-from mlxcel_trio.server.errors import ApiError
+from mlxcel_trio.server.http import limits
+from mlxcel_trio.server.http.body import MAX_DEPTH, nesting_depth, parse_body
+from mlxcel_trio.server.http.errors import ApiError
 
 
 def test_nesting_depth_ignores_brackets_inside_strings():

@@ -1,10 +1,10 @@
-"""server/cors.py: upstream's Allow-Origin rules."""
+"""server/http/cors.py: upstream's Allow-Origin rules."""
 
 from __future__ import annotations
 
 import pytest
 
-from mlxcel_trio.server.cors import CorsPolicy, origin_is_localhost
+from mlxcel_trio.server.http.cors import CorsPolicy, origin_is_localhost
 
 
 @pytest.mark.parametrize(("policy", "origin", "want"), [

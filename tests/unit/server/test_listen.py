@@ -1,4 +1,4 @@
-"""server/listen.py: socket binding rules and the bounded write."""
+"""server/http/listen.py: socket binding rules and the bounded write."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import socket
 import pytest
 import trio
 
-from mlxcel_trio.server import listen
+from mlxcel_trio.server.http import listen
 
 
 def test_port_zero_binds_an_ephemeral_port_and_names_it():

@@ -1,9 +1,9 @@
-"""server/response_store.py: bounded in count and bytes, oldest-stored
+"""server/sessions/response_store.py: bounded in count and bytes, oldest-stored
 evicted first, a running background response never evicted, scoped keys."""
 
 from __future__ import annotations
 
-from mlxcel_trio.server.response_store import ResponseStore, Stored
+from mlxcel_trio.server.sessions.response_store import ResponseStore, Stored
 
 
 def stored(text: str = "x", status: str = "completed", background: bool = False) -> Stored:

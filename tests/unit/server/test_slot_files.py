@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from mlxcel_trio.server.slot_files import _stoi, confined, valid_filename
+from mlxcel_trio.server.sessions.slot_files import _stoi, confined, valid_filename
 
 
 @pytest.mark.parametrize("name", ["a", "slot-0.bin", "café", "日本語.slot", "a b", ".hidden",
@@ -58,7 +58,7 @@ def test_read_refuses_what_is_not_a_regular_file(tmp_path):
     never an unhandled error or a worker thread blocked opening a FIFO."""
     import threading
 
-    from mlxcel_trio.server.slot_files import _read
+    from mlxcel_trio.server.sessions.slot_files import _read
 
     os.mkdir(tmp_path / "dir.slot")
     assert _read(str(tmp_path / "dir.slot")) is None
@@ -82,7 +82,7 @@ def test_a_symlink_planted_after_validation_is_neither_read_nor_written_through(
     """The TOCTOU window between confined() and the I/O: a symlink swapped in
     under the validated name is refused on read (O_NOFOLLOW) and replaced,
     never written through, on save (rename over the link)."""
-    from mlxcel_trio.server.slot_files import _read, _write_atomic
+    from mlxcel_trio.server.sessions.slot_files import _read, _write_atomic
 
     root = os.path.realpath(tmp_path / "root")
     os.mkdir(root)

@@ -1,4 +1,4 @@
-"""server/streams.py: the session buffer (front-drop, offsets, followers) and
+"""server/sessions/streams.py: the session buffer (front-drop, offsets, followers) and
 the registry (replace, cancel, TTL sweep, retention caps, key scoping),
 driven with a small cap through the constructor and trio's MockClock."""
 
@@ -8,11 +8,18 @@ import pytest
 import trio
 import trio.testing
 
-from mlxcel_trio.server.streams import (
-    MAX_BYTES, MAX_COMPLETED, MAX_LIVE, GC_INTERVAL_S, TTL_S, OffsetLost, StreamRegistry,
-    StreamSession, _parse_from,
+from mlxcel_trio.server.sessions.streams import (
+    MAX_BYTES,
+    MAX_COMPLETED,
+    MAX_LIVE,
+    GC_INTERVAL_S,
+    TTL_S,
+    OffsetLost,
+    StreamRegistry,
+    StreamSession,
+    _parse_from,
 )
-from mlxcel_trio.server.errors import ApiError
+from mlxcel_trio.server.http.errors import ApiError
 
 
 def test_upstream_constants():

@@ -17,7 +17,7 @@ is never evicted, so its task always has its entry to finish (the number of
 those is bounded by MAX_BACKGROUND).
 
 Entries are keyed by (scope, id): with several API keys a response stored
-under one key is an unknown id under another (server/scope.py).
+under one key is an unknown id under another (server/http/key_scope.py).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import attrs
 
-from .errors import dumps
+from ..http.errors import dumps
 
 MAX_RESPONSES = 256
 MAX_BYTES = 32 * 1024 * 1024

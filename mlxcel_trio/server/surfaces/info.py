@@ -10,11 +10,11 @@ from __future__ import annotations
 import os
 import time
 
-from ..bridge import Bridge
-from ..monitor import SlotView
-from .completion import Served, generation_settings, reduced_settings
-from .errors import ApiError, json_response, not_supported
-from .fields import parse_fields
+from ...bridge import Bridge
+from ...monitor import SlotView
+from ..request.jobs import Served, generation_settings, reduced_settings
+from ..http.errors import ApiError, json_response, not_supported
+from ..request.fields import parse_fields
 
 VOCAB_TYPE = {"byte_level": 2, "sentencepiece": 1}  # llama.cpp's BPE / SPM ids
 
@@ -42,7 +42,7 @@ def props(served: Served):
     """get_res_props' keys in its order; the chat template and its caps are
     the ones in force (chat/settings.py), and chat_template_tool_use is
     added when the checkpoint has a separate tool-use template, as upstream."""
-    from .chat_completions import settings_for
+    from .openai_chat import settings_for
 
     bridge = served.bridge
     info, vocab = bridge.info, bridge.vocab

@@ -31,11 +31,11 @@ from typing import Any
 import trio
 from quart import request
 
-from ..bridge import Bridge
-from ..engine.records import Failed, SlotTokens
-from .body import read_json_body
-from .completion import namespace, namespace_kind
-from .errors import ApiError, json_response, json_type_name
+from ...bridge import Bridge
+from ...engine.records import Failed, SlotTokens
+from ..http.body import read_json_body
+from ..request.jobs import namespace, namespace_kind
+from ..http.errors import ApiError, json_response, json_type_name
 
 FORMAT = "mlxcel-trio-slot"
 VERSION = 1

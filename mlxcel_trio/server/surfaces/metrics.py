@@ -25,8 +25,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.utils import floatToGoString
 from quart import Response
 
-from ..bridge import Bridge
-from .errors import not_supported
+from ...bridge import Bridge
+from ..http.errors import not_supported
 
 CONTENT_TYPE = "text/plain; version=0.0.4"
 

@@ -14,15 +14,16 @@ from typing import Any
 
 from quart import Response
 
-from ..chat.budget import ForceEnd
+from ...chat.budget import ForceEnd
 
-from ..engine.records import Finished, PromptProgress, TokenPiece
-from .completion import Served, make_jobs, now_s, resolve, run_all, tokenize_prompts
-from . import control, grammar
-from .errors import json_response
-from .native import ProbsRenderer, final_object, final_probs
-from .streams import sse_response
-from .sse import DONE, event_stream, first_event, frame
+from ...engine.records import Finished, PromptProgress, TokenPiece
+from ..request.jobs import Served, make_jobs, now_s, resolve, run_all, tokenize_prompts
+from ..sessions import control
+from ..request import grammar_fields as grammar
+from ..http.errors import json_response
+from .completion import ProbsRenderer, final_object, final_probs
+from ..sessions.streams import sse_response
+from ..http.sse import DONE, event_stream, first_event, frame
 
 
 def _finish_reason(fin: Finished) -> str:

@@ -14,10 +14,14 @@ from typing import Any
 
 import attrs
 
-from ..bridge import Bridge
-from ..engine.records import Failed, Finished, Job
-from . import grammar, reasoning_budget, sampling
-from .errors import ApiError, json_type_name
+from ...bridge import Bridge
+from ...engine.records import Failed, Finished, Job
+from . import (
+    grammar_fields as grammar,
+    budget_fields as reasoning_budget,
+    sampler_fields as sampling,
+)
+from ..http.errors import ApiError, json_type_name
 from .fields import parse_fields
 
 
@@ -36,7 +40,7 @@ class Served:
 
 
 def server_defaults(config, vocab) -> dict[str, Any]:
-    """Every server-wide field default (see server/sampling.py), plus the
+    """Every server-wide field default (see server/request/sampler_fields.py), plus the
     server's grammar (--grammar / --json-schema)."""
     return {**sampling.server_defaults(config, vocab),
             "grammar_spec": grammar.default_spec(config),

@@ -12,7 +12,7 @@ function_call_arguments deltas as they come, the matching .done events and
 response.completed, each as `event: <type>` plus `data:`.
 
 Unlike upstream (which refuses `previous_response_id` and keeps nothing),
-responses are stored as OpenAI stores them (server/response_store.py):
+responses are stored as OpenAI stores them (server/sessions/response_store.py):
 `previous_response_id` continues a stored conversation, GET
 /v1/responses/:id answers a stored response, and `background: true` runs the
 generation as a task owned by the app's nursery, so POST answers at once
@@ -28,16 +28,16 @@ from typing import Any, Callable
 import trio
 from quart import Response, current_app
 
-from ..chat.parser import ChatMsg, ChatStream
-from ..engine.records import Finished, PromptProgress, TokenPiece
-from .chat_completions import chat_plan, final_message, plan_jobs, random_string
-from .chat_request import bad
-from ..bridge import REQUEST_CLEANUPS
-from .completion import Served, now_s, run_all
-from .errors import ApiError, dumps, json_response
-from .response_store import MAX_BACKGROUND, ResponseStore, Stored
-from .streams import sse_response
-from .sse import event_stream, first_event
+from ...chat.parser import ChatMsg, ChatStream
+from ...engine.records import Finished, PromptProgress, TokenPiece
+from .openai_chat import chat_plan, final_message, plan_jobs, random_string
+from ..request.chat import bad
+from ...bridge import REQUEST_CLEANUPS
+from ..request.jobs import Served, now_s, run_all
+from ..http.errors import ApiError, dumps, json_response
+from ..sessions.response_store import MAX_BACKGROUND, ResponseStore, Stored
+from ..sessions.streams import sse_response
+from ..http.sse import event_stream, first_event
 
 log = logging.getLogger("mlxcel.http")
 

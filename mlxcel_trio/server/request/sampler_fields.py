@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from ..engine.records import DEFAULT_DRY_BREAKERS, SamplingParams
-from ..engine.samplers import names
-from .errors import ApiError, json_type_name
+from ...engine.records import DEFAULT_DRY_BREAKERS, SamplingParams
+from ...engine.samplers import names
+from ..http.errors import ApiError, json_type_name
 
 INT32 = 2**32
 

@@ -21,7 +21,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from .errors import ApiError, json_type_name
+from ..http.errors import ApiError, json_type_name
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
@@ -121,7 +121,7 @@ NATIVE_FIELDS: tuple[Field, ...] = (
     F("grammar_triggers", "json", None, doc="what starts a lazy grammar"),
     F("reasoning_control", "bool", False, doc="arm POST /v1/chat/completions/control"),
     F("reasoning_budget_tokens", "int32", -1, lim=(-1, INT32_MAX), hard=True,
-      doc="thinking tokens before a forced close (server/reasoning_budget.py)"),
+      doc="thinking tokens before a forced close (server/request/budget_fields.py)"),
     F("reasoning_budget_start_tag", "str", None, doc="where counting starts"),
     F("reasoning_budget_end_tags", "json", None, aliases=("reasoning_budget_end_tag",),
       doc="what closes the block; the first is forced"),

@@ -26,9 +26,7 @@ from typing import Any
 
 import trio
 
-from .errors import (
-    ApiError, empty_input, number_overflow, parse_error, parse_error_at, too_deep,
-)
+from .errors import ApiError, empty_input, number_overflow, parse_error, parse_error_at, too_deep
 
 MAX_DEPTH = 128
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)

@@ -25,14 +25,14 @@ from typing import Any, AsyncIterator
 
 from quart import Response
 
-from ..chat.parser import ChatMsg, ChatStream
-from ..engine.records import Finished, TokenPiece
-from .chat_completions import chat_plan, final_message, plan_jobs, random_string
-from .chat_request import failed
-from .completion import Served, run_all
-from .errors import dumps, json_response
-from .streams import sse_response
-from .sse import event_stream, first_event
+from ...chat.parser import ChatMsg, ChatStream
+from ...engine.records import Finished, TokenPiece
+from .openai_chat import chat_plan, final_message, plan_jobs, random_string
+from ..request.chat import failed
+from ..request.jobs import Served, run_all
+from ..http.errors import dumps, json_response
+from ..sessions.streams import sse_response
+from ..http.sse import event_stream, first_event
 
 
 

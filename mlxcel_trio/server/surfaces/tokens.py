@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import json_response, type_error
+from ..http.errors import json_response, type_error
 
 
 def _flag(body: dict, key: str, default: bool) -> bool:

@@ -27,9 +27,9 @@ from typing import Any
 
 import trio
 
-from .aip import MAX_INSTANCES, targets
-from .body import parse_body
-from .errors import ApiError, dumps, json_response
+from .vertex_env import MAX_INSTANCES, targets
+from ..http.body import parse_body
+from ..http.errors import ApiError, dumps, json_response
 
 log = logging.getLogger("mlxcel.gcp")
 

@@ -16,9 +16,9 @@ from typing import Any
 
 from quart import Response
 
-from . import native
-from .completion import Served
-from .errors import ApiError, json_type_name
+from . import completion as native
+from ..request.jobs import Served
+from ..http.errors import ApiError, json_type_name
 
 SNIPPET_SEPARATOR = "\n\n--- snippet ---\n\n"
 

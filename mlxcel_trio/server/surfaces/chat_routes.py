@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from . import anthropic, chat_completions, control, responses
-from .response_store import ResponseStore
-from .scope import caller_scope
+from . import anthropic, openai_chat as chat_completions, responses
+from ..sessions import control
+from ..sessions.response_store import ResponseStore
+from ..http.key_scope import caller_scope
 
 
 def handlers(ctx: Callable[[], Any], config) -> dict[str, Callable]:

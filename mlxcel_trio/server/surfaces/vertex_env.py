@@ -12,7 +12,7 @@ from typing import Mapping
 
 import attrs
 
-from .routes import ROUTES
+from ..routes import ROUTES
 
 MAX_INSTANCES = 128
 

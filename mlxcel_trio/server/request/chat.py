@@ -23,11 +23,11 @@ from typing import Any
 
 import attrs
 
-from ..chat.parser import REASONING_FORMATS, Syntax
-from ..chat.settings import ChatSettings
-from ..chat.template import TemplateError
-from ..grammar.compile import JSON_WHITESPACE
-from .errors import ApiError, dumps, json_type_name
+from ...chat.parser import REASONING_FORMATS, Syntax
+from ...chat.settings import ChatSettings
+from ...chat.template import TemplateError
+from ...grammar.compile import JSON_WHITESPACE
+from ..http.errors import ApiError, dumps, json_type_name
 
 
 

@@ -3,7 +3,7 @@
 A chat completion is registered under its `chatcmpl-...` id for as long as
 its generation runs (upstream: while its slot is processing), armed or not:
 a streamed one until its jobs end, whoever then holds them (a stream session
-of server/streams.py outlives its request), a non-streamed one until its
+of server/sessions/streams.py outlives its request), a non-streamed one until its
 request ends.  Finished streamed entries are dropped on the next
 registration, so the table holds only what is live; a
 request with `reasoning_control: true` and a template that thinks carries a
@@ -14,7 +14,7 @@ end marker) is forced exactly as an exhausted --reasoning-budget forces it.
 Upstream's contract, key for key: 400 "missing completion id" and 400
 "unknown control action" before any lookup; otherwise 200 with
 {"success": false, "message": "no active completion for this id"} for an
-id that is unknown, finished, or another API key's (server/scope.py),
+id that is unknown, finished, or another API key's (server/http/key_scope.py),
 {"success": false, "message": "reasoning control not enabled for this
 completion"} for one that was not armed, and {"success": true} once the
 flag is set (whether or not the model is still thinking: upstream's force
@@ -27,9 +27,9 @@ from typing import Any
 
 from quart import Response
 
-from ..bridge import REQUEST_CLEANUPS, JobHandle
-from ..chat.budget import ForceEnd
-from .errors import ApiError, json_response
+from ...bridge import REQUEST_CLEANUPS, JobHandle
+from ...chat.budget import ForceEnd
+from ..http.errors import ApiError, json_response
 
 # id -> (scope, flag or None when not armed, the streamed jobs' handle or None)
 _LIVE: dict[str, tuple[str, ForceEnd | None, JobHandle | None]] = {}

@@ -1,7 +1,7 @@
 """POST /v1/chat/completions (and /chat/completions), /apply-template and
 the chat input-token counts.
 
-The body becomes a `ChatPlan` (server/chat_request.py), the plan's tokens
+The body becomes a `ChatPlan` (server/request/chat.py), the plan's tokens
 become native jobs (one per `n`), and the output is parsed by a
 `ChatStream` per job.  Shapes and key order follow upstream's
 to_json_oaicompat_chat / _stream: a streamed response sends a role delta
@@ -20,18 +20,19 @@ from typing import Any, Callable, Iterable
 
 from quart import Response
 
-from ..chat import settings as chat_settings
-from ..chat.budget import ForceEnd
-from ..grammar.compile import GrammarSpec
-from ..chat.parser import ChatMsg, ChatStream, Diff
-from ..engine.records import Finished, PromptProgress, TokenPiece
-from . import control, grammar, reasoning_budget
-from .chat_request import ChatPlan, plan
-from .completion import Served, make_jobs, now_s, resolve, run_all
-from .errors import json_response
-from .native import ProbsRenderer, final_object, final_probs
-from .streams import sse_response
-from .sse import DONE, event_stream, first_event, frame
+from ...chat import settings as chat_settings
+from ...chat.budget import ForceEnd
+from ...grammar.compile import GrammarSpec
+from ...chat.parser import ChatMsg, ChatStream, Diff
+from ...engine.records import Finished, PromptProgress, TokenPiece
+from ..sessions import control
+from ..request import grammar_fields as grammar, budget_fields as reasoning_budget
+from ..request.chat import ChatPlan, plan
+from ..request.jobs import Served, make_jobs, now_s, resolve, run_all
+from ..http.errors import json_response
+from .completion import ProbsRenderer, final_object, final_probs
+from ..sessions.streams import sse_response
+from ..http.sse import DONE, event_stream, first_event, frame
 
 _ALNUM = string.digits + string.ascii_uppercase + string.ascii_lowercase
 _SETTINGS: dict[int, tuple[Served, chat_settings.ChatSettings]] = {}

@@ -24,9 +24,9 @@ from typing import Any
 
 import attrs
 
-from ..chat.budget import BudgetGrammar, ForceEnd
-from ..engine.records import Job
-from .errors import ApiError, json_type_name
+from ...chat.budget import BudgetGrammar, ForceEnd
+from ...engine.records import Job
+from ..http.errors import ApiError, json_type_name
 
 
 def _ids(vocab, text: str) -> tuple[int, ...]:

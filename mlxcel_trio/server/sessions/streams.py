@@ -44,10 +44,10 @@ from typing import AsyncIterator, Iterable
 import trio
 from quart import Response, current_app, request
 
-from ..bridge import REQUEST_CLEANUPS, JobHandle
-from .body import read_json_body
-from .errors import ApiError, json_response, not_found
-from .scope import key_scope
+from ...bridge import REQUEST_CLEANUPS, JobHandle
+from ..http.body import read_json_body
+from ..http.errors import ApiError, json_response, not_found
+from ..http.key_scope import key_scope
 
 log = logging.getLogger("mlxcel.streams")
 

@@ -23,9 +23,9 @@ from typing import Any
 
 import trio
 
-from ..grammar.compile import Compiler, GrammarError, GrammarSpec
-from ..grammar.constraint import Triggers
-from .errors import ApiError, json_type_name
+from ...grammar.compile import Compiler, GrammarError, GrammarSpec
+from ...grammar.constraint import Triggers
+from ..http.errors import ApiError, json_type_name
 
 log = logging.getLogger("mlxcel.grammar")
 

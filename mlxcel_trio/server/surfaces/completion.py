@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 from quart import Response
 
-from ..engine.records import Finished, PromptProgress, TokenPiece
-from .completion import (
+from ...engine.records import Finished, PromptProgress, TokenPiece
+from ..request.jobs import (
     Served,
     generation_settings,
     make_jobs,
@@ -23,10 +23,10 @@ from .completion import (
     run_all,
     tokenize_prompts,
 )
-from . import grammar
-from .errors import json_response
-from .streams import sse_response
-from .sse import event_stream, first_event, frame
+from ..request import grammar_fields as grammar
+from ..http.errors import json_response
+from ..sessions.streams import sse_response
+from ..http.sse import event_stream, first_event, frame
 
 
 def _project(obj: dict, paths) -> dict:
