@@ -167,6 +167,10 @@ class ServerConfig:
     # `model` is the local checkpoint directory it resolved to.  None when
     # the config was built by hand rather than by cli/.
     model_ref: str | None = None
+    # Tuning options given with a value that asks for something, as the
+    # operator wrote them ("--threads '8'", "--mlock"): logged once at startup
+    # as having no effect on MLX.
+    no_effect: tuple[str, ...] = ()
 
     @property
     def slots(self) -> int:

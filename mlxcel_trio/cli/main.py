@@ -1,16 +1,18 @@
 """Entry points: `mlxcel-server` and `mlxcel serve` (the same server path).
 
-Startup is parse -> validate (every option we do not act on is classified
-here: inert values pass, the rest is refused) -> resolve the model reference
--> check --gpu-layers against the checkpoint's layer count -> build the
-frozen `ServerConfig` -> hand it to the server runner.  Until the runner is
+Startup is parse -> check (every option we do not act on is classified
+here: inert values pass, tuning values are noted for the startup line, the
+rest is refused; every problem of the command line and the environment is
+reported in the same run) -> resolve the model reference -> build the frozen
+`ServerConfig` -> hand it to the server runner.  Until the runner is
 imported, only the standard library, attrs and this package's light modules
 are loaded (huggingface_hub too, but only to fetch a repo id), so every
 refusal prints its one line and exits well within a third of a second.
 
 Exit codes: 0 after --help, --version, --completion-bash, --cache-list or
 --dump-flag-surface; 1 for any
-startup error (one ``error: ...`` line on stderr, never a traceback);
+startup error (one ``error: ...`` line per problem on stderr, never a
+traceback);
 otherwise whatever the runner returns.
 """
 
@@ -26,8 +28,15 @@ import attrs
 from mlxcel_trio.cli import actions, model_ref, sinks
 from mlxcel_trio.cli.options import BY_DEST, OPTIONS, Option
 from mlxcel_trio.cli.options_context import rope_reciprocal_refusal
-from mlxcel_trio.cli.options_ggml import gpu_layers_refusal
-from mlxcel_trio.cli.parser import CliError, Parsed, build_parser, describe, parse, validate
+from mlxcel_trio.cli.parser import (
+    CliError,
+    Parsed,
+    build_parser,
+    describe,
+    parse_all,
+    validate,
+    without_effect,
+)
 from mlxcel_trio.cli.surface import dump_flag_surface
 from mlxcel_trio.config import RopeOverrides, SamplingDefaults, ServerConfig
 
@@ -81,19 +90,6 @@ def build_config(
     return ServerConfig(**top, sampling=SamplingDefaults(**sampling), rope=RopeOverrides(**rope))
 
 
-def check_gpu_layers(parsed: Parsed, model_path: str) -> None:
-    """--gpu-layers N is inert only when N covers every layer of the
-    checkpoint, so it is classified once the model reference resolved."""
-    if "gpu_layers" not in parsed.given:
-        return
-    value = parsed.values["gpu_layers"]
-    if isinstance(value, str) or value < 0:
-        return
-    reason = gpu_layers_refusal(value, model_ref.layer_count(model_path))
-    if reason is not None:
-        raise CliError(f"{describe(BY_DEST['gpu_layers'], parsed)}: {reason}")
-
-
 def check_rope(parsed: Parsed) -> None:
     """--rope-scale and --rope-freq-scale given together must agree."""
     values = parsed.values
@@ -102,13 +98,28 @@ def check_rope(parsed: Parsed) -> None:
         raise CliError(f"{describe(BY_DEST['rope.freq_scale'], parsed)}: {reason}")
 
 
+def _checked(parsed: Parsed, env: Mapping[str, str]) -> dict[str, Any]:
+    """Every check that needs no model: refusals, option pairs, the files
+    the server will use (log, keys, TLS) and the AIP_* environment.  All
+    problems are reported together, so one run shows everything to fix."""
+    problems: list[CliError] = [CliError(*parsed.problems)]
+    io: dict[str, Any] = {}
+    for check in (validate, check_rope, lambda p: io.update(sinks.resolve(p, env)),
+                  lambda p: io.update(_vertex(p, env))):
+        try:
+            check(parsed)
+        except CliError as exc:
+            problems.append(exc)
+    error = CliError.gather(problems)
+    if error is not None:
+        raise error
+    return io
+
+
 def configure(parsed: Parsed, env: Mapping[str, str] | None = None) -> ServerConfig:
-    """Validate, check the files the server will use (log, keys, TLS),
-    resolve the model, and build the config (no server starts)."""
-    validate(parsed)
-    check_rope(parsed)
-    io = sinks.resolve(parsed, os.environ if env is None else env)
-    io.update(_vertex(parsed, os.environ if env is None else env))
+    """Validate, check the files the server will use, resolve the model, and
+    build the config (no server starts)."""
+    io = _checked(parsed, os.environ if env is None else env)
     ref = parsed.values.get("model")
     repo = parsed.values.get("hf_repo")
     if repo:
@@ -129,8 +140,8 @@ def configure(parsed: Parsed, env: Mapping[str, str] | None = None) -> ServerCon
         origin = parsed.given.get("model", "argv")
         via = "" if origin == "argv" else f" (from {origin})"
         raise CliError(f"{model_ref.OPTION} {ref!r}{via}: {exc}") from None
-    check_gpu_layers(parsed, resolved.path)
-    return attrs.evolve(build_config(parsed, resolved.path), **io)
+    return attrs.evolve(build_config(parsed, resolved.path), no_effect=without_effect(parsed),
+                        **io)
 
 
 def _vertex(parsed: Parsed, env: Mapping[str, str]) -> dict[str, Any]:
@@ -153,7 +164,7 @@ def prepare(
 ) -> ServerConfig:
     """Everything `server_main` does before the runner, in-process: the
     config a command line would serve with, or CliError with its one line."""
-    parsed = parse(argv, env=env, prog=prog)
+    parsed = parse_all(argv, env=env, prog=prog)
     if parsed.action is not None:
         raise CliError(f"{parsed.action} is an action; it starts no server")
     return configure(parsed, env)
@@ -168,7 +179,7 @@ def server_main(
     """`mlxcel-server`: parse, validate, resolve, then run the server."""
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        parsed = parse(argv, env=env, prog=prog)
+        parsed = parse_all(argv, env=env, prog=prog)
         if parsed.action == "help":
             sys.stdout.write(build_parser(prog=prog).format_help())
             return 0
@@ -186,7 +197,8 @@ def server_main(
             return 0
         config = configure(parsed, env)
     except CliError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        for line in exc.lines:
+            print(f"error: {line}", file=sys.stderr)
         return 1
     from mlxcel_trio.server.runner import run  # heavy: imported only now
 

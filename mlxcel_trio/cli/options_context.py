@@ -5,11 +5,13 @@
 are refused here, before any model is resolved.
 
 --cache-prompt and --cache-ram drive the prompt cache (engine/prompt_cache.py).
-The per-slot prompt machinery (--kv-unified, --ctx-checkpoints,
---checkpoint-min-step, --slot-prompt-similarity, --cache-idle-slots) is not
-applicable: it accepts only the value that turns it off (its upstream default
-asks for behaviour that does not exist here) and refuses the rest saying what
-is missing.  --cache-reuse, --swa-full and --ubatch-size have no MLX meaning.
+The per-slot prompt machinery (--ctx-checkpoints, --checkpoint-min-step,
+--slot-prompt-similarity, --cache-idle-slots) is not applicable: it accepts
+only the value that turns it off (its upstream default asks for behaviour
+that does not exist here) and refuses the rest saying what is missing.
+--cache-reuse and --ubatch-size have no MLX meaning; --kv-unified and
+--swa-full only shape memory, so they are tuning options (accepted, and
+named at startup as having no effect).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 import attrs
 
 from mlxcel_trio.cli.record import Option
-from mlxcel_trio.cli.refusals import ALWAYS, equals, not_applicable
+from mlxcel_trio.cli.refusals import ALWAYS, equals, not_applicable, tuning
 from mlxcel_trio.cli.values import INT32_MAX, BadValue, Choice, Float, Int
 
 CONTEXT_ISSUE = 8
@@ -56,11 +58,9 @@ CONTEXT: tuple[Option, ...] = (
            "tokens of the prompt kept when the context shifts (the default n_keep)",
            value=Int(-1, INT32_MAX), metavar="N", default=0, default_text="0, -1 = all",
            owner=CONTEXT_ISSUE),
-    not_applicable(("--swa-full",), "swa_full", "full-size cache for sliding-window layers",
-                   kind="flag", env="LLAMA_ARG_SWA_FULL", default_text="false",
-                   owner=CONTEXT_ISSUE,
-                   why="sliding-window layers keep the ring cache their checkpoint "
-                   "sizes; there is no full-size SWA cache to ask for"),
+    # memory only: sliding-window layers keep the ring cache their checkpoint sizes
+    tuning(("--swa-full",), "swa_full", "full-size cache for sliding-window layers",
+           kind="flag", env="LLAMA_ARG_SWA_FULL", default_text="false", owner=CONTEXT_ISSUE),
     _slot_machinery(("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints"), "ctx_checkpoints",
                     "context checkpoints kept per slot", value=Int(0, INT32_MAX),
                     metavar="N", default=32, env="LLAMA_ARG_CTX_CHECKPOINTS",
@@ -76,15 +76,11 @@ CONTEXT: tuple[Option, ...] = (
            value=Int(-1, INT32_MAX), metavar="N", default=CACHE_RAM_DEFAULT_MIB,
            default_text=f"{CACHE_RAM_DEFAULT_MIB}, -1 - no limit, 0 - disable",
            env="LLAMA_ARG_CACHE_RAM", section="server", owner=CONTEXT_ISSUE),
-    _slot_machinery(("-kvu", "--kv-unified"), "kv_unified",
-                    "one KV buffer shared by every slot", kind="bool",
-                    negations=("-no-kvu", "--no-kv-unified"),
-                    default_text="enabled if number of slots is auto",
-                    env="LLAMA_ARG_KV_UNIFIED",
-                    why="each sequence gets its own KV cache from the batch generator; "
-                    "there is no shared KV buffer to unify (pass --parallel 1 for a "
-                    "single sequence with the whole context)",
-                    inert=equals(False), accepts="--no-kv-unified"),
+    # memory layout only: each sequence gets its own KV cache from the batch generator
+    tuning(("-kvu", "--kv-unified"), "kv_unified", "one KV buffer shared by every slot",
+           kind="bool", negations=("-no-kvu", "--no-kv-unified"),
+           default_text="enabled if number of slots is auto", env="LLAMA_ARG_KV_UNIFIED",
+           owner=CONTEXT_ISSUE, quiet=equals(False)),
     _slot_machinery(("--cache-idle-slots",), "cache_idle_slots",
                     "save idle slots to the prompt cache when a new task arrives",
                     kind="bool", negations=("--no-cache-idle-slots",), default=True,

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxcel_trio.cli.options_ggml import CACHE_TYPES, NO_PLACEMENT
+from mlxcel_trio.cli.options_ggml import CACHE_TYPES
 from mlxcel_trio.cli.record import Option
 from mlxcel_trio.cli.refusals import (
     ALWAYS,
     NO_DRAFTER,
+    NO_PLACEMENT,
     NO_THREADPOOL,
     at_most,
     equals,

@@ -30,7 +30,21 @@ HELP_COLUMN = 40
 
 
 class CliError(Exception):
-    """A startup error; str() is the one line shown after "error: "."""
+    """Startup errors, one line each; the entry point prints every line after
+    "error: ".  Several problems travel together so one run reports them all."""
+
+    def __init__(self, *lines: str) -> None:
+        super().__init__(*lines)
+        self.lines: tuple[str, ...] = lines
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines)
+
+    @classmethod
+    def gather(cls, problems: Sequence[CliError]) -> CliError | None:
+        """One error carrying every line of `problems`, or None."""
+        lines = tuple(line for err in problems for line in err.lines)
+        return cls(*lines) if lines else None
 
 
 @attrs.frozen
@@ -47,6 +61,8 @@ class Parsed:
     raw: Mapping[str, str] = attrs.field(factory=dict)
     """dest -> the text a value option was given (argv or env), for
     diagnostics; the two arguments of a nargs=2 option are joined by a space."""
+    problems: tuple[str, ...] = ()
+    """Unknown options and bad values, one line each (see `parse_all`)."""
 
 
 class _ArgParser(argparse.ArgumentParser):
@@ -189,12 +205,29 @@ def parse(
     table: Sequence[Option] = OPTIONS,
     prog: str = "mlxcel-server",
 ) -> Parsed:
-    """Merge argv and the environment into typed values (argv wins)."""
+    """Merge argv and the environment into typed values (argv wins); every
+    unknown option and bad value is reported in one CliError."""
+    parsed = parse_all(argv, env, table, prog)
+    if parsed.problems:
+        raise CliError(*parsed.problems)
+    return parsed
+
+
+def parse_all(
+    argv: Sequence[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    table: Sequence[Option] = OPTIONS,
+    prog: str = "mlxcel-server",
+) -> Parsed:
+    """`parse` that keeps going: the problems travel in `Parsed.problems`
+    (an option whose value failed keeps its default), so the startup checks
+    can add theirs and one run reports everything."""
     env = os.environ if env is None else env
     parser = build_parser(table, prog)
     namespace, extras = parser.parse_known_args(argv)
-    if extras:
-        raise CliError(f"invalid argument: {extras[0]} (no such option; see --help)")
+    # every unknown option; a value after one is not reported again
+    unknown = [e for e in extras if e.startswith("-")] or extras[:1]
+    problems = [f"invalid argument: {e} (no such option; see --help)" for e in unknown]
     raw: dict[str, Any] = vars(namespace)
     for opt in table:
         if opt.kind == "action" and opt.dest in raw:
@@ -205,25 +238,37 @@ def parse(
     for opt in table:
         if opt.kind == "action":
             continue
-        if opt.dest in raw:
-            value = raw[opt.dest]
-            if opt.kind == "value" and opt.repeat:
-                texts[opt.dest] = " ".join(value)
-                value = tuple(_typed(opt, v, None) for v in value)
-            elif opt.kind == "value":
-                if isinstance(value, list):  # nargs > 1
-                    value = " ".join(value)
-                texts[opt.dest] = value
-                value = _typed(opt, value, None)
-            values[opt.dest] = value
-            given[opt.dest] = "argv"
-            continue
-        bound = _from_env(opt, env)
-        if bound is None:
+        try:
+            _merge_one(opt, raw, env, values, given, texts)
+        except CliError as exc:
+            problems.extend(exc.lines)
             values[opt.dest] = opt.default
-        else:
-            given[opt.dest], values[opt.dest], texts[opt.dest] = bound
-    return Parsed(values=values, given=given, raw=texts)
+            given.pop(opt.dest, None)
+    return Parsed(values=values, given=given, raw=texts, problems=tuple(problems))
+
+
+def _merge_one(opt: Option, raw: Mapping[str, Any], env: Mapping[str, str],
+               values: dict[str, Any], given: dict[str, str], texts: dict[str, str]) -> None:
+    """One option's typed value: argv first, then its environment binding,
+    then the table default."""
+    if opt.dest in raw:
+        value = raw[opt.dest]
+        if opt.kind == "value" and opt.repeat:
+            texts[opt.dest] = " ".join(value)
+            value = tuple(_typed(opt, v, None) for v in value)
+        elif opt.kind == "value":
+            if isinstance(value, list):  # nargs > 1
+                value = " ".join(value)
+            texts[opt.dest] = value
+            value = _typed(opt, value, None)
+        values[opt.dest] = value
+        given[opt.dest] = "argv"
+        return
+    bound = _from_env(opt, env)
+    if bound is None:
+        values[opt.dest] = opt.default
+    else:
+        given[opt.dest], values[opt.dest], texts[opt.dest] = bound
 
 
 def describe(opt: Option, parsed: Parsed) -> str:
@@ -250,8 +295,18 @@ def refusal(opt: Option, parsed: Parsed) -> str | None:
 
 
 def validate(parsed: Parsed, table: Sequence[Option] = OPTIONS) -> None:
-    """Run each explicitly given option's refuse hook; the first refusal wins."""
-    for opt in table:
-        line = refusal(opt, parsed)
-        if line is not None:
-            raise CliError(line)
+    """Run each explicitly given option's refuse hook; every refusal is
+    reported, in table order."""
+    lines = [line for line in (refusal(opt, parsed) for opt in table) if line is not None]
+    if lines:
+        raise CliError(*lines)
+
+
+def without_effect(parsed: Parsed, table: Sequence[Option] = OPTIONS) -> tuple[str, ...]:
+    """The tuning options given with a value that asks for something, named
+    as the operator gave them, for the startup line "has no effect on MLX"."""
+    return tuple(
+        describe(opt, parsed) for opt in table
+        if opt.quiet is not None and opt.dest in parsed.given
+        and not any(dest in parsed.given for dest in opt.superseded_by)
+        and not opt.quiet(parsed.values[opt.dest]))

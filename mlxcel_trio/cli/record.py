@@ -97,6 +97,11 @@ class Option:
     superseded_by: tuple[str, ...] = ()
     """Dests whose presence (argv or env) means this option is not
     classified at all (the deprecated loaders yield to --load-mode)."""
+    quiet: Callable[[Any], bool] | None = None
+    """Set for a tuning option (its only effect upstream is speed, memory or
+    placement inside GGML): every valid value is accepted, and a given value
+    this predicate does not call quiet is named once at startup in the line
+    "has no effect on MLX: ...".  Such an option never refuses."""
 
     def __attrs_post_init__(self) -> None:
         if (self.kind == "value") != (self.value is not None):
@@ -109,6 +114,8 @@ class Option:
             raise ValueError(f"{self.dest}: unknown owner issue {self.owner}")
         if self.nargs != 1 and self.kind != "value":
             raise ValueError(f"{self.dest}: nargs goes with kind='value' only")
+        if self.quiet is not None and self.refuse is not None:
+            raise ValueError(f"{self.dest}: a tuning option is accepted, never refused")
         if self.repeat and (self.kind != "value" or self.nargs != 1 or self.env):
             raise ValueError(f"{self.dest}: repeat goes with a one-argument value option "
                              "without an env variable")

@@ -136,11 +136,26 @@ def not_applicable(
                   refuse=hook, hidden=hidden, **kw)
 
 
+def tuning(
+    spellings: tuple[str, ...], dest: str, help: str, *, quiet: Inert = NEVER,
+    owner: int = 3, hidden: bool = True, **kw: Any,
+) -> Option:
+    """A setting whose only effect upstream is on speed, memory or placement
+    inside GGML (threads, CPU placement, memory locking and mapping, layer
+    offload, device splits, flash attention).  Outputs do not depend on it, so
+    refusing it would only stop copied command lines from starting: its value
+    is checked against its domain, accepted, and named once at startup as
+    having no effect on MLX unless `quiet` says it asks for nothing."""
+    return Option(spellings, dest, help, status="not_applicable", owner=owner,
+                  quiet=quiet, hidden=hidden, **kw)
+
+
 # ---- reasons shared by several options -------------------------------------
 
 NO_GGML = "mlxcel-trio runs every tensor operation through MLX and has no GGML backend"
 ONE_DEVICE = "mlxcel-trio serves from one MLX device and never splits a model across devices"
 NO_THREADPOOL = "MLX schedules its own work; there is no CPU thread pool to tune"
+NO_PLACEMENT = "MLX has no CPU thread pool whose placement, priority or polling could be set"
 NO_DRAFTER = "mlxcel-trio has no speculative decoding (no draft model, no n-gram drafter)"
 NO_PROJECTOR = ("mlxcel-trio serves text-only MLX checkpoints and has no separate "
                 "multimodal projector")

@@ -158,6 +158,8 @@ def run(config: ServerConfig) -> int:
     if config.aip_replaced_port is not None:
         log.warning("Google Cloud Platform compat: overriding server port %d with AIP_HTTP_PORT %d",
                     config.aip_replaced_port, config.port)
+    if config.no_effect:  # copied llama-server tuning flags: accepted, said once
+        log.warning("has no effect on MLX: %s", ", ".join(config.no_effect))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         sock = listen.bind(config.host, config.port, config.reuse_port)

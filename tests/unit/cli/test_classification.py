@@ -1,6 +1,8 @@
-"""Options we do not act on: inert values start, everything else is refused
-with one line naming the option, why, and what to use instead -- before the
-model reference resolves (except --gpu-layers N, checked right after)."""
+"""Options we do not act on: inert values start; tuning options (speed,
+memory or placement inside GGML) start with any valid value and are named
+once as having no effect; everything else is refused with one line naming
+the option, why, and what to use instead, before the model reference
+resolves, every problem of a command line in the same run."""
 
 from __future__ import annotations
 
@@ -78,21 +80,9 @@ ACCEPTED = [
 ]
 
 REFUSED = [
-    (["-t", "8"], "--threads '8'"), (["-tb", "2"], "--threads-batch '2'"),
-    (["-fa", "off"], "--flash-attn 'off'"), (["-sm", "row"], "--split-mode 'row'"),
-    (["-sm", "layer"], "--split-mode"), (["-ts", "3,1"], "--tensor-split"),
-    (["--rpc", "h:1"], "--rpc"), (["--mlock"], "--mlock"), (["-lm", "mlock"], "--load-mode"),
-    (["-lm", "none"], "--load-mode"), (["-dev", "Metal"], "--device"),
-    (["--list-devices"], "--list-devices"), (["--perf"], "--perf"),
-    (["-fit", "on"], "--fit 'on'"), (["-nkvo"], "--no-kv-offload"),
-    (["--check-tensors"], "--check-tensors"), (["-ctk", "q8_0"], "--cache-type-k 'q8_0'"),
-    (["-ctv", "bf16"], "--cache-type-v 'bf16'"), (["--numa", "distribute"], "--numa"),
-    (["--no-mmap"], "--no-mmap"), (["--direct-io"], "--direct-io"),
-    (["--cpu-moe"], "--cpu-moe"), (["-ncmoe", "2"], "--n-cpu-moe"), (["--no-host"], "--no-host"),
-    (["-mg", "1"], "--main-gpu"), (["--no-op-offload"], "--no-op-offload"),
-    (["-ot", "x=CPU"], "--override-tensor"), (["--override-kv", "a=int:1"], "--override-kv"),
-    (["-C", "ff"], "--cpu-mask"), (["-Cr", "0-3"], "--cpu-range"), (["--poll", "0"], "--poll"),
-    (["--prio", "2"], "--prio"), (["-ngl", "3"], "--gpu-layers '3'"),
+    (["--rpc", "h:1"], "--rpc"), (["--list-devices"], "--list-devices"), (["--perf"], "--perf"),
+    (["-fit", "on"], "--fit 'on'"), (["--check-tensors"], "--check-tensors"), (["-ctk", "q8_0"], "--cache-type-k 'q8_0'"),
+    (["-ctv", "bf16"], "--cache-type-v 'bf16'"), (["--override-kv", "a=int:1"], "--override-kv"),
     (["-mu", "https://example.com/m.gguf"], "--model-url"), (["-dr", "gemma3"], "--docker-repo"),
     (["-hff", "m-Q4_K_M.gguf"], "--hf-file"),
     (["--ui"], "--ui"), (["--webui"], "--ui"), (["--ui-config", "{}"], "--ui-config"),
@@ -115,9 +105,7 @@ REFUSED = [
     (["--spec-draft-n-max", "8"], "--spec-draft-n-max"), (["--draft", "8"], "--draft"),
     (["--no-spec-draft-backend-sampling"], "--no-spec-draft-backend-sampling"),
     (["-devd", "x"], "--spec-draft-device"), (["-cmoed"], "--spec-draft-cpu-moe"),
-    (["--cache-reuse", "256"], "--cache-reuse '256'"), (["--swa-full"], "--swa-full"),
-    (["-sps", "0.1"], "no slot keeps a prompt"), (["-kvu"], "no shared KV buffer"),
-    (["-ctxcp", "32"], "no context checkpoints"), (["-cms", "256"], "no context checkpoints"),
+    (["--cache-reuse", "256"], "--cache-reuse '256'"), (["-sps", "0.1"], "no slot keeps a prompt"), (["-ctxcp", "32"], "no context checkpoints"), (["-cms", "256"], "no context checkpoints"),
     (["--cache-idle-slots"], "already goes to the process-wide prompt cache"),
     (["--cache-reuse", "1"], "nothing re-rotates a cached key"),
     (["--log-prompts-dir", "/tmp/prompts"], "--log-prompts-dir"),
@@ -148,50 +136,94 @@ def test_refusals_come_before_the_model_is_resolved(argv: list[str]) -> None:
     assert "nobody-xyz" not in str(err.value)
 
 
-# ---- --gpu-layers: checked against the checkpoint's layer count ------------
+# ---- tuning options: accepted, and named once at startup ---------------------
 
-@pytest.mark.parametrize(("value", "ok"), [("0", False), ("3", False), ("4", True),
-                                           ("100", True), ("all", True), ("auto", True),
-                                           ("-2", True)])
-def test_gpu_layers_against_the_layer_count(value: str, ok: bool, ckpt: Path) -> None:
-    line = outcome(["-ngl", value], ckpt)
-    if ok:
-        assert line is None
-    else:
-        assert line is not None and "4 layers" in line and "pass all" in line
-
-
-def test_gpu_layers_without_a_layer_count(tmp_path: Path, ckpt: Path) -> None:
-    (ckpt / "config.json").write_text("{}")
-    assert "layer count" in (outcome(["-ngl", "99"], ckpt) or "")
-    assert outcome(["-ngl", "all"], ckpt) is None
-
-
-def test_gpu_layers_reads_a_nested_text_config(ckpt: Path) -> None:
-    (ckpt / "config.json").write_text(json.dumps({"text_config": {"num_hidden_layers": 6}}))
-    assert outcome(["-ngl", "6"], ckpt) is None
-    assert outcome(["-ngl", "5"], ckpt) is not None
+TUNING = [
+    (["-t", "8"], "--threads '8'"), (["-tb", "2"], "--threads-batch '2'"),
+    (["-fa", "off"], "--flash-attn 'off'"), (["-sm", "row"], "--split-mode 'row'"),
+    (["-sm", "layer"], "--split-mode 'layer'"), (["-ts", "3,1"], "--tensor-split '3,1'"),
+    (["--mlock"], "--mlock"), (["-lm", "mlock"], "--load-mode 'mlock'"),
+    (["-lm", "none"], "--load-mode 'none'"), (["-dev", "Metal"], "--device 'Metal'"),
+    (["-nkvo"], "--no-kv-offload"), (["--numa", "distribute"], "--numa 'distribute'"),
+    (["--no-mmap"], "--no-mmap"), (["--direct-io"], "--direct-io"),
+    (["--cpu-moe"], "--cpu-moe"), (["-ncmoe", "2"], "--n-cpu-moe '2'"),
+    (["--no-host"], "--no-host"), (["-mg", "1"], "--main-gpu '1'"),
+    (["--no-op-offload"], "--no-op-offload"), (["-ot", "x=CPU"], "--override-tensor 'x=CPU'"),
+    (["-C", "ff"], "--cpu-mask 'ff'"), (["-Cr", "0-3"], "--cpu-range '0-3'"),
+    (["--poll", "0"], "--poll '0'"), (["--prio", "2"], "--prio '2'"),
+    (["-ngl", "3"], "--gpu-layers '3'"), (["-ngl", "99"], "--gpu-layers '99'"),
+    (["--swa-full"], "--swa-full"), (["-kvu"], "--kv-unified"), (["--no-repack"], "--no-repack"),
+]
 
 
-def test_gpu_layers_from_the_environment(ckpt: Path) -> None:
-    assert outcome([], ckpt, {"LLAMA_ARG_N_GPU_LAYERS": "99"}) is None
-    line = outcome([], ckpt, {"LLAMA_ARG_N_GPU_LAYERS": "2"})
-    assert line is not None and "(from LLAMA_ARG_N_GPU_LAYERS)" in line
+def noted(argv: list[str], model: Path, env: dict[str, str] | None = None) -> tuple[str, ...]:
+    return prepare([*argv, "-m", str(model)], env=env or {}).no_effect
+
+
+@pytest.mark.parametrize(("argv", "shown"), TUNING, ids=lambda x: " ".join(x)
+                         if isinstance(x, list) else None)
+def test_tuning_values_start_and_are_named_once(argv: list[str], shown: str,
+                                                ckpt: Path) -> None:
+    assert noted(argv, ckpt) == (shown,)
+
+
+@pytest.mark.parametrize("argv", [["-t", "0"], ["-fa", "on"], ["-ngl", "all"], ["-ngl", "-1"],
+                                  ["--mmap"], ["-lm", "auto"], ["-sm", "none"], ["-mg", "0"],
+                                  ["--poll", "50"], ["-no-kvu"], ["--repack"]], ids=" ".join)
+def test_neutral_tuning_values_are_not_named(argv: list[str], ckpt: Path) -> None:
+    assert noted(argv, ckpt) == ()
+
+
+def test_an_upstream_tuning_command_line_starts(ckpt: Path) -> None:
+    argv = ["-c", "8192", "-ngl", "99", "-fa", "on", "--mlock", "-np", "4", "--jinja",
+            "-t", "8", "--no-mmap", "--numa", "distribute"]
+    assert noted(argv, ckpt) == ("--threads '8'", "--mlock", "--no-mmap", "--numa 'distribute'",
+                                 "--gpu-layers '99'")
+
+
+def test_tuning_from_the_environment_names_the_variable(ckpt: Path) -> None:
+    env = {"LLAMA_ARG_THREADS": "8", "LLAMA_ARG_N_GPU_LAYERS": "99", "LLAMA_ARG_MLOCK": "1",
+           "LLAMA_ARG_NO_MMAP": "1", "LLAMA_ARG_NUMA": "distribute", "LLAMA_ARG_FLASH_ATTN": "on"}
+    assert set(noted([], ckpt, env)) == {
+        "--threads '8' (from LLAMA_ARG_THREADS)", "--mlock (from LLAMA_ARG_MLOCK)",
+        "--no-mmap (from LLAMA_ARG_NO_MMAP)", "--numa 'distribute' (from LLAMA_ARG_NUMA)",
+        "--gpu-layers '99' (from LLAMA_ARG_N_GPU_LAYERS)"}
+
+
+def test_a_tuning_value_outside_its_domain_is_still_an_error(ckpt: Path) -> None:
+    line = outcome(["--prio", "7"], ckpt)
+    assert line is not None and "--prio" in line
+
+
+def test_every_problem_of_a_command_line_is_reported_in_one_run(ckpt: Path) -> None:
+    with pytest.raises(CliError) as err:
+        prepare(["-m", str(ckpt), "-ctk", "q8_0", "--perf", "--rpc", "h:1", "--bogus",
+                 "--prio", "9"], env={"LLAMA_ARG_CACHE_TYPE_V": "q4_0"})
+    lines = err.value.lines
+    for needle in ("--bogus", "--cache-type-k 'q8_0'", "--perf", "--rpc",
+                   "--cache-type-v 'q4_0' (from LLAMA_ARG_CACHE_TYPE_V)"):
+        assert sum(needle in line for line in lines) == 1, (needle, lines)
+
+
+def test_refusals_and_value_errors_travel_together(ckpt: Path) -> None:
+    with pytest.raises(CliError) as err:
+        prepare(["-m", str(ckpt), "--prio", "9", "-n", "x"], env={})
+    assert len(err.value.lines) == 2, err.value.lines
 
 
 # ---- environment rules ------------------------------------------------------
 
 @pytest.mark.parametrize(("env", "refused"), [
     ({"LLAMA_ARG_CPU_MOE": "0"}, False), ({"LLAMA_ARG_CPU_MOE": "yes"}, False),
-    ({"LLAMA_ARG_CPU_MOE": "1"}, True), ({"LLAMA_ARG_CPU_MOE": "on"}, True),
+    ({"LLAMA_ARG_CPU_MOE": "1"}, False), ({"LLAMA_ARG_CPU_MOE": "on"}, False),
     ({"LLAMA_ARG_UI": "false"}, False), ({"LLAMA_ARG_UI": "0"}, False),
     ({"LLAMA_ARG_UI": "true"}, True), ({"LLAMA_ARG_NO_UI": "1"}, False),
     ({"LLAMA_ARG_NO_UI": "1", "LLAMA_ARG_UI": "1"}, False),
     ({"LLAMA_ARG_AGENT": "enabled"}, True), ({"LLAMA_ARG_NO_AGENT": "0"}, False),
     ({"LLAMA_ARG_UI_MCP_PROXY": "off"}, False), ({"LLAMA_ARG_UI_MCP_PROXY": "on"}, True),
     ({"LLAMA_ARG_NO_UI_MCP_PROXY": "x"}, False),
-    ({"LLAMA_ARG_THREADS": "8"}, True), ({"LLAMA_ARG_THREADS": "0"}, False),
-    ({"LLAMA_ARG_NO_MMAP": "1"}, True), ({"LLAMA_ARG_MMAP": "true"}, False),
+    ({"LLAMA_ARG_THREADS": "8"}, False), ({"LLAMA_ARG_THREADS": "0"}, False),
+    ({"LLAMA_ARG_NO_MMAP": "1"}, False), ({"LLAMA_ARG_MMAP": "true"}, False),
     ({"LLAMA_ARG_NO_MMAP": "1", "LLAMA_ARG_LOAD_MODE": "mmap"}, False),
     ({"LLAMA_ARG_NO_PERF": "1"}, False), ({"LLAMA_ARG_PERF": "1"}, True),
     ({"LLAMA_ARG_NO_CACHE_PROMPT": "1"}, False), ({"LLAMA_ARG_CACHE_PROMPT": "1"}, False),
@@ -242,7 +274,8 @@ def test_log_prompts_dir_is_refused_without_creating_it(tmp_path: Path, ckpt: Pa
 def test_not_applicable_options_are_hidden_and_classified() -> None:
     for opt in OPTIONS:
         if opt.status == "not_applicable":
-            assert opt.hidden and opt.refuse is not None, opt.name
+            # classified: refused unless inert, or a tuning option (never refused)
+            assert opt.hidden and (opt.refuse is None) == (opt.quiet is not None), opt.name
         if opt.status == "deferred":
             assert not opt.hidden and opt.refuse is not None, opt.name
             assert opt.owner in (2, 3, 4, 5, 6, 7, 8), opt.name

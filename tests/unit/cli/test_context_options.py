@@ -53,7 +53,6 @@ def test_rope_overrides_resolve(tiny_model):
     (["--rope-freq-scale", "-2"], "invalid value '-2' for --rope-freq-scale"),
     (["--rope-scale", "4", "--rope-freq-scale", "0.5"],
      "--rope-freq-scale '0.5': not the reciprocal of --rope-scale 4"),
-    (["--swa-full"], "--swa-full"),
     (["--control-vector", "v.gguf"], "logit-bias"),
     (["--control-vector-scaled", "v.gguf:0"], "logit_bias"),
 ])

@@ -74,7 +74,7 @@ print(rc, seen.get("heavy"), sorted(m for m in %(heavy)r if m in sys.modules))
 
 @pytest.mark.parametrize(("args", "reaches_runner"), [
     (["-m", "x.gguf"], False), (["-np", "0"], False), (["-m", "CKPT", "-np", "2"], True),
-    (["-t", "8", "-m", "CKPT"], False), (["-ngl", "1", "-m", "CKPT"], False),
+    (["-t", "8", "-m", "CKPT"], True), (["-ctk", "q4_0", "-m", "CKPT"], False),
     (["--fim-qwen-7b-default"], False), (["-m", "CKPT", "-t", "0", "--no-ui", "-fa", "on"], True)])
 def test_nothing_heavy_is_imported_before_the_runner(
     args: list[str], reaches_runner: bool, checkpoint: Path
