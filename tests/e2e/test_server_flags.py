@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import httpx
 import pytest
 
@@ -110,3 +114,45 @@ def test_offline_refuses_to_download(tiny_model, tmp_path):
         env={**__import__("os").environ, "HF_HUB_CACHE": str(tmp_path)})
     assert proc.returncode == 1
     assert proc.stderr.count("\n") == 1 and "downloading is off" in proc.stderr
+
+
+TUNING_ARGV = ["-c", "8192", "-ngl", "99", "-fa", "on", "--mlock", "-np", "2", "--jinja",
+               "-t", "8", "--no-mmap", "--numa", "distribute"]
+TUNING_ENV = {"LLAMA_ARG_CTX_SIZE": "8192", "LLAMA_ARG_N_GPU_LAYERS": "99",
+              "LLAMA_ARG_FLASH_ATTN": "on", "LLAMA_ARG_MLOCK": "1", "LLAMA_ARG_N_PARALLEL": "2",
+              "LLAMA_ARG_JINJA": "1", "LLAMA_ARG_THREADS": "8", "LLAMA_ARG_NO_MMAP": "1",
+              "LLAMA_ARG_NUMA": "distribute"}
+
+
+@pytest.mark.parametrize(("argv", "env", "origin"), [
+    (TUNING_ARGV, {}, ""), ([], TUNING_ENV, " (from LLAMA_ARG_THREADS)")],
+    ids=["argv", "env"])
+def test_a_tuned_llama_server_command_line_serves(tiny_model, start_server, argv, env, origin):
+    """Upstream's speed/memory/placement flags start the server; the ones that
+    ask for something are named once, in one line, and generation works."""
+    srv = start_server(tiny_model, *argv, env=env)
+    lines = [ln for ln in srv.stdout + srv.stderr if "has no effect on MLX" in ln]
+    assert len(lines) == 1, lines
+    for shown in (f"--threads '8'{origin}", "--mlock", "--no-mmap", "--numa 'distribute'",
+                  "--gpu-layers '99'"):
+        assert shown in lines[0], lines[0]
+    assert "--flash-attn" not in lines[0]          # on is what MLX does anyway
+    res = post(srv.url, {"prompt": "Hello", "n_predict": 4, "ignore_eos": True}).json()
+    assert res["tokens_predicted"] == 4
+    assert props(srv)["total_slots"] == 2
+    srv.stop()
+
+
+def test_every_refused_option_is_reported_in_one_run(tiny_model):
+    """Three refused options (two on the command line, one from the
+    environment): one run names all three, then exits 1 before loading."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlxcel_trio", "-m", str(tiny_model), "--perf", "--rpc", "h:1"],
+        env={**os.environ, "LLAMA_ARG_CACHE_TYPE_K": "q4_0"}, capture_output=True, text=True,
+        timeout=60, stdin=subprocess.DEVNULL)
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
+    assert proc.returncode == 1, proc.stderr
+    assert len(errors) == 3, proc.stderr
+    for shown in ("--perf", "--rpc 'h:1'", "--cache-type-k 'q4_0' (from LLAMA_ARG_CACHE_TYPE_K)"):
+        assert sum(shown in ln for ln in errors) == 1, (shown, errors)
+    assert "listening" not in proc.stdout and "model loaded" not in proc.stdout
