@@ -1,4 +1,4 @@
-"""The two print-and-exit options that need no model.
+"""The print-and-exit options that need no model.
 
 * ``--completion-bash``: a bash completion script generated from the live
   option table.  Only visible options reach it: the hidden compatibility
@@ -9,8 +9,12 @@
   ``%4d. name``), each named as the repo id ``--model`` accepts.  A cached
   repo counts only when one of its snapshots holds config.json and
   *.safetensors, so a GGUF repo or a half-finished download is not offered.
+* ``--list-devices``: MLX's devices in upstream's shape (``Available
+  devices:`` then ``  NAME: DESCRIPTION (TOTAL MiB, FREE MiB free)``), the
+  names `mx.Device` prints, so an operator sees where the model will run.
 
-Both read the standard library only: they must answer in a blink.
+The first two read the standard library only: they must answer in a blink.
+--list-devices imports MLX, which is what it reports on.
 """
 
 from __future__ import annotations
@@ -116,4 +120,40 @@ def cache_list(env: Mapping[str, str]) -> str:
     models = cached_models(env)
     lines = [f"number of models in cache: {len(models)}"]
     lines += [f"{i:4d}. {name}" for i, name in enumerate(models, start=1)]
+    return "\n".join(lines) + "\n"
+
+
+def _host_memory_mib() -> tuple[int, int]:
+    """Total and available host memory in MiB (Linux's MemAvailable where
+    the kernel offers it, else the free pages)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    total = os.sysconf("SC_PHYS_PAGES") * page
+    free = os.sysconf("SC_AVPHYS_PAGES") * page
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    free = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return total // 2**20, free // 2**20
+
+
+def list_devices() -> str:
+    """Every MLX device, GPUs first (where MLX runs by default when present)."""
+    import mlx.core as mx
+
+    lines = ["Available devices:"]
+    for kind in (mx.gpu, mx.cpu):
+        for index in range(mx.device_count(kind)):
+            device = mx.Device(kind, index)
+            info = mx.device_info(device)
+            description = str(info.get("device_name") or info.get("architecture") or "")
+            size = info.get("memory_size") or info.get("total_memory")
+            if kind == mx.cpu or not size:
+                total, free = _host_memory_mib()
+            else:  # MLX reports a GPU's memory, not what is free on it
+                total = free = int(size) // 2**20
+            name = f"{'GPU' if kind == mx.gpu else 'CPU'}{index}"
+            lines.append(f"  {name}: {description} ({total} MiB, {free} MiB free)")
     return "\n".join(lines) + "\n"

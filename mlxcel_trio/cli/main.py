@@ -9,8 +9,8 @@ imported, only the standard library, attrs and this package's light modules
 are loaded (huggingface_hub too, but only to fetch a repo id), so every
 refusal prints its one line and exits well within a third of a second.
 
-Exit codes: 0 after --help, --version, --completion-bash, --cache-list or
---dump-flag-surface; 1 for any
+Exit codes: 0 after --help, --version, --completion-bash, --cache-list,
+--list-devices or --dump-flag-surface; 1 for any
 startup error (one ``error: ...`` line per problem on stderr, never a
 traceback);
 otherwise whatever the runner returns.
@@ -191,6 +191,9 @@ def server_main(
             return 0
         if parsed.action == "completion_bash":
             sys.stdout.write(actions.completion_bash(prog))
+            return 0
+        if parsed.action == "list_devices":
+            sys.stdout.write(actions.list_devices())
             return 0
         if parsed.action == "cache_list":
             sys.stdout.write(actions.cache_list(os.environ if env is None else env))

@@ -1,4 +1,4 @@
-"""--completion-bash and --cache-list: print and exit 0, no model needed."""
+"""--completion-bash, --cache-list and --list-devices: print and exit 0, no model needed."""
 
 from __future__ import annotations
 
@@ -102,3 +102,14 @@ def test_cache_list_as_a_process(tmp_path: Path) -> None:
     ({"HOME": "/h"}, "/h/.cache/huggingface/hub")])
 def test_hub_cache_dir_precedence(env: dict[str, str], want: str) -> None:
     assert str(hub_cache_dir(env)) == want
+
+
+def test_list_devices_prints_mlx_devices() -> None:
+    """Upstream's shape, MLX's devices: the CPU is always there; exit 0."""
+    proc = run_cli(["--list-devices"])
+    assert proc.rc == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "Available devices:"
+    assert any(re.fullmatch(r"  CPU0: .* \(\d+ MiB, \d+ MiB free\)", ln) for ln in lines[1:])
+    assert all(re.fullmatch(r"  (CPU|GPU)\d+: .* \(\d+ MiB, \d+ MiB free\)", ln)
+               for ln in lines[1:])

@@ -80,7 +80,7 @@ ACCEPTED = [
 ]
 
 REFUSED = [
-    (["--rpc", "h:1"], "--rpc"), (["--list-devices"], "--list-devices"), (["--perf"], "--perf"),
+    (["--rpc", "h:1"], "--rpc"), (["--perf"], "--perf"),
     (["-fit", "on"], "--fit 'on'"), (["--check-tensors"], "--check-tensors"), (["-ctk", "q8_0"], "--cache-type-k 'q8_0'"),
     (["-ctv", "bf16"], "--cache-type-v 'bf16'"), (["--override-kv", "a=int:1"], "--override-kv"),
     (["-mu", "https://example.com/m.gguf"], "--model-url"), (["-dr", "gemma3"], "--docker-repo"),
