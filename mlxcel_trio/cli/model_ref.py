@@ -14,7 +14,6 @@ HF_HUB_OFFLINE and HF_TOKEN the way huggingface_hub itself does.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -114,25 +113,6 @@ def resolve(value: str, token: str | None = None) -> ResolvedModel:
     )
 
 
-def layer_count(path: str | Path) -> int | None:
-    """The checkpoint's number of transformer layers, from config.json
-    (a multimodal checkpoint nests it under text_config); None if absent."""
-    try:
-        config = json.loads((Path(path) / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(config, dict):
-        return None
-    for scope in (config, config.get("text_config")):
-        if not isinstance(scope, dict):
-            continue
-        for key in ("num_hidden_layers", "n_layer", "num_layers", "n_layers"):
-            value = scope.get(key)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
-    return None
-
-
 def _download(repo_id: str, token: str | None = None) -> str:
     """Fetch (or find in the cache) a Hub snapshot; failures become one line."""
     try:
@@ -144,12 +124,42 @@ def _download(repo_id: str, token: str | None = None) -> str:
         if token:
             return snapshot_download(repo_id, allow_patterns=_ALLOW_PATTERNS, token=token)
         return snapshot_download(repo_id, allow_patterns=_ALLOW_PATTERNS)
-    except LocalEntryNotFoundError:
-        raise ModelRefError(
-            "not in the local Hugging Face cache, and downloading is off "
-            "(HF_HUB_OFFLINE is set, or the Hub cannot be reached)"
-        ) from None
+    except LocalEntryNotFoundError as exc:
+        raise ModelRefError(f"not in the local Hugging Face cache, and {_why_offline(exc)}; "
+                            "download it once where the Hub is reachable, or pass a "
+                            "local checkpoint directory") from None
     except Exception as exc:  # any Hub or network failure: one line, no traceback
-        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-        detail = lines[0] if lines else type(exc).__name__
-        raise ModelRefError(f"could not fetch it from Hugging Face: {detail}") from None
+        raise ModelRefError(f"could not fetch it from Hugging Face: {_hub_failure(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def _why_offline(exc: BaseException) -> str:
+    """huggingface_hub says "not in the cache" both when downloading is off
+    and when the Hub could not be reached; tell the two apart, with the
+    underlying network error in the second case."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return "downloading is off (HF_HUB_OFFLINE or --offline is set)"
+    cause = exc.__cause__ or exc.__context__
+    if cause is None:
+        return "the Hub could not be reached"
+    return f"the Hub could not be reached ({type(cause).__name__}: {_first_line(cause)})"
+
+
+def _hub_failure(exc: BaseException) -> str:
+    """One line naming the real cause: the HTTP status the Hub answered
+    (401 needs a token, 404 is no such repository), else the error itself."""
+    response = getattr(exc, "response", None)
+    status = getattr(response, "status_code", None)
+    if status == 401:
+        return ("401 Unauthorized: the repository is private or gated; pass --hf-token "
+                "or set HF_TOKEN")
+    if status == 404:
+        return "404 Not Found: no such repository (check the owner/name spelling)"
+    prefix = f"HTTP {status}: " if status else f"{type(exc).__name__}: "
+    return prefix + _first_line(exc)

@@ -11,6 +11,8 @@ process-wide; LoRA waits for its issue.
 
 from __future__ import annotations
 
+import re
+
 from typing import Any
 
 from mlxcel_trio.cli import model_ref
@@ -44,7 +46,15 @@ def _hf_repo_why(value: str) -> str:
 
 
 def _hf_repo_instead(value: str) -> str:
-    return f"use --hf-repo {value.split(':', 1)[0]} (an MLX snapshot)"
+    """A GGUF repository (its name says so, as llama.cpp's convention has it)
+    holds no MLX weights: point at an MLX conversion of the same model."""
+    repo = value.split(":", 1)[0]
+    if "gguf" not in repo.lower():
+        return f"use --hf-repo {repo} if it holds MLX SafeTensors weights"
+    name = re.sub(r"[-_.]?gguf", "", repo.rsplit("/", 1)[-1], flags=re.IGNORECASE)
+    return (f"{repo} is a GGUF repository; serve an MLX conversion of the same model, "
+            f"e.g. --hf-repo mlx-community/{name}-bf16 (or -4bit, -8bit: the "
+            "mlx-community organisation publishes most)")
 
 
 SOURCE: tuple[Option, ...] = (

@@ -115,14 +115,14 @@ class _SetTrue(argparse.Action):
 
 def help_text(opt: Option) -> str:
     """The help column for one option: description, default, env variable;
-    a deferred option says what it accepts until its issue lands."""
+    a deferred option says what it accepts until it is implemented."""
     text = opt.help
     default = opt.shown_default()
     if default is not None:
         text += f" (default: {default})"
     if opt.status == "deferred":
         accepts = f"accepts only {opt.accepts}" if opt.accepts else "refused if given"
-        text += f"\n[not implemented yet, issue #{opt.owner}: {accepts}]"
+        text += f"\n[not implemented yet: {accepts}]"
     if opt.env:
         text += f"\n(env: {opt.env})"
     return text.replace("%", "%%")

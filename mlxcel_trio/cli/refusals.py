@@ -10,7 +10,8 @@ before any model is resolved:
   nothing, or for what MLX already does, are *inert* and accepted silently;
   anything else is refused with why and what to use instead.
 * ``deferred`` -- a later issue implements it.  The upstream default (or a
-  neutral value) is inert; any other value is refused naming the issue.
+  neutral value) is inert; any other value is refused as not implemented yet
+  (the issue number stays in the table and the manifest, not in the words).
 
 A refusal is one line: the parser prefixes ``<option> <value>: `` and the
 entry point ``error: ``, giving
@@ -86,8 +87,7 @@ class Refuser:
         return f"{_text(self.why, value)}; {instead}"
 
 
-def deferred_why(issue: int) -> str:
-    return f"not implemented yet in mlxcel-trio (tracked by issue #{issue})"
+DEFERRED_WHY = "not implemented yet in mlxcel-trio"
 
 
 def _describe(spellings: tuple[str, ...], negations: tuple[str, ...], kind: str,
@@ -110,7 +110,7 @@ def deferred(
     instead: Words | None = None, **kw: Any,
 ) -> Option:
     """An option a later issue implements: its default (or the given
-    `inert` values) is accepted, any other value is refused naming the issue."""
+    `inert` values) is accepted, any other value is refused as not implemented yet."""
     default = kw.get("default")
     kind = kw.get("kind", "value")
     if inert is None:
@@ -119,7 +119,7 @@ def deferred(
         if accepts is None and kind != "flag":
             accepts = _describe(spellings, kw.get("negations", ()), kind, default,
                                 kw.get("default_text"))
-    hook = Refuser(inert, deferred_why(issue), instead, accepts)
+    hook = Refuser(inert, DEFERRED_WHY, instead, accepts)
     return Option(spellings, dest, help, status="deferred", owner=issue, refuse=hook, **kw)
 
 

@@ -109,7 +109,7 @@ REFUSED = [
     (["--cache-idle-slots"], "already goes to the process-wide prompt cache"),
     (["--cache-reuse", "1"], "nothing re-rotates a cached key"),
     (["--log-prompts-dir", "/tmp/prompts"], "--log-prompts-dir"),
-    (["--lora", "a"], "issue #3"), (["--embedding"], "issue #3"),
+    (["--lora", "a"], "not implemented yet"), (["--embedding"], "not implemented yet"),
     (["-hf", "ggml-org/x-GGUF:Q4_K_M"], "GGUF"),
 ]
 
@@ -305,7 +305,7 @@ def test_deferred_options_accept_their_default(opt: Option, ckpt: Path) -> None:
 @pytest.mark.skipif(not HAVE_UPSTREAM, reason="../shared reference data absent")
 @pytest.mark.parametrize("rec", [r for r in records() if ours(r).status == "deferred"
                                  and not expect_accepted(r)], ids=record_id)
-def test_deferred_options_refuse_another_value_naming_the_issue(
+def test_deferred_options_refuse_another_value_as_not_implemented(
     rec: dict[str, Any], tmp_path: Path, ckpt: Path
 ) -> None:
     opt = ours(rec)
@@ -314,4 +314,12 @@ def test_deferred_options_refuse_another_value_naming_the_issue(
     line = outcome(plausible(rec, some_file, ckpt), ckpt)
     assert line is not None and line.startswith(opt.name if opt.kind != "bool"
                                                 else (opt.negation_name, opt.name))
-    assert f"not implemented yet in mlxcel-trio (tracked by issue #{opt.owner})" in line
+    assert "not implemented yet in mlxcel-trio; " in line and "#" not in line
+
+
+def test_hf_advice_tells_a_gguf_repository_from_an_mlx_one(ckpt: Path) -> None:
+    gguf = outcome(["-hf", "ggml-org/gemma-3-1b-it-GGUF:Q4_K_M"], ckpt) or ""
+    assert "is a GGUF repository" in gguf and "--hf-repo mlx-community/gemma-3-1b-it-bf16" in gguf
+    assert "--hf-repo ggml-org/gemma-3-1b-it-GGUF" not in gguf
+    mlx = outcome(["-hf", "mlx-community/Qwen3-0.6B-bf16:Q4_K_M"], ckpt) or ""
+    assert "use --hf-repo mlx-community/Qwen3-0.6B-bf16 if it holds MLX" in mlx

@@ -94,12 +94,53 @@ def test_repo_id_resolves_through_snapshot_download(
 
 def test_hub_failure_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     def download(repo_id: str, **kwargs: object) -> str:
-        raise RuntimeError("401 Client Error\nRepository Not Found for url: x")
+        raise RuntimeError("500 Server Error\nsomething for url: x")
 
     _fake_hub(monkeypatch, download)
     with pytest.raises(ModelRefError) as err:
         resolve("owner/name")
-    assert str(err.value) == "could not fetch it from Hugging Face: 401 Client Error"
+    assert str(err.value) == "could not fetch it from Hugging Face: RuntimeError: 500 Server Error"
+
+
+class _HttpError(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(f"{status} Client Error\nfor url: x")
+        self.response = type("Response", (), {"status_code": status})()
+
+
+@pytest.mark.parametrize(("status", "needle"), [
+    (401, "401 Unauthorized: the repository is private or gated; pass --hf-token"),
+    (404, "404 Not Found: no such repository"), (503, "HTTP 503: 503 Client Error")])
+def test_hub_http_status_is_named(monkeypatch: pytest.MonkeyPatch, status: int,
+                                  needle: str) -> None:
+    def download(repo_id: str, **kwargs: object) -> str:
+        raise _HttpError(status)
+
+    _fake_hub(monkeypatch, download)
+    with pytest.raises(ModelRefError) as err:
+        resolve("owner/name")
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_an_unreachable_hub_is_not_called_offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """huggingface_hub answers "not in the cache" for a network failure too;
+    the line names the network error, not HF_HUB_OFFLINE."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import LocalEntryNotFoundError
+
+    def download(repo_id: str, **kwargs: object) -> str:
+        try:
+            raise ConnectionError("Name or service not known")
+        except ConnectionError as net:
+            raise LocalEntryNotFoundError("cannot find the requested files") from net
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    _fake_hub(monkeypatch, download)
+    with pytest.raises(ModelRefError) as err:
+        resolve("owner/name")
+    line = str(err.value)
+    assert "HF_HUB_OFFLINE" not in line
+    assert "the Hub could not be reached (ConnectionError: Name or service not known)" in line
 
 
 def test_hub_snapshot_that_is_not_mlx_is_refused(
