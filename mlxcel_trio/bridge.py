@@ -28,6 +28,7 @@ from typing import AsyncIterator, Callable
 import trio
 
 from .config import ServerConfig
+from .engine import architectures
 from .engine.loop import EngineLoop
 from .monitor import Monitor
 from .engine.records import (
@@ -98,6 +99,12 @@ class JobHandle:
         for job_id in self.job_ids:
             self._bridge._forget(job_id)
         self.events.close()
+
+
+def checkpoint_problem(path: str) -> str | None:
+    """Why the engine could not build the checkpoint at `path` (one line), or
+    None; asked before the server listens, so nothing loads in vain."""
+    return architectures.problem(path)
 
 
 class Bridge:

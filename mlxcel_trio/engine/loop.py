@@ -165,7 +165,9 @@ class EngineLoop:
         try:
             scheduler = self._load()
         except Exception as exc:  # reported to trio, never raised across threads
-            log.exception("model load failed")
+            # one line; the traceback only with -v (it is ours, not the operator's)
+            log.error("model load failed: %s: %s", type(exc).__name__, exc,
+                      exc_info=log.isEnabledFor(logging.DEBUG))
             self._emit(StepEvents((LoadFailed(f"{type(exc).__name__}: {exc}"),)))
             return
         # _serve must hold the only reference (an idle sleep drops it to free

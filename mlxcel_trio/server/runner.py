@@ -30,7 +30,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 
 from .. import logging_setup
-from ..bridge import Bridge
+from ..bridge import Bridge, checkpoint_problem
 from ..config import ServerConfig
 from .request import grammar_fields as server_grammar
 from .http import listen
@@ -161,6 +161,12 @@ def run(config: ServerConfig) -> int:
     if config.no_effect:  # copied llama-server tuning flags: accepted, said once
         log.warning("has no effect on MLX: %s", ", ".join(config.no_effect))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    problem = checkpoint_problem(config.model)
+    if problem is not None:  # before the socket listens and before any weight is read
+        print(f"error: failed to load model '{config.model}': {problem}", file=sys.stderr,
+              flush=True)
+        sinks.close()
+        return 1
     try:
         sock = listen.bind(config.host, config.port, config.reuse_port)
     except listen.BindError as exc:

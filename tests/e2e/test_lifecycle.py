@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -96,3 +100,23 @@ def test_sigterm_lets_a_short_request_in_flight_finish(tiny_model, start_server)
     assert result["r"].status_code == 200
     assert result["r"].json()["tokens_predicted"] == 300
     assert refused is not False, "a new connection was accepted during the grace period"
+
+
+def test_an_unsupported_architecture_is_one_line_before_listening(tiny_model, tmp_path):
+    """mlx-lm cannot build it: one error line naming the architecture and
+    what is supported, exit 1, before the socket listens; no traceback."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    for f in Path(tiny_model).iterdir():
+        (ckpt / f.name).symlink_to(f)
+    config = json.loads((Path(tiny_model) / "config.json").read_text())
+    (ckpt / "config.json").unlink()
+    (ckpt / "config.json").write_text(json.dumps({**config, "model_type": "zorblax"}))
+    proc = subprocess.run([sys.executable, "-m", "mlxcel_trio", "-m", str(ckpt), "--port", "0"],
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert "unsupported model architecture 'zorblax'" in lines[0] and "qwen3" in lines[0]
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert "listening" not in proc.stdout

@@ -6,7 +6,6 @@ resolves, every problem of a command line in the same run."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 

@@ -1,0 +1,58 @@
+"""Which model architectures mlx-lm can build, asked before anything loads.
+
+mlx-lm picks a model class from config.json's `model_type` (through its
+remapping tables, e.g. `mistral` -> `llama`) and fails deep inside its loader
+when the module does not exist.  The server asks first, so an unsupported
+checkpoint is one line naming the architecture and the supported list,
+before the socket listens and before any weight is read.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import pkgutil
+from pathlib import Path
+
+
+def _resolved_type(config: dict) -> str:
+    """mlx-lm's own resolution of the module name (utils._get_classes)."""
+    from mlx_lm.utils import MODEL_ARCHITECTURE_REMAPPING, MODEL_REMAPPING
+
+    model_type = str(config.get("model_type"))
+    architectures = config.get("architectures") or ()
+    if isinstance(architectures, str):
+        architectures = (architectures,)
+    for architecture in architectures:
+        remapped = MODEL_ARCHITECTURE_REMAPPING.get((model_type, architecture))
+        if remapped is not None:
+            return remapped
+    return MODEL_REMAPPING.get(model_type, model_type)
+
+
+def supported() -> list[str]:
+    """Every `model_type` this mlx-lm builds: its model modules (less the
+    shared helpers) and the names its remapping table accepts."""
+    import mlx_lm.models
+    from mlx_lm.utils import MODEL_REMAPPING
+
+    helpers = {"base", "cache", "rope_utils", "switch_layers", "activations", "pipeline",
+               "ssm", "gated_delta", "bitlinear_layers", "mla"}
+    names = {m.name for m in pkgutil.iter_modules(mlx_lm.models.__path__)
+             if not m.name.startswith("_") and m.name not in helpers}
+    return sorted(names | set(MODEL_REMAPPING))
+
+
+def problem(path: str | Path) -> str | None:
+    """None when mlx-lm can build the checkpoint at `path`, else one line."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        return f"cannot read {Path(path) / 'config.json'}: {exc}"
+    if not isinstance(config, dict) or not config.get("model_type"):
+        return "config.json names no model_type, so no mlx-lm architecture can be chosen"
+    module = _resolved_type(config)
+    if importlib.util.find_spec(f"mlx_lm.models.{module}") is not None:
+        return None
+    return (f"unsupported model architecture '{config['model_type']}': mlx-lm "
+            f"builds {', '.join(supported())}")
