@@ -81,6 +81,18 @@ def slot_context(n_ctx: int, n_slots: int, n_ctx_train: int) -> int:
     return n_ctx_slot
 
 
+def _count(n: int) -> str:
+    """A parameter count as people say it: 272.38K, 596.05M, 7.62B."""
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return str(n)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
 def _model_facts(model, config: dict, path: Path, n_ctx: int, n_ctx_slot: int,
                  n_slots: int) -> ModelInfo:
     from mlx.utils import tree_flatten
@@ -189,8 +201,7 @@ class EngineLoop:
         if self._warmup:
             self._run_warmup(scheduler, vocab)
         info = _model_facts(model, config, self._path, n_ctx, self._n_ctx_slot, self._n_slots)
-        log.info("model loaded in %.2f s: %s", time.perf_counter() - t0, info)
-        self._report_platform(info)
+        self._report(info, time.perf_counter() - t0)
         self._emit(StepEvents((Loaded(info),)))
         return scheduler
 
@@ -214,14 +225,19 @@ class EngineLoop:
                                        if self._cache_ram_mib != 0 else None))
 
     @staticmethod
-    def _report_platform(info: ModelInfo) -> None:
+    def _report(info: ModelInfo, seconds: float) -> None:
+        """One readable load summary, then what the platform costs (if anything)."""
         import mlx.core as mx
 
         from .platform_report import describe
 
         device = "cpu" if mx.default_device() == mx.cpu else "gpu"
-        line, warning = describe(device, info.dtype, info.quantization)
-        log.info("%s", line)
+        platform, warning = describe(device, info.dtype, info.quantization)
+        log.info("model loaded in %.2f s: %s | %s, %s, %s parameters, %s | context %d "
+                 "(training %d), %d slots of %d | %s", seconds, info.path, info.model_type,
+                 info.quantization or info.dtype, _count(info.n_params),
+                 _mib(info.size_bytes), info.n_ctx, info.n_ctx_train, info.n_slots,
+                 info.n_ctx_slot, platform)
         if warning:
             log.warning("%s", warning)
 
