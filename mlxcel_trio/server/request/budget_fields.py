@@ -27,6 +27,7 @@ import attrs
 from ...chat.budget import BudgetGrammar, ForceEnd
 from ...engine.records import Job
 from ..http.errors import ApiError, json_type_name
+from .schema import NativeRequest
 
 
 def _ids(vocab, text: str) -> tuple[int, ...]:
@@ -69,7 +70,7 @@ def native_end_tags(body: dict) -> list[str]:
     return [value] if value else []
 
 
-def native_jobs(vocab, values, body: dict, jobs: list[Job],
+def native_jobs(vocab, values: NativeRequest, body: dict, jobs: list[Job],
                 force_end: ForceEnd | None = None) -> list[Job]:
     """The raw-prompt routes: the native fields' budget, when they ask for one."""
     start = values.reasoning_budget_start_tag

@@ -28,6 +28,7 @@ import trio
 from ...grammar.compile import Compiler, GrammarError, GrammarSpec
 from ...grammar.constraint import Triggers
 from ..http.errors import ApiError, json_type_name
+from .schema import NativeRequest
 
 log = logging.getLogger("mlxcel.grammar")
 
@@ -173,7 +174,7 @@ def _request_grammar(body: dict) -> tuple[str, str] | None:
     return None
 
 
-def resolve(body: dict, rec, served):
+def resolve(body: dict, rec: NativeRequest, served) -> NativeRequest:
     """The grammar in force (`grammar_spec`: a GrammarSpec or None) and the
     parsed grammar_triggers and preserved_tokens, as a new record."""
     vocab = served.bridge.vocab
@@ -204,7 +205,7 @@ def _compile(served, spec: GrammarSpec, field: str | None = None):
         raise ApiError(f"Failed to initialize samplers: {exc}") from None
 
 
-async def prepare(served, rec):
+async def prepare(served, rec: NativeRequest) -> NativeRequest:
     """The record with its grammar compiled off the Trio thread."""
     spec = rec.grammar_spec
     if spec is None or rec.grammar_compiled is not None:
@@ -213,7 +214,7 @@ async def prepare(served, rec):
         _compile, served, spec, rec.grammar_field))
 
 
-def compiled(served, rec) -> Any:
+def compiled(served, rec: NativeRequest) -> Any:
     """The compiled grammar for make_job (compiled here if no await prepared
     it; the compile cache makes that cheap after the first time)."""
     spec = rec.grammar_spec

@@ -33,6 +33,7 @@ from ...engine.records import DEFAULT_DRY_BREAKERS, SamplingParams
 from ...engine.samplers import names
 from ..http.errors import ApiError, json_type_name
 from .fields import NATIVE_FIELDS, default
+from .schema import NativeRequest
 
 INT32 = 2**32
 
@@ -215,7 +216,7 @@ def parse_logit_bias(value, vocab) -> tuple[tuple[int, float], ...]:
     return tuple(out)
 
 
-def resolve(body: dict, rec, served):
+def resolve(body: dict, rec: NativeRequest, served) -> NativeRequest:
     """Apply the custom handlers in upstream's schema order: a new record."""
     base = served.defaults
     new: dict[str, Any] = {}
@@ -249,14 +250,14 @@ def resolve(body: dict, rec, served):
     return attrs.evolve(rec, **new)
 
 
-def params(rec, seed: int) -> SamplingParams:
+def params(rec: NativeRequest, seed: int) -> SamplingParams:
     """The engine's record of a resolved request: each SamplingParams
     attribute is the same-named field's value (`seed`: the copy's)."""
     values = {a.name: getattr(rec, a.name) for a in attrs.fields(SamplingParams)}
     return SamplingParams(**{**values, "seed": seed})
 
 
-def check(rec) -> None:
+def check(rec: NativeRequest) -> None:
     """common_sampler_init's checks: a failure refuses the request."""
     rp = rec.repeat_penalty
     why = None

@@ -18,6 +18,7 @@ import math
 from typing import Any, Callable
 
 from .fields import FIELDS_BY_NAME
+from .schema import NativeRequest
 
 GENERATION_SETTINGS: tuple[str, ...] = (
     "seed", "temperature", "dynatemp_range", "dynatemp_exponent", "top_k", "top_p", "min_p",
@@ -41,11 +42,11 @@ def json_float(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def logit_bias_json(rec) -> list[dict]:
+def logit_bias_json(rec: NativeRequest) -> list[dict]:
     return [{"bias": json_float(b), "token": t} for t, b in rec.logit_bias]
 
 
-def _grammar(rec) -> str:
+def _grammar(rec: NativeRequest) -> str:
     """The GBNF in force (a JSON schema or a tool-call grammar reports "")."""
     spec = rec.grammar_spec
     return spec.text if spec is not None and spec.kind == "gbnf" else ""
@@ -80,11 +81,11 @@ def _project(key: str) -> Callable[[Any], Any]:
 _PROJECTIONS = tuple((key, _project(key)) for key in GENERATION_SETTINGS)
 
 
-def generation_settings(rec) -> dict[str, Any]:
+def generation_settings(rec: NativeRequest) -> dict[str, Any]:
     """task_params::to_json, each key from the value actually in force."""
     return {key: project(rec) for key, project in _PROJECTIONS}
 
 
-def reduced_settings(rec) -> dict[str, Any]:
+def reduced_settings(rec: NativeRequest) -> dict[str, Any]:
     """to_json(true): the form /props and /slots report."""
     return {key: project(rec) for key, project in _PROJECTIONS if key not in REDUCED_DROPS}

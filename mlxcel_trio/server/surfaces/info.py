@@ -13,6 +13,7 @@ import time
 from ...bridge import Bridge
 from ...monitor import SlotView
 from ..request.jobs import Served
+from ..request.schema import NativeRequest
 from ..request.settings import generation_settings, reduced_settings
 from ..http.errors import ApiError, json_response, not_supported
 
@@ -23,7 +24,7 @@ def health():
     return json_response({"status": "ok"})
 
 
-def _default_values(served: Served):
+def _default_values(served: Served) -> NativeRequest:
     """What an empty request resolves to: the server's defaults record."""
     return served.defaults
 
