@@ -3,7 +3,10 @@
 `NativeRequest` is generated from `NATIVE_FIELDS` (fields.py): one frozen
 attribute per row (named `Field.attr`, its default the row's), then the
 values resolving derives (`DERIVED`).  Every reader uses attribute access;
-a stage that changes a value returns a new record (`attrs.evolve`).
+a stage that changes a value returns a new record (`attrs.evolve`).  Every
+generating route structures into this one record (the chat, Anthropic and
+Responses surfaces first build the native body it reads, request/chat.py);
+`make_record` builds another kind from another table.
 
 `request_converter(base, limits)` returns a cattrs `Converter` whose hook
 for `NativeRequest` applies upstream's evaluation rules, row by row in
