@@ -291,7 +291,8 @@ FIELD_STATUS = {
 def field_problems(entries: Sequence[dict], fields: Sequence[Any] | None = None) -> list[str]:
     if fields is None:
         from mlxcel_trio.server.request.fields import NATIVE_FIELDS as fields  # noqa: N811
-    table = {field_path(f): f for f in fields}
+    # a field upstream reads outside its schema table (id_slot) has no field entry
+    table = {field_path(f): f for f in fields if getattr(f, "schema", True)}
     problems: list[str] = []
     claimed: dict[str, str] = {}
     for entry in entries:

@@ -27,6 +27,7 @@ import attrs
 from ...chat.budget import BudgetGrammar, ForceEnd
 from ...engine.records import Job
 from ..http.errors import ApiError, json_type_name
+from .schema import NativeRequest
 
 
 def _ids(vocab, text: str) -> tuple[int, ...]:
@@ -69,17 +70,17 @@ def native_end_tags(body: dict) -> list[str]:
     return [value] if value else []
 
 
-def native_jobs(vocab, values: dict, body: dict, jobs: list[Job],
+def native_jobs(vocab, values: NativeRequest, body: dict, jobs: list[Job],
                 force_end: ForceEnd | None = None) -> list[Job]:
     """The raw-prompt routes: the native fields' budget, when they ask for one."""
-    start = values.get("reasoning_budget_start_tag")
+    start = values.reasoning_budget_start_tag
     if start is None and "reasoning_budget_end_tags" not in body \
             and body.get("reasoning_budget_end_tag") is None:
         return jobs
     ends = native_end_tags(body)
-    budget, control = values["reasoning_budget_tokens"], values["reasoning_control"]
+    budget, control = values.reasoning_budget_tokens, values.reasoning_control
     if not start or not _ids(vocab, start) or not ends or not (budget >= 0 or control):
         return jobs
     return wrap(jobs, vocab, budget=budget, start=start, ends=ends,
-                message=values.get("reasoning_budget_message"), open_at_start=False,
+                message=values.reasoning_budget_message, open_at_start=False,
                 force_end=force_end if control else None)

@@ -234,7 +234,7 @@ async def messages(served: Served, config, body: Any) -> Response:
     handle = served.bridge.open(job)
     first = await first_event(handle)
     return sse_response(handle, _anthropic_errors(event_stream(
-        handle, first, _Renderer(served, chat, job, mid).render, values["sse_ping_interval"])))
+        handle, first, _Renderer(served, chat, job, mid).render, values.sse_ping_interval)))
 
 
 class _Renderer:

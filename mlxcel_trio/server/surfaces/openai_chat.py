@@ -18,6 +18,7 @@ import secrets
 import string
 from typing import Any, Callable, Iterable
 
+import attrs
 from quart import Response
 
 from ...chat import settings as chat_settings
@@ -28,6 +29,7 @@ from ...engine.records import Finished, PromptProgress, TokenPiece
 from ..sessions import control
 from ..request import grammar_fields as grammar, budget_fields as reasoning_budget
 from ..request.chat import ChatPlan, plan
+from ..request.schema import NativeRequest
 from ..request.jobs import Served, make_jobs, now_s, resolve, run_all
 from ..http.errors import json_response
 from .completion import ProbsRenderer, final_object, final_probs
@@ -56,7 +58,7 @@ def chat_plan(served: Served, config, body: Any, generating: bool = True) -> Cha
     return plan(body, settings_for(served, config), served.bridge.vocab, generating)
 
 
-def chat_jobs(served: Served, config, chat: ChatPlan, values: dict,
+def chat_jobs(served: Served, config, chat: ChatPlan, values: NativeRequest,
               force_end: ForceEnd | None = None) -> list:
     """The plan's engine jobs; a reasoning budget (or armed realtime control)
     wraps each job's grammar in the forced close of chat/budget.py."""
@@ -133,17 +135,17 @@ def final_message(chat: ChatPlan, text: str) -> ChatMsg:
 
 
 async def plan_jobs(served: Served, config, body: Any,
-                    force_end: ForceEnd | None = None) -> tuple[ChatPlan, dict, list]:
+                    force_end: ForceEnd | None = None) -> tuple[ChatPlan, NativeRequest, list]:
     """A chat-shaped body to its plan, resolved native values (grammar
     compiled) and engine jobs: the start every generating chat route shares.
     `force_end` is used when the request arms reasoning control."""
     chat = chat_plan(served, config, body)
     values = resolve(chat.native, served)
-    if chat.tool_grammar is not None and values["grammar_spec"] is None:
+    if chat.tool_grammar is not None and values.grammar_spec is None:
         # a forced call's arguments follow the tool's schema (a request's own
         # grammar or response_format, when it has one, is kept instead)
-        values["grammar_spec"] = GrammarSpec("lark", chat.tool_grammar)
-    await grammar.prepare(served, values)
+        values = attrs.evolve(values, grammar_spec=GrammarSpec("lark", chat.tool_grammar))
+    values = await grammar.prepare(served, values)
     return chat, values, chat_jobs(served, config, chat, values,
                                    force_end if chat.control else None)
 
@@ -157,7 +159,7 @@ async def complete(served: Served, config, body: Any, scope: str) -> Response:
     alias = settings_for(served, config).reasoning_alias
     # controllable by id while this request runs; armed only when asked for
     # (a template without thinking markers arms a flag nothing reads, as upstream)
-    armed = chat.control or values["reasoning_control"]
+    armed = chat.control or values.reasoning_control
     force_end = force_end if armed else None
     if not chat.stream:
         control.register(cid, scope, force_end)
@@ -175,7 +177,7 @@ async def complete(served: Served, config, body: Any, scope: str) -> Response:
         res = {"choices": choices, "created": created, "model": served.model_name,
                "system_fingerprint": served.build_info, "object": "chat.completion",
                "usage": usage_json(first), "id": cid}
-        if values["verbose"]:
+        if values.verbose:
             res["__verbose"] = final_object(served, values, first, chat.tokens, 0, False)
         res["timings"] = first.timings.to_json()
         return json_response(res)
@@ -195,8 +197,8 @@ async def _stream(served, chat: ChatPlan, values, jobs, cid, created, alias, sco
     index = {job.id: i for i, job in enumerate(jobs)}
     streams = {job.id: ChatStream(chat.syntax, chat.prefill, chat.echo) for job in jobs}
     role_sent: set[int] = set()
-    per_token_timings = values["timings_per_token"]
-    probs = ProbsRenderer(served, values["post_sampling_probs"])
+    per_token_timings = values.timings_per_token
+    probs = ProbsRenderer(served, values.post_sampling_probs)
 
     def chunk(i: int, delta: dict, reason=None) -> dict:
         return _chunk(served, cid, created,
@@ -228,7 +230,7 @@ async def _stream(served, chat: ChatPlan, values, jobs, cid, created, alias, sco
         return [frame(obj) for obj in out]
 
     return sse_response(handle, event_stream(handle, first, render,
-                                             values["sse_ping_interval"], DONE))
+                                             values.sse_ping_interval, DONE))
 
 
 # -- prompt-only routes -------------------------------------------------------------------------

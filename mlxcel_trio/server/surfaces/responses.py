@@ -310,10 +310,10 @@ async def create(served: Served, config, body: Any, store: ResponseStore,
         return json_response(obj)
     handle = served.bridge.open(job)
     first = await first_event(handle)
-    renderer = _Renderer(served, chat, rid, values["timings_per_token"], created, extra,
+    renderer = _Renderer(served, chat, rid, values.timings_per_token, created, extra,
                          finished)
     return sse_response(handle, event_stream(handle, first, renderer.render,
-                                             values["sse_ping_interval"]))
+                                             values.sse_ping_interval))
 
 
 def _start_background(served: Served, chat, job, store: ResponseStore, scope: str, rid: str,
