@@ -30,7 +30,7 @@ import trio
 from .config import ServerConfig
 from .engine.loop import EngineLoop
 from .monitor import Monitor
-from .engine.records import (
+from .protocol.records import (
     CacheStats,
     Cancel,
     ClearPromptCache,

@@ -35,7 +35,7 @@ import time
 
 import attrs
 
-from .engine.records import (
+from .protocol.records import (
     Failed,
     Finished,
     Job,

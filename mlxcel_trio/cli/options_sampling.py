@@ -18,7 +18,7 @@ from mlxcel_trio.cli.record import Option
 from mlxcel_trio.cli.refusals import ALWAYS, not_applicable
 from mlxcel_trio.cli.values import INT32_MAX, BadValue, Float, Int, Seed, Text
 from mlxcel_trio.config import RANDOM_SEED
-from mlxcel_trio.engine.samplers import names
+from mlxcel_trio.protocol import sampler_names as names
 
 SAMPLING_ISSUE = 5
 DEFAULT_SAMPLERS = names.DEFAULT_NAMES

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..config import RopeOverrides
-from .records import (
+from ..protocol.records import (
     Cancel,
     ClearPromptCache,
     Failed,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from .records import SamplingParams
+from ..protocol.records import SamplingParams
 from .samplers.batch import BatchSampler, Row
 
 

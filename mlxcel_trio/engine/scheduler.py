@@ -36,10 +36,7 @@ import attrs
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 
-from . import context_shift
-from .detokenizer import IncrementalDetokenizer
-from .prompt_cache import PromptCache, supported
-from .records import (
+from ..protocol.records import (
     CacheStats,
     Failed,
     Finished,
@@ -54,6 +51,9 @@ from .records import (
     TokenPiece,
     TokenProbs,
 )
+from . import context_shift
+from .detokenizer import IncrementalDetokenizer
+from .prompt_cache import PromptCache, supported
 from .samplers.batch import BatchSampler, dry_on
 from .samplers.history import breakers_for
 from .sampling import GREEDY, plan

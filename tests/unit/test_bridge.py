@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mlxcel_trio.bridge import Bridge
 from mlxcel_trio.config import ServerConfig
-from mlxcel_trio.engine.records import CacheStats, Sleeping, StepEvents
+from mlxcel_trio.protocol.records import CacheStats, Sleeping, StepEvents
 from mlxcel_trio.server.surfaces.info import prompt_cache_props
 
 

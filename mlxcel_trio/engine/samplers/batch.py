@@ -34,7 +34,7 @@ from collections import deque
 import mlx.core as mx
 import numpy as np
 
-from ..records import SamplingParams
+from ...protocol.records import SamplingParams
 from . import chain, mirostat
 from .history import apply_dry, dense_bias, dry_penalties, penalize
 

@@ -25,7 +25,7 @@ from typing import Any
 import attrs
 
 from ...chat.budget import BudgetGrammar, ForceEnd
-from ...engine.records import Job
+from ...protocol.records import Job
 from ..http.errors import ApiError, json_type_name
 
 

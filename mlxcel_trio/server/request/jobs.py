@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 
 from ...bridge import Bridge
-from ...engine.records import Failed, Finished, Job
+from ...protocol.records import Failed, Finished, Job
 from . import (
     grammar_fields as grammar,
     budget_fields as reasoning_budget,

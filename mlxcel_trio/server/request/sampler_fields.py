@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from ...engine.records import DEFAULT_DRY_BREAKERS, SamplingParams
-from ...engine.samplers import names
+from ...protocol.records import DEFAULT_DRY_BREAKERS, SamplingParams
+from ...protocol import sampler_names as names
 from ..http.errors import ApiError, json_type_name
 
 INT32 = 2**32

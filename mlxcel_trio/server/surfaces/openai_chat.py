@@ -24,7 +24,7 @@ from ...chat import settings as chat_settings
 from ...chat.budget import ForceEnd
 from ...grammar.compile import GrammarSpec
 from ...chat.parser import ChatMsg, ChatStream, Diff
-from ...engine.records import Finished, PromptProgress, TokenPiece
+from ...protocol.records import Finished, PromptProgress, TokenPiece
 from ..sessions import control
 from ..request import grammar_fields as grammar, budget_fields as reasoning_budget
 from ..request.chat import ChatPlan, plan

@@ -16,7 +16,7 @@ from quart import Response
 
 from ...chat.budget import ForceEnd
 
-from ...engine.records import Finished, PromptProgress, TokenPiece
+from ...protocol.records import Finished, PromptProgress, TokenPiece
 from ..request.jobs import Served, make_jobs, now_s, resolve, run_all, tokenize_prompts
 from ..sessions import control
 from ..request import grammar_fields as grammar

@@ -1,4 +1,4 @@
-"""Frozen records that cross the engine boundary.
+"""Frozen records that cross the engine boundary: the server <-> engine protocol.
 
 Commands go into the engine (`Submit`, `Cancel`, `Shutdown`); events come out,
 one `StepEvents` batch per engine step (`Loaded`, `Started`, `PromptProgress`,
