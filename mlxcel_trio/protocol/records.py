@@ -1,15 +1,26 @@
 """Frozen records that cross the engine boundary: the server <-> engine protocol.
 
-Commands go into the engine (`Submit`, `Cancel`, `Shutdown`); events come out,
-one `StepEvents` batch per engine step (`Loaded`, `Started`, `PromptProgress`,
-`TokenPiece`, `Finished`, `Failed`, and `Sleeping` / `Woke` around an idle
-sleep).  All of them are immutable so that the
-trio side can read them without locks once they have been handed over.
+Commands go into the engine (`Submit`, `Cancel`, `SlotAction`,
+`ClearPromptCache`, `Shutdown`); events come out, one `StepEvents` batch per
+engine step (`Loaded`, `Started`, `PromptProgress`, `TokenPiece`,
+`Finished`, `Failed`, `SlotFreed`, `CacheStats`, and `Sleeping` / `Woke`
+around an idle sleep).  All of them are immutable so that the trio side can
+read them without locks once they have been handed over.
+
+Two things ride on a `Job` without being records: its grammar (shared,
+read-only; `start` gives the engine a per-sequence `Constraint` that only
+the engine thread touches) and its settings (the server's own record of the
+request, which the engine carries but never reads).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, TypeAlias
+
 import attrs
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 DEFAULT_CHAIN = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p",
@@ -60,6 +71,27 @@ class SamplingParams:
     post_sampling_probs: bool = False
 
 
+class Constraint(Protocol):
+    """One sequence's constrained-decoding state (engine thread only)."""
+
+    def mask_for(self, history: list[int]) -> np.ndarray | None:
+        """The tokens allowed for the next draw (a [1, n_vocab] bool array),
+        or None for no restriction.  `history` is the sequence's whole
+        context (prompt + drawn tokens); what follows the previous call's
+        history is new."""
+
+class Grammar(Protocol):
+    """What `Job.grammar` holds: shared by the job's copies, read-only."""
+
+    def start(self, n_prompt: int) -> Constraint:
+        """A fresh constraint for one sequence whose prompt is n_prompt long."""
+
+
+# The request's resolved field values, carried for /slots (the engine never
+# reads them): a name -> value mapping, whatever record the server builds.
+JobSettings: TypeAlias = Mapping[str, Any]
+
+
 @attrs.frozen
 class Job:
     """One generation request, already tokenized and validated."""
@@ -80,12 +112,12 @@ class Job:
     # prompt-cache namespace (engine/prompt_cache.py); None = cache_prompt
     # false: no lookup and no donate-back
     cache_ns: str | None = None
-    # a compiled grammar (grammar/compile.CompiledGrammar): its start(n_prompt)
-    # gives the sequence's constraint; None = unconstrained
-    grammar: object = attrs.field(default=None, eq=False, repr=False)
+    # a compiled grammar (grammar/compile.CompiledGrammar), possibly wrapped
+    # in a reasoning budget (chat/budget.BudgetGrammar); None = unconstrained
+    grammar: Grammar | None = attrs.field(default=None, eq=False, repr=False)
     # the request's resolved field values (server/request/fields.py), which /slots
-    # reports as the slot's params; the engine never reads it
-    settings: object = attrs.field(default=None, eq=False, repr=False)
+    # reports as the slot's params
+    settings: JobSettings | None = attrs.field(default=None, eq=False, repr=False)
 
 
 # --- commands ---------------------------------------------------------------
