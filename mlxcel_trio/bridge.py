@@ -23,7 +23,7 @@ import itertools
 import logging
 import threading
 from contextlib import asynccontextmanager
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Callable, Iterable
 
 import trio
 
@@ -36,6 +36,7 @@ from .protocol.records import (
     ClearPromptCache,
     Failed,
     Finished,
+    ForceEnd,
     Job,
     Loaded,
     LoadFailed,
@@ -201,6 +202,13 @@ class Bridge:
                 return await recv.receive()
         finally:
             self._streams.pop(job_id, None)
+
+    def force_end(self, job_ids: Iterable[int]) -> None:
+        """Realtime reasoning control: the jobs close their thinking block
+        before their next draw (POST /v1/chat/completions/control).  Never
+        blocks; jobs that already ended are ignored by the engine."""
+        if self._engine is not None:
+            self._engine.post(ForceEnd(tuple(job_ids)))
 
     def clear_prompt_cache(self) -> None:
         """Drop the engine's prompt cache (before idling, for instance)."""

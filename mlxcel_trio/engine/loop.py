@@ -36,6 +36,7 @@ from ..protocol.records import (
     ClearPromptCache,
     Failed,
     Finished,
+    ForceEnd,
     Job,
     Loaded,
     LoadFailed,
@@ -267,6 +268,8 @@ class EngineLoop:
                         scheduler.submit(cmd.job, out)
                     elif isinstance(cmd, Cancel):
                         scheduler.cancel(cmd.job_id, out)
+                    elif isinstance(cmd, ForceEnd):
+                        scheduler.force_end(cmd.job_ids)
                     elif isinstance(cmd, SlotAction):
                         scheduler.slot_action(cmd, out)
                     elif isinstance(cmd, ClearPromptCache):
@@ -307,8 +310,9 @@ class EngineLoop:
         """Free the model's memory (the caller dropped the scheduler), then
         park until a command that needs the model: a Submit or a SlotAction
         (reload; returns the new scheduler and that command), or Shutdown
-        (returns None and it).  A Cancel names a job that already ended and a
-        ClearPromptCache finds the cache already gone: both are dropped."""
+        (returns None and it).  A Cancel or a ForceEnd names a job that already
+        ended and a ClearPromptCache finds the cache already gone: all are
+        dropped."""
         import gc
 
         import mlx.core as mx

@@ -202,6 +202,16 @@ class Scheduler:
         self._release(seq, out, cancelled=True)
         self._admit(out)
 
+    def force_end(self, job_ids: tuple[int, ...]) -> None:
+        """Realtime reasoning control: each running job's constraint closes
+        its thinking block before the next draw.  A job still queued has no
+        constraint yet; one that started later never saw the request (as a
+        budget's flag read at its start never did)."""
+        for job_id in job_ids:
+            seq = self._by_job.get(job_id)
+            if seq is not None and seq.row is not None and seq.row.constraint is not None:
+                seq.row.constraint.force_end()
+
     def close(self, out: list) -> None:
         """Cancel everything and wait for in-flight MLX work: the process may
         exit right after, and MLX must not be mid-evaluation then."""

@@ -1,6 +1,6 @@
 """Frozen records that cross the engine boundary: the server <-> engine protocol.
 
-Commands go into the engine (`Submit`, `Cancel`, `SlotAction`,
+Commands go into the engine (`Submit`, `Cancel`, `ForceEnd`, `SlotAction`,
 `ClearPromptCache`, `Shutdown`); events come out, one `StepEvents` batch per
 engine step (`Loaded`, `Started`, `PromptProgress`, `TokenPiece`,
 `Finished`, `Failed`, `SlotFreed`, `CacheStats`, and `Sleeping` / `Woke`
@@ -80,6 +80,11 @@ class Constraint(Protocol):
         context (prompt + drawn tokens); what follows the previous call's
         history is new."""
 
+    def force_end(self) -> None:
+        """The job's `ForceEnd` command, applied before the next draw: close
+        an open reasoning block (a no-op for a constraint without one)."""
+
+
 class Grammar(Protocol):
     """What `Job.grammar` holds: shared by the job's copies, read-only."""
 
@@ -130,6 +135,16 @@ class Submit:
 @attrs.frozen
 class Cancel:
     job_id: int
+
+
+@attrs.frozen
+class ForceEnd:
+    """Realtime reasoning control: each listed job that is still running
+    closes its thinking block before its next draw (its constraint's
+    `force_end`), as an exhausted reasoning budget would.  Jobs that ended,
+    or whose constraint has no block open, are left alone."""
+
+    job_ids: tuple[int, ...]
 
 
 @attrs.frozen
