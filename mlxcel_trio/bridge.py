@@ -34,6 +34,7 @@ from .protocol.records import (
     CacheStats,
     Cancel,
     ClearPromptCache,
+    EngineStats,
     Failed,
     Finished,
     ForceEnd,
@@ -152,12 +153,6 @@ class Bridge:
     def sleeping(self) -> bool:
         return self.monitor.sleeping
 
-    @property
-    def engine_counters(self) -> tuple[int, int]:
-        """(decode steps, sum of busy slots over them), cumulative."""
-        engine = self._engine
-        return (engine.n_decode, engine.n_busy_slots) if engine is not None else (0, 0)
-
     def next_job_id(self) -> int:
         return next(self._ids)
 
@@ -230,9 +225,9 @@ class Bridge:
         for ev in batch.events:
             observe(ev)
             job_id = getattr(ev, "job_id", None)
-            if not isinstance(ev, TokenPiece):
+            if not isinstance(ev, (TokenPiece, EngineStats)):  # per step: not logged
                 log.debug("event %s", ev)
-            if isinstance(ev, SlotFreed):
+            if isinstance(ev, (SlotFreed, EngineStats)):  # the monitor's alone
                 continue
             elif isinstance(ev, Loaded):
                 self.info, self.vocab = ev.info, self._engine.vocab

@@ -18,7 +18,8 @@ then returns MLX's buffer cache to the system; the tokenizer (`vocab`) stays.
 The thread then parks on the same queue: the next `Submit` reloads the
 weights and is served by the new scheduler, so waking is that request's own
 latency.  `n_decode` / `n_busy_slots` live here, not in the scheduler, so the
-/metrics counters survive a sleep.
+/metrics counters survive a sleep; they reach trio only as the `EngineStats`
+event closing each step that computed, never by a read across threads.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from ..config import RopeOverrides
 from ..protocol.records import (
     Cancel,
     ClearPromptCache,
+    EngineStats,
     Failed,
     Finished,
     ForceEnd,
@@ -151,8 +153,7 @@ class EngineLoop:
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self.vocab = None  # published before Loaded is emitted; read-only after
         self._n_ctx_slot = 0  # set once by _load; a wake reuses it
-        # Cumulative, written by this thread only; ints are read from trio
-        # without a lock (a torn read is impossible for a Python int).
+        # Cumulative, this thread's own; trio keeps the copy EngineStats carries.
         self.n_decode = 0       # scheduler steps that computed for >= 1 slot
         self.n_busy_slots = 0   # sum over those steps of the slots computed
 
@@ -290,6 +291,9 @@ class EngineLoop:
                 # starts from a fresh batch.
                 log.exception("engine step failed")
                 scheduler.fail_all(out, f"{type(exc).__name__}: {exc}")
+            if n_active:
+                # one small record per computing step, in the hop its events take
+                out.append(EngineStats(self.n_decode, self.n_busy_slots))
             if out:
                 self._emit(StepEvents(tuple(out)))
 

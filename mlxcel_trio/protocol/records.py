@@ -3,9 +3,10 @@
 Commands go into the engine (`Submit`, `Cancel`, `ForceEnd`, `SlotAction`,
 `ClearPromptCache`, `Shutdown`); events come out, one `StepEvents` batch per
 engine step (`Loaded`, `Started`, `PromptProgress`, `TokenPiece`,
-`Finished`, `Failed`, `SlotFreed`, `CacheStats`, and `Sleeping` / `Woke`
-around an idle sleep).  All of them are immutable so that the trio side can
-read them without locks once they have been handed over.
+`Finished`, `Failed`, `SlotFreed`, `CacheStats`, `EngineStats`, and
+`Sleeping` / `Woke` around an idle sleep).  All of them are immutable so
+that the trio side can read them without locks once they have been handed
+over; what the engine counts reaches trio only as such events.
 
 Two things ride on a `Job` without being records: its grammar (shared,
 read-only; `start` gives the engine a per-sequence `Constraint` that only
@@ -331,6 +332,15 @@ class CacheStats:
     budget_bytes: int     # -1 = no limit
     hits: int
     misses: int
+
+
+@attrs.frozen
+class EngineStats:
+    """The engine loop's cumulative counters (they survive an idle sleep),
+    emitted with the events of every step that computed for a slot."""
+
+    n_decode: int         # steps that computed for >= 1 slot
+    n_busy_slots: int     # sum over those steps of the slots computed
 
 
 @attrs.frozen

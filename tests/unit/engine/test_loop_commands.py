@@ -1,6 +1,7 @@
 """The engine loop's commands: one that throws fails its own job, not the
 engine (as a failed step does), and later ones are served; a ForceEnd
-reaches the running job's constraint before its next draw."""
+reaches the running job's constraint before its next draw; the loop's
+counters leave with the steps' events (EngineStats)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 
 from mlxcel_trio.engine.loop import EngineLoop
 from mlxcel_trio.protocol.records import (
+    EngineStats,
     Failed,
     Finished,
     ForceEnd,
@@ -98,7 +100,7 @@ class _Switch:
         self.calls += 1
 
 
-def test_force_end_reaches_the_running_jobs_constraint(tiny_model):
+def test_force_end_reaches_the_running_jobs_constraint_and_stats_follow_the_steps(tiny_model):
     events: queue.SimpleQueue = queue.SimpleQueue()
 
     def emit(batch):
@@ -125,10 +127,15 @@ def test_force_end_reaches_the_running_jobs_constraint(tiny_model):
         seen = until(lambda ev: isinstance(ev, TokenPiece))
         engine.post(ForceEnd((5, 99)))   # 99: no such job, ignored
         seen += until(lambda ev: isinstance(ev, SlotFreed))
+        seen += until(lambda ev: isinstance(ev, EngineStats))  # closes the same batch
         (fin,) = [ev for ev in seen if isinstance(ev, Finished)]
         assert switch.calls == 1
         assert fin.stop_type == "eos" and fin.tokens[-1] in vocab.eos_ids
         assert len(fin.tokens) < 512 - 3, "closed by the command, not by the context bound"
+        stats = [ev for ev in seen if isinstance(ev, EngineStats)]
+        assert [s.n_decode for s in stats] == list(range(1, len(stats) + 1))
+        assert stats[-1] == EngineStats(engine.n_decode, engine.n_busy_slots)
+        assert stats[-1].n_busy_slots == stats[-1].n_decode   # one slot, busy every step
     finally:
         engine.post(Shutdown())
         thread.join(WAIT_S)
