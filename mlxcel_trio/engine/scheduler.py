@@ -205,8 +205,7 @@ class Scheduler:
     def force_end(self, job_ids: tuple[int, ...]) -> None:
         """Realtime reasoning control: each running job's constraint closes
         its thinking block before the next draw.  A job still queued has no
-        constraint yet; one that started later never saw the request (as a
-        budget's flag read at its start never did)."""
+        constraint yet and is left alone, as one that already ended is."""
         for job_id in job_ids:
             seq = self._by_job.get(job_id)
             if seq is not None and seq.row is not None and seq.row.constraint is not None:

@@ -19,6 +19,11 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "mlxcel_trio"
 WEB = ("trio", "quart", "quart_trio", "hypercorn")
+# Where the engine thread's object is built: the only modules outside engine/
+# that may import it, and only its loop.  (If construction moves, say to the
+# runner, the new place is named here and nowhere else.)
+ENGINE_BUILDERS = frozenset({"mlxcel_trio.bridge"})
+ENGINE_ENTRY = "mlxcel_trio.engine.loop.EngineLoop"
 
 
 def _module_name(path: Path) -> str:
@@ -72,10 +77,15 @@ def _in(room: str) -> list[str]:
     return [m for m in modules() if _under(m, f"mlxcel_trio.{room}")]
 
 
+def _engine_import_allowed(module: str, imp: str) -> bool:
+    return module in ENGINE_BUILDERS and imp == ENGINE_ENTRY
+
+
 def _offenders(rooms: list[str], forbidden: tuple[str, ...]) -> dict[str, list[str]]:
     bad = {}
     for m in rooms:
-        hits = sorted({imp for imp, _ in modules()[m] if _under(imp, *forbidden)})
+        hits = sorted({imp for imp, _ in modules()[m]
+                       if _under(imp, *forbidden) and not _engine_import_allowed(m, imp)})
         if hits:
             bad[m] = hits
     return bad
@@ -94,9 +104,30 @@ def test_the_engine_knows_neither_trio_nor_the_server_nor_chat():
     assert _offenders(_in("engine"), forbidden) == {}
 
 
+def test_the_engine_builds_on_protocol_and_config_alone():
+    """Within the package the engine reads only the seam's records and the
+    resolved configuration (RoPE overrides)."""
+    outside = {m: sorted({imp for imp, _ in modules()[m]
+                          if _under(imp, "mlxcel_trio")
+                          and not _under(imp, "mlxcel_trio.engine", "mlxcel_trio.protocol",
+                                         "mlxcel_trio.config")})
+               for m in _in("engine")}
+    assert {m: hits for m, hits in outside.items() if hits} == {}
+
+
 @pytest.mark.parametrize("room", ["server", "cli", "chat", "grammar", "monitor"])
 def test_the_trio_side_reaches_the_engine_only_through_protocol_and_bridge(room):
     assert _offenders(_in(room), ("mlxcel_trio.engine",)) == {}
+
+
+def test_only_the_bridge_reaches_into_the_engine():
+    """Everything that crosses the thread boundary goes through the bridge:
+    outside engine/, only the place that builds the engine imports it, and
+    only its loop."""
+    reach = {m: sorted({imp for imp, _ in imps if _under(imp, "mlxcel_trio.engine")})
+             for m, imps in modules().items() if not _under(m, "mlxcel_trio.engine")}
+    assert {m: hits for m, hits in reach.items() if hits} == \
+        {m: [ENGINE_ENTRY] for m in ENGINE_BUILDERS}
 
 
 def test_protocol_imports_neither_side():
