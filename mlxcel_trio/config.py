@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import attrs
 
-from .engine.samplers.names import DEFAULT_LETTERS, DEFAULT_NAMES
+from .protocol.sampler_names import DEFAULT_LETTERS, DEFAULT_NAMES
 from .server.request.fields import default as _row
 
 UINT32_MAX = 0xFFFF_FFFF

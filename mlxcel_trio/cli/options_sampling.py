@@ -20,7 +20,7 @@ import numpy as np
 from mlxcel_trio.cli.record import Option
 from mlxcel_trio.cli.refusals import ALWAYS, not_applicable
 from mlxcel_trio.cli.values import BadValue, Float, Int, Seed, Text
-from mlxcel_trio.engine.samplers import names
+from mlxcel_trio.protocol import sampler_names as names
 from mlxcel_trio.server.request.fields import FIELDS_BY_NAME
 from mlxcel_trio.server.request.fields import default as row_default
 

@@ -36,10 +36,7 @@ import attrs
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 
-from . import context_shift
-from .detokenizer import IncrementalDetokenizer
-from .prompt_cache import PromptCache, supported
-from .records import (
+from ..protocol.records import (
     CacheStats,
     Failed,
     Finished,
@@ -54,6 +51,9 @@ from .records import (
     TokenPiece,
     TokenProbs,
 )
+from . import context_shift
+from .detokenizer import IncrementalDetokenizer
+from .prompt_cache import PromptCache, supported
 from .samplers.batch import BatchSampler, dry_on
 from .samplers.history import breakers_for
 from .sampling import GREEDY, plan
@@ -201,6 +201,15 @@ class Scheduler:
             return
         self._release(seq, out, cancelled=True)
         self._admit(out)
+
+    def force_end(self, job_ids: tuple[int, ...]) -> None:
+        """Realtime reasoning control: each running job's constraint closes
+        its thinking block before the next draw.  A job still queued has no
+        constraint yet and is left alone, as one that already ended is."""
+        for job_id in job_ids:
+            seq = self._by_job.get(job_id)
+            if seq is not None and seq.row is not None and seq.row.constraint is not None:
+                seq.row.constraint.force_end()
 
     def close(self, out: list) -> None:
         """Cancel everything and wait for in-flight MLX work: the process may

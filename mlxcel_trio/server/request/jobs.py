@@ -17,7 +17,7 @@ import attrs
 import cattrs
 
 from ...bridge import Bridge
-from ...engine.records import Failed, Finished, Job
+from ...protocol.records import Failed, Finished, Job
 from . import (
     grammar_fields as grammar,
     budget_fields as reasoning_budget,
@@ -170,17 +170,17 @@ def make_job(served: Served, values: NativeRequest, prompt: list[int], copy: int
 
 
 def make_jobs(served: Served, values: NativeRequest, prompts: list[list[int]], body: dict,
-              force_end=None, template: str | None = None) -> list[Job]:
+              control: bool = False, template: str | None = None) -> list[Job]:
     """Every prompt times n_cmpl; a job's result index is its list position
     (prompt i's copies are i * n_cmpl .. i * n_cmpl + n_cmpl - 1).  The
     native reasoning_budget_* fields wrap the grammar when they ask for a
-    budget (`force_end`: the request's realtime control flag, if any).
+    budget (`control`: the route armed the request's realtime control).
     `template` is the chat template that rendered the prompt (None: a raw
     prompt); it keys the prompt-cache namespace."""
     n = values.n_cmpl
     ns = cache_namespace(served, values, template)
     jobs = [make_job(served, values, p, copy, ns) for p in prompts for copy in range(n)]
-    return reasoning_budget.native_jobs(served.bridge.vocab, values, body, jobs, force_end)
+    return reasoning_budget.native_jobs(served.bridge.vocab, values, body, jobs, control)
 
 
 def raise_failed(ev: Failed) -> None:

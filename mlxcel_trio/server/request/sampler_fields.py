@@ -29,8 +29,8 @@ from typing import Any
 import attrs
 import numpy as np
 
-from ...engine.records import DEFAULT_DRY_BREAKERS, SamplingParams
-from ...engine.samplers import names
+from ...protocol.records import DEFAULT_DRY_BREAKERS, SamplingParams
+from ...protocol import sampler_names as names
 from ..http.errors import ApiError, json_type_name
 from .fields import NATIVE_FIELDS, default
 from .schema import NativeRequest

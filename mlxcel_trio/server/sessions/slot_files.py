@@ -32,7 +32,7 @@ import trio
 from quart import request
 
 from ...bridge import Bridge
-from ...engine.records import Failed, SlotTokens
+from ...protocol.records import Failed, SlotTokens
 from ..http.body import read_json_body
 from ..request.jobs import namespace, namespace_kind
 from ..http.errors import ApiError, json_response, json_type_name

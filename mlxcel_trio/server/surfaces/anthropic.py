@@ -26,7 +26,7 @@ from typing import Any, AsyncIterator
 from quart import Response
 
 from ...chat.parser import ChatMsg, ChatStream
-from ...engine.records import Finished, TokenPiece
+from ...protocol.records import Finished, TokenPiece
 from .openai_chat import chat_plan, final_message, plan_jobs, random_string
 from ..request.chat import failed
 from ..request.jobs import Served, run_all

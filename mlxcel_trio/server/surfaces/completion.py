@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from quart import Response
 
-from ...engine.records import Finished, PromptProgress, TokenPiece
+from ...protocol.records import Finished, PromptProgress, TokenPiece
 from ..request.jobs import (
     Served,
     make_jobs,

@@ -14,9 +14,7 @@ from typing import Any
 
 from quart import Response
 
-from ...chat.budget import ForceEnd
-
-from ...engine.records import Finished, PromptProgress, TokenPiece
+from ...protocol.records import Finished, PromptProgress, TokenPiece
 from ..request.jobs import Served, make_jobs, now_s, resolve, run_all, tokenize_prompts
 from ..sessions import control
 from ..request import grammar_fields as grammar
@@ -80,18 +78,18 @@ async def complete_v1(served: Served, body: Any, scope: str) -> Response:
     values = resolve(body, served)
     values = await grammar.prepare(served, values)
     prompts = tokenize_prompts(body, served.bridge.vocab)
-    force_end = ForceEnd() if values.reasoning_control else None
-    jobs = make_jobs(served, values, prompts, body, force_end)
+    jobs = make_jobs(served, values, prompts, body, control=True)
+    controlled = tuple(job.id for job in jobs) if values.reasoning_control else None
     out = _Render(served, values)
     # POST /v1/chat/completions/control addresses it by its id while it runs
     if not values.stream:
-        control.register(out.id, scope, force_end)
+        control.register(out.id, scope, controlled)
         finished = await run_all(served, jobs)
         # several results come back as the choices of one object, as upstream
         return json_response(out.final(list(zip(jobs, finished)), jobs, streamed=False))
 
     handle = served.bridge.open(*jobs)
-    control.register(out.id, scope, force_end, handle)
+    control.register(out.id, scope, controlled, handle)
     first = await first_event(handle)
     by_id = {job.id: job for job in jobs}
     index = {job.id: i for i, job in enumerate(jobs)}

@@ -29,7 +29,7 @@ import trio
 from quart import Response, current_app
 
 from ...chat.parser import ChatMsg, ChatStream
-from ...engine.records import Finished, PromptProgress, TokenPiece
+from ...protocol.records import Finished, PromptProgress, TokenPiece
 from .openai_chat import chat_plan, final_message, plan_jobs, random_string
 from ..request.chat import bad
 from ...bridge import REQUEST_CLEANUPS

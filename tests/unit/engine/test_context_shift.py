@@ -8,7 +8,7 @@ import pytest
 
 from mlxcel_trio.engine import context_shift
 from mlxcel_trio.engine.context_shift import retained, window
-from mlxcel_trio.engine.records import Finished, Job, SamplingParams, TokenPiece
+from mlxcel_trio.protocol.records import Finished, Job, SamplingParams, TokenPiece
 
 
 # (n_tokens, n_ctx, n_keep, n_discard, n_prompt, add_bos) -> (keep, discard),
@@ -162,7 +162,7 @@ def test_no_cont_batching_holds_new_prompts_while_a_slot_decodes(loaded):
     first_2 = order.index((2, "TokenPiece"))
     assert order.index((1, "Finished")) < first_2, order
     # the slot is still taken at once (upstream assigns it at launch)
-    from mlxcel_trio.engine.records import Started
+    from mlxcel_trio.protocol.records import Started
     assert [e.id_slot for e in out if isinstance(e, Started)] == [0, 1]
     fins = {e.job_id: e for e in out if isinstance(e, Finished)}
     assert len(fins[1].tokens) == 12 and len(fins[2].tokens) == 3
@@ -191,7 +191,7 @@ def test_no_cont_batching_still_batches_prompts_that_arrive_together(loaded):
 
 
 def test_a_held_prompt_cancelled_never_runs(loaded):
-    from mlxcel_trio.engine.records import SlotFreed
+    from mlxcel_trio.protocol.records import SlotFreed
     from mlxcel_trio.engine.scheduler import Scheduler
 
     model, vocab = loaded
@@ -212,7 +212,7 @@ def test_a_held_prompt_cancelled_never_runs(loaded):
 
 
 def test_a_shared_prompt_is_never_shifted(loaded):
-    from mlxcel_trio.engine.records import Failed, SlotFreed
+    from mlxcel_trio.protocol.records import Failed, SlotFreed
     from mlxcel_trio.engine.scheduler import Scheduler
 
     model, vocab = loaded

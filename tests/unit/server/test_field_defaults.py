@@ -9,7 +9,7 @@ import pytest
 
 from mlxcel_trio.cli.options import BY_DEST
 from mlxcel_trio.config import SamplingDefaults, ServerConfig
-from mlxcel_trio.engine.records import SamplingParams
+from mlxcel_trio.protocol.records import SamplingParams
 from mlxcel_trio.server.request.fields import FIELDS_BY_NAME, NATIVE_FIELDS
 from mlxcel_trio.server.request.jobs import server_defaults
 

@@ -9,7 +9,7 @@ import attrs
 import pytest
 
 from mlxcel_trio.config import SamplingDefaults, ServerConfig
-from mlxcel_trio.engine.records import SamplingParams
+from mlxcel_trio.protocol.records import SamplingParams
 from mlxcel_trio.grammar.compile import GrammarSpec
 from mlxcel_trio.server.http.errors import ApiError
 from mlxcel_trio.server.request import grammar_fields, jobs, sampler_fields
