@@ -2,7 +2,10 @@
 
 End-to-end tests start the real `mlxcel-server` (via `python -m mlxcel_trio`,
 the same entry point) on a free 127.0.0.1 port and wait for its lifecycle
-lines on stdout with a bounded wait; nothing sleeps to synchronize.
+lines on stdout with a bounded wait; nothing sleeps to synchronize.  State
+that only a request can show (/slots, a stored response) is polled with
+`wait_until`: bounded, a short pause between tries, and a failure that says
+what never happened and what was seen last.
 """
 
 from __future__ import annotations
@@ -13,7 +16,10 @@ import socket
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -21,6 +27,24 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
 READY_LINE = "main: model loaded"
 START_TIMEOUT_S = 120
+WAIT_S = 30.0     # wait_until's default bound
+POLL_S = 0.02     # its pause between tries: short, yet no spinning against the server
+
+T = TypeVar("T")
+
+
+def wait_until(probe: Callable[[], T], what: str, timeout: float = WAIT_S, *,
+               until: Callable[[T], object] = bool, pause: float = POLL_S) -> T:
+    """Call `probe` until `until(value)` holds and return that value; after
+    `timeout` seconds fail, naming `what` and the last value seen."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if until(value):
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what}: not reached within {timeout} s; last seen: {value!r}")
+        time.sleep(pause)
 
 
 def free_port() -> int:
@@ -66,6 +90,18 @@ class ServerProcess:
         line = found()
         if not line:
             raise AssertionError(f"no stdout line starting {prefix!r} (timed out: {not ok}):\n"
+                                 f"{''.join(self.stdout)}\nstderr:\n{''.join(self.stderr)}")
+        return line
+
+    def wait_for_text(self, text: str, timeout: float = START_TIMEOUT_S) -> str:
+        """Bounded wait for a stdout or stderr line containing `text` (a log
+        line, wherever the log goes); that line."""
+        def found():
+            return next((ln for ln in self.stdout + self.stderr if text in ln), None)
+        with self._lines_changed:  # both pumps notify; a late stderr line still counts
+            line = self._lines_changed.wait_for(found, timeout)
+        if not line:
+            raise AssertionError(f"no output line containing {text!r} within {timeout} s:\n"
                                  f"{''.join(self.stdout)}\nstderr:\n{''.join(self.stderr)}")
         return line
 
