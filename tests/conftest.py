@@ -68,6 +68,7 @@ class ServerProcess:
         self._ready = threading.Event()
         self._exited = threading.Event()
         self._lines_changed = threading.Condition()
+        self._pumps: list[threading.Thread] = []
 
     def _pump(self, stream, sink: list[str], watch: bool) -> None:
         for line in stream:
@@ -108,10 +109,13 @@ class ServerProcess:
     def start(self, wait_ready: bool = True) -> "ServerProcess":
         self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      stdin=subprocess.DEVNULL, text=True, env=self.env)
-        threading.Thread(target=self._pump, args=(self.proc.stdout, self.stdout, True),
-                         daemon=True).start()
-        threading.Thread(target=self._pump, args=(self.proc.stderr, self.stderr, False),
-                         daemon=True).start()
+        self._pumps = [
+            threading.Thread(target=self._pump, args=(self.proc.stdout, self.stdout, True),
+                             daemon=True),
+            threading.Thread(target=self._pump, args=(self.proc.stderr, self.stderr, False),
+                             daemon=True)]
+        for pump in self._pumps:
+            pump.start()
         if wait_ready:
             self.wait_ready()
         return self
@@ -130,6 +134,14 @@ class ServerProcess:
         for ev in (self._ready, self._exited):
             threading.Thread(target=lambda e=ev: (e.wait(timeout), done.set()), daemon=True).start()
         return done.wait(timeout)
+
+    def drain(self, timeout: float = 10.0) -> str:
+        """Once the process exited: wait (bounded) until its stdout and
+        stderr are read to EOF; everything it wrote, stdout then stderr."""
+        for pump in self._pumps:
+            pump.join(timeout)
+            assert not pump.is_alive(), f"server output not read to EOF within {timeout} s"
+        return "".join(self.stdout) + "".join(self.stderr)
 
     def signal(self, signum: int) -> None:
         self.proc.send_signal(signum)
