@@ -90,8 +90,9 @@ def parsers(table: Sequence[Any]) -> dict[str, Any]:
     return {binary: build_parser(table, prog=binary) for binary in lib.BINARIES}
 
 
-def _accepted(parser: Any) -> dict[str, str]:
-    """spelling -> dest, for every option string the parser takes."""
+def option_strings(parser: Any) -> dict[str, str]:
+    """spelling -> dest, for every option string the parser takes (argparse
+    has no public listing: its private table is read here, in one place)."""
     return {s: action.dest for s, action in parser._option_string_actions.items()}
 
 
@@ -128,7 +129,7 @@ def option_problems(entries: Sequence[dict], table: Sequence[Any] | None = None,
     real = table is None
     table = OPTIONS if real else table
     dumps = live_surfaces() if real else table_surfaces(table)
-    accepted = {b: _accepted(p) for b, p in parsers(table).items()}
+    accepted = {b: option_strings(p) for b, p in parsers(table).items()}
     records = {b: {r["dest"]: r for r in d["options"]} for b, d in dumps.items()}
     problems: list[str] = []
     claimed_dests: dict[str, str] = {}
