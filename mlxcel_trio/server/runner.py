@@ -30,8 +30,9 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 
 from .. import logging_setup
-from ..bridge import Bridge
+from ..bridge import Bridge, Emit
 from ..config import ServerConfig
+from ..engine.loop import EngineLoop
 from .request import grammar_fields as server_grammar
 from .http import listen
 from .app import MAX_HEAD_BYTES, create_app
@@ -114,9 +115,21 @@ def _warn_open_cors(config: ServerConfig) -> None:
                     "--cors-origins localhost")
 
 
+def engine_loop(config: ServerConfig, emit: Emit) -> EngineLoop:
+    """The real engine for `config` (the bridge's engine factory)."""
+    cfg = config
+    return EngineLoop(cfg.model, n_slots=cfg.slots, ctx_size=cfg.ctx_size,
+                      batch_size=cfg.batch_size, warmup=cfg.warmup, emit=emit,
+                      special=cfg.special, cache_ram_mib=cfg.cache_ram,
+                      sleep_idle_s=(cfg.sleep_idle_seconds
+                                    if cfg.sleep_idle_seconds >= 0 else None),
+                      context_shift=cfg.context_shift,
+                      cont_batching=cfg.cont_batching, rope=cfg.rope)
+
+
 async def _main(config: ServerConfig, sock) -> int:
     status = {"code": 0}
-    bridge = Bridge(config)
+    bridge = Bridge(config, partial(engine_loop, config))
     app = create_app(bridge, config, _model_name(config))
     shutdown = trio.Event()
     # Catch signals before anything starts, so a signal during model load is
