@@ -128,11 +128,13 @@ class Served:
         return Streamed(conn.status_code, conn.headers, b"".join(chunks))
 
     async def read_then_disconnect(self, path: str, body: Any, *, chunks: int = 1,
-                                   headers: dict | None = None) -> list[bytes]:
-        """Read `chunks` body chunks of a response, then go away as a client
-        does (the ASGI `http.disconnect` hypercorn sends); returns once the
-        app has finished.  Driven at the ASGI level: Quart's test client
-        waits, after a disconnect, for a final body chunk that never comes."""
+                                   headers: dict | None = None,
+                                   meanwhile=None) -> list[bytes]:
+        """Read `chunks` body chunks of a response, await `meanwhile(chunks)`
+        if given (the request is still open), then go away as a client does
+        (the ASGI `http.disconnect` hypercorn sends); returns once the app
+        has finished.  Driven at the ASGI level: Quart's test client waits,
+        after a disconnect, for a final body chunk that never comes."""
         self.hits.append(("POST", path))
         raw = json.dumps(body).encode()
         hdrs = {"host": "localhost", "content-type": "application/json",
@@ -153,6 +155,8 @@ class Served:
                     message = await test_inbox.receive()
                     if message["type"] == "http.response.body" and message.get("body"):
                         got.append(message["body"])
+                if meanwhile is not None:
+                    await meanwhile(got)
                 await to_app.send({"type": "http.disconnect"})
         return got
 
