@@ -87,7 +87,10 @@ def vocab(checkpoint) -> Vocab:
 
 
 @attrs.define
-class Served:
+class Harness:
+    """One in-process server: its app, Quart's test client for it, the
+    bridge and the fake engine behind it, and the requests it answered."""
+
     app: QuartTrio
     client: Any
     bridge: Bridge
@@ -111,7 +114,7 @@ class Served:
         return await self.client.open(path, method=method, **kw)
 
     async def sse(self, path: str, body: Any, *, headers: dict | None = None,
-                  method: str = "POST", limit_s: float = READY_S) -> "Streamed":
+                  method: str = "POST", limit_s: float = READY_S) -> Streamed:
         """A whole streamed response, read chunk by chunk as a client would."""
         hdrs = {"Content-Type": "application/json", **(headers or {})}
         chunks: list[bytes] = []
@@ -201,7 +204,7 @@ class Streamed:
 @pytest.fixture
 def serve(nursery, checkpoint, vocab, hits):
     """Factory: `await serve(*argv, env=None, script=None, load_error=None,
-    wait_loaded=True)` -> Served.  The bridge, the stream sessions and the
+    wait_loaded=True)` -> Harness.  The bridge, the stream sessions and the
     app's lifespan (QuartTrio's app nursery, which background responses
     use) run in the test's nursery, so they end with the test."""
     return partial(_start, nursery, checkpoint, vocab, hits)
@@ -209,7 +212,7 @@ def serve(nursery, checkpoint, vocab, hits):
 
 async def _start(nursery, checkpoint: Path, vocab: Vocab, hits: list,
                  *argv: str, env: dict | None = None, script: Script | None = None,
-                 load_error: str | None = None, wait_loaded: bool = True) -> Served:
+                 load_error: str | None = None, wait_loaded: bool = True) -> Harness:
     config = prepare(["-m", str(checkpoint), *argv], env=env or {})
     engines: list[FakeEngine] = []
 
@@ -228,7 +231,7 @@ async def _start(nursery, checkpoint: Path, vocab: Vocab, hits: list,
     if wait_loaded:
         with trio.fail_after(READY_S):
             await bridge.loaded.wait()
-    return Served(app, app.test_client(), bridge, config, engines[0], hits)
+    return Harness(app, app.test_client(), bridge, config, engines[0], hits)
 
 
 async def _lifespan(app: QuartTrio, *, task_status=trio.TASK_STATUS_IGNORED) -> None:

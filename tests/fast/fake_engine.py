@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import queue
 from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 from mlxcel_trio.engine.records import (
     Cancel,
@@ -130,7 +130,7 @@ def model_info(path: str, *, n_slots: int, n_ctx: int, n_vocab: int) -> ModelInf
 
 
 class _Running:
-    __slots__ = ("job", "slot", "steps", "held", "tokens")
+    __slots__ = ("held", "job", "slot", "steps", "tokens")
 
     def __init__(self, job: Job, slot: int, steps: Iterator) -> None:
         self.job, self.slot, self.steps = job, slot, steps
@@ -223,7 +223,7 @@ class FakeEngine:
         elif isinstance(cmd, SlotAction):
             self._slot_action(cmd, out)
         elif not isinstance(cmd, ClearPromptCache):
-            raise AssertionError(f"the fake engine got an unknown command {cmd!r}")
+            raise TypeError(f"the fake engine got an unknown command {cmd!r}")
 
     def _admit(self) -> None:
         for job in list(self._pending):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import trio
 
 from mlxcel_trio.engine.records import Cancel, Submit
 
@@ -132,10 +131,10 @@ async def test_empty_body_is_a_parse_error(serve, path):
     ({"n_predict": 1}, "[json.exception.out_of_range.403] key 'prompt' not found"),
     ({"prompt": []}, '"prompt" must not be empty'),
     ({"prompt": "x", "n_predict": 3000000000},
-     "Field 'n_predict': Value must be between -1 <= value <= 2147483647, "
-     "but got -1294967296"),
-    ({"prompt": 5}, '"prompt" elements must be a string, a list of tokens, a JSON object '
-                    'containing a prompt string, or a list of mixed strings & tokens.'),
+     ("Field 'n_predict': Value must be between -1 <= value <= 2147483647, "
+      "but got -1294967296")),
+    ({"prompt": 5}, ('"prompt" elements must be a string, a list of tokens, a JSON object '
+                     'containing a prompt string, or a list of mixed strings & tokens.')),
 ])
 async def test_field_errors(serve, path, body, message):
     s = await serve()

@@ -60,10 +60,10 @@ def test_numbers_convert_as_cpp_members_do():
 
 
 @pytest.mark.parametrize("body,message", [
-    ({"n_predict": 3000000000}, "Field 'n_predict': Value must be between -1 <= value <= "
-                                "2147483647, but got -1294967296"),
-    ({"max_tokens": 3000000000}, "Field 'max_tokens': Value must be between -1 <= value <= "
-                                 "2147483647, but got -1294967296"),
+    ({"n_predict": 3000000000}, ("Field 'n_predict': Value must be between -1 <= value <= "
+                                 "2147483647, but got -1294967296")),
+    ({"max_tokens": 3000000000}, ("Field 'max_tokens': Value must be between -1 <= value <= "
+                                  "2147483647, but got -1294967296")),
 ])
 def test_hard_limits_reject_with_the_spelling_used(body, message):
     with pytest.raises(ApiError) as info:
@@ -99,13 +99,13 @@ def test_resolve_samplers_and_breakers(vocab):
     assert values["samplers"][-1] == "adaptive_p"
     assert values["dry_sequence_breakers"] == ("x",)
     for bad, message in (
-            ({"dry_sequence_breakers": []}, "Field 'dry_sequence_breakers': Error: "
-                                            "dry_sequence_breakers must be a non-empty array "
-                                            "of strings"),
-            ({"samplers": "kt"}, "Field 'samplers': sampler order top_k;temperature is not "
-                                 "served: mlxcel-trio runs upstream's default order "
-                                 "(penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;"
-                                 "temperature), optionally with adaptive_p")):
+            ({"dry_sequence_breakers": []}, ("Field 'dry_sequence_breakers': Error: "
+                                             "dry_sequence_breakers must be a non-empty array "
+                                             "of strings")),
+            ({"samplers": "kt"}, ("Field 'samplers': sampler order top_k;temperature is not "
+                                  "served: mlxcel-trio runs upstream's default order "
+                                  "(penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;"
+                                  "temperature), optionally with adaptive_p"))):
         with pytest.raises(ApiError) as info:
             sampler_fields.resolve(bad, _values(bad, served), served)
         assert info.value.message == message
@@ -133,8 +133,8 @@ def test_prompt_shapes(vocab):
 @pytest.mark.parametrize("body,message", [
     ({}, "[json.exception.out_of_range.403] key 'prompt' not found"),
     ({"prompt": []}, '"prompt" must not be empty'),
-    ({"prompt": None}, '"prompt" elements must be a string, a list of tokens, a JSON object '
-                       'containing a prompt string, or a list of mixed strings & tokens.'),
+    ({"prompt": None}, ('"prompt" elements must be a string, a list of tokens, a JSON object '
+                        'containing a prompt string, or a list of mixed strings & tokens.')),
     ({"prompt": {"prompt_string": "x", "multimodal_data": ["a"]}},
      "Multimodal data provided, but model does not support multimodal requests."),
 ])
