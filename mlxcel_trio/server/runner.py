@@ -115,9 +115,9 @@ def _warn_open_cors(config: ServerConfig) -> None:
                     "--cors-origins localhost")
 
 
-def engine_loop(config: ServerConfig, emit: Emit) -> EngineLoop:
-    """The real engine for `config` (the bridge's engine factory)."""
-    cfg = config
+def engine_loop(cfg: ServerConfig, emit: Emit) -> EngineLoop:
+    """The real engine for `cfg`: the bridge's engine factory, bound to the
+    config with `partial`.  Building it loads nothing; its thread does."""
     return EngineLoop(cfg.model, n_slots=cfg.slots, ctx_size=cfg.ctx_size,
                       batch_size=cfg.batch_size, warmup=cfg.warmup, emit=emit,
                       special=cfg.special, cache_ram_mib=cfg.cache_ram,
