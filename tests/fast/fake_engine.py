@@ -244,7 +244,10 @@ class FakeEngine:
         self.n_decode += 1
         self.n_busy_slots += len(active)
         for run in active:
-            step = next(run.steps, None)
+            try:
+                step = next(run.steps, None)
+            except Exception as exc:  # a broken script fails its job, as a failed step would
+                step = (Failed(run.job.id, "server_error", f"{type(exc).__name__}: {exc}"),)
             if step is HOLD:
                 run.held = True
                 continue
