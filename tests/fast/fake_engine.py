@@ -52,8 +52,8 @@ from mlxcel_trio.engine.records import (
 )
 
 HOLD = object()   # a script step: park the job until it is cancelled
-Step = tuple      # events emitted together, or HOLD
-# (job, its slot, the vocabulary or None) -> the job's steps
+# (job, its slot, the vocabulary or None) -> the job's steps, each a tuple of
+# events emitted together, or HOLD
 Script = Callable[[Job, int, object], Iterable]
 COMMAND_WAIT_S = 10.0
 
