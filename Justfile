@@ -16,6 +16,19 @@ install:
 test *ARGS:
     {{py}} -m pytest {{ARGS}}
 
+# the fast tier (under a minute on 2 cores): tests/fast plus the unit modules that need no model
+test-fast *ARGS:
+    {{py}} -m pytest tests/fast tests/unit/test_bridge.py tests/unit/test_monitor.py \
+        tests/unit/server tests/unit/chat --ignore tests/unit/chat/test_template.py {{ARGS}}
+
+# the unit tier (tests/unit): pure modules and the engine on the tiny fixture checkpoint
+test-unit *ARGS:
+    {{py}} -m pytest tests/unit {{ARGS}}
+
+# the end-to-end tier (tests/e2e): real server processes on 127.0.0.1
+test-e2e *ARGS:
+    {{py}} -m pytest tests/e2e {{ARGS}}
+
 # serve the tiny fixture checkpoint on 127.0.0.1:8080
 serve *ARGS:
     {{venv}}/bin/mlxcel-server -m "$({{py}} -m fixtures.build tiny)" {{ARGS}}

@@ -14,6 +14,12 @@ Rules:
 - Leaving `Bridge.submit` for any reason (a finished job, an error, a client
   disconnect raising `Cancelled`) posts `Cancel` synchronously unless the job
   already finished: cancellation costs the engine at most the step it is in.
+
+The engine is a parameter: `Bridge(config, engine_factory)` calls the
+factory from `run` with the `emit` callback and runs what it returns on the
+engine thread.  The server passes one that builds engine/loop.py's
+`EngineLoop` (server/runner.py); the fast test tier passes a scripted fake.
+`Engine` below is everything the bridge asks of either.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import itertools
 import logging
 import threading
 from contextlib import asynccontextmanager
-from typing import AsyncIterator, Callable, Iterable
+from typing import Any, AsyncIterator, Callable, Iterable, Protocol
 
 import trio
 
@@ -64,6 +70,35 @@ REQUEST_CLEANUPS: contextvars.ContextVar[list[Callable[[], None]] | None] = (
     contextvars.ContextVar("request_cleanups", default=None))
 
 
+Emit = Callable[[StepEvents], None]
+
+
+class Engine(Protocol):
+    """What the bridge needs from an engine, and nothing more.
+
+    `run` is the engine thread's body: it emits `Loaded` (or `LoadFailed`
+    and returns) once, then serves commands until `Shutdown`; it never
+    raises across the thread boundary.  Every event leaves through the
+    `emit` the factory was given, one `StepEvents` per step.  `post` is
+    thread-safe and never blocks (it is called from trio, cancel paths
+    included).  `vocab` is published before `Loaded` is emitted and is
+    read-only afterwards.  The counters are cumulative ints written by the
+    engine thread only (read without a lock for /metrics)."""
+
+    vocab: Any
+    n_decode: int
+    n_busy_slots: int
+
+    def run(self) -> None: ...
+
+    def post(self, command: Any) -> None: ...
+
+
+# Called once, from `Bridge.run` on the trio thread, with the callback that
+# hands a step's events to trio; returns the engine to run on the thread.
+EngineFactory = Callable[[Emit], Engine]
+
+
 class _Group:
     """The jobs of one request sharing one channel; the channel closes when
     the last of them ends (finished, failed or cancelled)."""
@@ -102,6 +137,19 @@ class JobHandle:
         self.events.close()
 
 
+def engine_loop(cfg: ServerConfig, emit: Emit) -> Engine:
+    """The real engine for `cfg`: the runner's engine factory, bound to the
+    config with `partial`.  Building it loads nothing; its thread does.  It
+    lives here because the bridge is the one module that reaches the engine."""
+    return EngineLoop(cfg.model, n_slots=cfg.slots, ctx_size=cfg.ctx_size,
+                      batch_size=cfg.batch_size, warmup=cfg.warmup, emit=emit,
+                      special=cfg.special, cache_ram_mib=cfg.cache_ram,
+                      sleep_idle_s=(cfg.sleep_idle_seconds
+                                    if cfg.sleep_idle_seconds >= 0 else None),
+                      context_shift=cfg.context_shift,
+                      cont_batching=cfg.cont_batching, rope=cfg.rope)
+
+
 def checkpoint_problem(path: str) -> str | None:
     """Why the engine could not build the checkpoint at `path` (one line), or
     None; asked before the server listens, so nothing loads in vain."""
@@ -109,8 +157,9 @@ def checkpoint_problem(path: str) -> str | None:
 
 
 class Bridge:
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, engine_factory: EngineFactory) -> None:
         self.config = config
+        self._engine_factory = engine_factory
         self.info: ModelInfo | None = None
         self.vocab = None
         self.load_error: str | None = None
@@ -118,7 +167,7 @@ class Bridge:
         self.monitor = Monitor(config.slots)
         self._ids = itertools.count(1)
         self._streams: dict[int, _Group] = {}
-        self._engine: EngineLoop | None = None
+        self._engine: Engine | None = None
         self.cache_stats: CacheStats | None = None  # latest prompt-cache occupancy
 
     # -- lifetime ------------------------------------------------------------------
@@ -132,14 +181,7 @@ class Bridge:
             except trio.RunFinishedError:
                 pass
 
-        cfg = self.config
-        engine = EngineLoop(cfg.model, n_slots=cfg.slots, ctx_size=cfg.ctx_size,
-                            batch_size=cfg.batch_size, warmup=cfg.warmup, emit=emit,
-                            special=cfg.special, cache_ram_mib=cfg.cache_ram,
-                            sleep_idle_s=(cfg.sleep_idle_seconds
-                                          if cfg.sleep_idle_seconds >= 0 else None),
-                            context_shift=cfg.context_shift,
-                            cont_batching=cfg.cont_batching, rope=cfg.rope)
+        engine = self._engine_factory(emit)
         self._engine = engine
         thread = threading.Thread(target=engine.run, name="mlx-engine", daemon=True)
         thread.start()

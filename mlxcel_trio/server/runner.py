@@ -32,7 +32,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 
 from .. import logging_setup
-from ..bridge import Bridge, checkpoint_problem
+from ..bridge import Bridge, checkpoint_problem, engine_loop
 from ..config import ServerConfig
 from .request import grammar_fields as server_grammar
 from .http import hypercorn_internals
@@ -118,7 +118,7 @@ def _warn_open_cors(config: ServerConfig) -> None:
 
 async def _main(config: ServerConfig, sock) -> int:
     status = {"code": 0}
-    bridge = Bridge(config)
+    bridge = Bridge(config, partial(engine_loop, config))
     app = create_app(bridge, config, _model_name(config))
     shutdown = trio.Event()
     # Catch signals before anything starts, so a signal during model load is

@@ -56,7 +56,7 @@ GAUGES = (
 UPSTREAM_FAMILIES = tuple(f"llamacpp:{name}" for name, _ in COUNTERS + GAUGES)
 
 
-def _upstream_values(bridge: Bridge) -> dict[str, float]:
+def upstream_values(bridge: Bridge) -> dict[str, float]:
     monitor = bridge.monitor
     c = monitor.counters
     n_decode, n_busy = c.n_decode, c.n_busy_slots
@@ -129,7 +129,7 @@ class Metrics:
         bridge = self.bridge
         if not bridge.config.endpoint_metrics:
             return not_supported("metrics endpoint", "--metrics")
-        body = _upstream_block(_upstream_values(bridge)) + generate_latest(self.registry).decode()
+        body = _upstream_block(upstream_values(bridge)) + generate_latest(self.registry).decode()
         resp = Response(body, status=200, content_type=CONTENT_TYPE)
         resp.headers["Process-Start-Time-Unix"] = str(int(bridge.monitor.counters.t_start))
         return resp

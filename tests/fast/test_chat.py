@@ -1,0 +1,142 @@
+"""The chat surfaces in-process: OpenAI chat completions, /apply-template,
+the input-token counts and the realtime control route
+(server/surfaces/openai_chat.py, server/sessions/control.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mlxcel_trio.protocol.records import ForceEnd, Submit
+
+from .conftest import JSON_TYPE, SSE_TYPE, each_route, error_of
+from .fake_engine import fail, reply
+
+route = pytest.mark.route
+CHAT = ("POST /chat/completions", "POST /v1/chat/completions")
+USER = {"role": "user", "content": "Hello"}
+CHAT_KEYS = ["choices", "created", "model", "system_fingerprint", "object", "usage", "id",
+             "timings"]
+CHUNK_KEYS = ["choices", "created", "id", "model", "system_fingerprint", "object"]
+
+
+@each_route(*CHAT)
+async def test_chat_completion_object(serve, path):
+    s = await serve(script=reply("<think>pondering</think>Hi there"))
+    r = await s.post(path, {"messages": [USER], "max_tokens": 32})
+    assert r.status_code == 200 and r.content_type == JSON_TYPE
+    res = await r.get_json()
+    assert list(res) == CHAT_KEYS and res["object"] == "chat.completion"
+    (choice,) = res["choices"]
+    assert list(choice) == ["finish_reason", "index", "message"]
+    assert choice["finish_reason"] == "stop"
+    msg = choice["message"]
+    assert msg["role"] == "assistant" and msg["content"] == "Hi there"
+    assert msg["reasoning_content"] == "pondering"
+    assert set(res["usage"]) >= {"completion_tokens", "prompt_tokens", "total_tokens"}
+
+
+@each_route(*CHAT)
+async def test_chat_stream_framing(serve, path):
+    s = await serve(script=reply("Hi there"))
+    st = await s.sse(path, {"messages": [USER], "stream": True})
+    assert st.status_code == 200 and st.headers["Content-Type"] == SSE_TYPE
+    assert st.frames()[-1] == "[DONE]"
+    chunks = st.json_frames()
+    assert list(chunks[0]) == CHUNK_KEYS
+    assert chunks[0]["choices"][0] == {"finish_reason": None, "index": 0,
+                                       "delta": {"role": "assistant", "content": None}}
+    assert chunks[-1]["choices"][0]["delta"] == {} and "timings" in chunks[-1]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    assert text == "Hi there"
+
+
+@each_route(*CHAT)
+@pytest.mark.parametrize("body,message", [
+    ({"messages": [{"role": "user"}]}, "All non-assistant messages must contain 'content'"),
+    ({"messages": [{"role": "user", "content": 5}]},
+     "Expected 'content' to be a string or an array"),
+    ({"messages": [USER, {"role": "assistant", "content": "a"},
+                   {"role": "assistant", "content": "b"}]},
+     "Cannot have 2 or more assistant messages at the end of the list."),
+    ({"messages": [USER], "tool_choice": "maybe"}, "Invalid tool_choice: maybe"),
+    ({"messages": [{"content": "x"}]},
+     "Failed to parse messages: Missing 'role' in message: {\"content\":\"x\"}"),
+])
+async def test_chat_validation_wording(serve, path, body, message):
+    s = await serve()
+    r = await s.post(path, {**body, "max_tokens": 1})
+    assert error_of(await r.get_json(), 400, "invalid_request_error") == message
+
+
+@each_route(*CHAT)
+async def test_chat_engine_failure(serve, path):
+    s = await serve(script=fail("server_error", "engine step failed"))
+    r = await s.post(path, {"messages": [USER]})
+    assert error_of(await r.get_json(), 500, "server_error") == "engine step failed"
+    late = await serve(script=fail("server_error", "engine step failed", after=1))
+    st = await late.sse(path, {"messages": [USER], "stream": True})
+    assert json.loads(st.frames()[-1]) == {"error": {
+        "code": 500, "message": "engine step failed", "type": "server_error"}}
+
+
+@route("POST /apply-template")
+async def test_apply_template(serve):
+    s = await serve()
+    r = await s.post("/apply-template", {"messages": [USER]})
+    assert r.status_code == 200 and r.content_type == JSON_TYPE
+    res = await r.get_json()
+    assert list(res) == ["prompt"]
+    assert "Hello" in res["prompt"] and res["prompt"].startswith("<|im_start|>")
+    r = await s.post("/apply-template", {"messages": [{"role": "user"}]})
+    assert error_of(await r.get_json(), 400, "invalid_request_error") == (
+        "All non-assistant messages must contain 'content'")
+
+
+@each_route("POST /chat/completions/input_tokens", "POST /v1/chat/completions/input_tokens")
+async def test_chat_input_tokens(serve, vocab, path):
+    s = await serve()
+    prompt = await (await s.post("/apply-template", {"messages": [USER]})).get_json()
+    r = await s.post(path, {"messages": [USER]})
+    assert r.status_code == 200 and r.content_type == JSON_TYPE
+    assert await r.get_json() == {"input_tokens": len(vocab.tokenize(prompt["prompt"])),
+                                  "object": "response.input_tokens"}
+    r = await s.post(path, {"messages": 5})
+    assert error_of(await r.get_json(), 400, "invalid_request_error") == (
+        "Expected 'messages' to be an array")
+
+
+@route("POST /v1/chat/completions/control", "POST /v1/chat/completions")
+async def test_control_reaches_a_running_completion(serve):
+    s = await serve(script=reply("thinking hard", hold_after=1))
+    control = "/v1/chat/completions/control"
+    answers = []
+
+    async def end_reasoning(chunks: list[bytes]) -> None:
+        cid = json.loads(chunks[0].split(b"\n\n")[0][6:])["id"]
+        r = await s.post(control, {"id": cid, "action": "reasoning_end"})
+        assert r.content_type == JSON_TYPE
+        answers.append(await r.get_json())
+
+    await s.read_then_disconnect("/v1/chat/completions", {
+        "messages": [USER], "stream": True, "reasoning_control": True},
+        meanwhile=end_reasoning)
+    assert answers == [{"success": True}]
+    # the control action is a command on the engine's queue, for the request's job
+    submit, force_end = await s.next_command(), await s.next_command()
+    assert isinstance(submit, Submit) and force_end == ForceEnd((submit.job.id,))
+    r = await s.post(control, {"id": "chatcmpl-gone", "action": "reasoning_end"})
+    assert await r.get_json() == {"success": False,
+                                  "message": "no active completion for this id"}
+
+
+@route("POST /v1/chat/completions/control")
+@pytest.mark.parametrize("body,message", [({}, "missing completion id"),
+                                          ({"id": "x", "action": "pause"},
+                                           "unknown control action")])
+async def test_control_refusals(serve, body, message):
+    s = await serve()
+    r = await s.post("/v1/chat/completions/control", body)
+    assert error_of(await r.get_json(), 400, "invalid_request_error") == message
