@@ -176,10 +176,6 @@ def make_jobs(served: Served, values: dict, prompts: list[list[int]], body: dict
     return reasoning_budget.native_jobs(served.bridge.vocab, values, body, jobs, force_end)
 
 
-def raise_failed(ev: Failed) -> None:
-    raise ApiError(ev.message, ev.kind, dict(ev.extra))
-
-
 async def run_all(served: Served, jobs: list[Job]) -> list[Finished]:
     """Non-streaming: every job's final record, in job order (a disconnect
     cancels us, and closing the handle cancels what is still running)."""
@@ -189,7 +185,7 @@ async def run_all(served: Served, jobs: list[Job]) -> list[Finished]:
             if isinstance(ev, Finished):
                 results[ev.job_id] = ev
             elif isinstance(ev, Failed):
-                raise_failed(ev)
+                raise ApiError.from_failed(ev)
     if len(results) != len(jobs):
         raise ApiError("generation ended without a result", "server_error")
     return [results[job.id] for job in jobs]

@@ -177,7 +177,7 @@ async def _engine(bridge: Bridge, id_slot: int, tokens: tuple[int, ...] | None,
                   cache_ns: str | None = None) -> SlotTokens:
     ev = await bridge.slot_action(id_slot, tokens, cache_ns)
     if isinstance(ev, Failed):
-        raise ApiError(ev.message, ev.kind)
+        raise ApiError.from_failed(ev)
     return ev
 
 
