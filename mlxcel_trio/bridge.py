@@ -18,12 +18,11 @@ Rules:
 
 from __future__ import annotations
 
-import contextvars
 import itertools
 import logging
 import threading
 from contextlib import asynccontextmanager
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator
 
 import trio
 
@@ -53,14 +52,6 @@ from .engine.records import (
 log = logging.getLogger("mlxcel.bridge")
 
 SHUTDOWN_GRACE_S = 10.0
-
-# Per-request cleanup list, set by the ASGI wrapper in server/app.py.  A job
-# handle registers its synchronous close() here, so a request cancelled in a
-# gap no `finally` covers (a stream response built but never iterated) still
-# cancels its job when the request ends.
-REQUEST_CLEANUPS: contextvars.ContextVar[list[Callable[[], None]] | None] = (
-    contextvars.ContextVar("request_cleanups", default=None))
-
 
 class _Group:
     """The jobs of one request sharing one channel; the channel closes when
@@ -163,8 +154,8 @@ class Bridge:
     # -- requests ------------------------------------------------------------------
 
     def open(self, *jobs: Job) -> JobHandle:
-        """Submit `jobs`; the caller must `close()` the handle (it is also
-        closed when the HTTP request ends, whatever way it ends)."""
+        """Submit `jobs`; whoever holds the handle must `close()` it (the
+        server ties it to its request or to detached work)."""
         assert self._engine is not None and self.info is not None
         bound = len(jobs) * (2 * self.info.n_ctx_slot + 16)
         send, recv = trio.open_memory_channel(bound)
@@ -173,11 +164,7 @@ class Bridge:
             self._streams[job.id] = group
             self.monitor.submitted(job)
             self._engine.post(Submit(job))
-        handle = JobHandle(self, tuple(job.id for job in jobs), recv)
-        cleanups = REQUEST_CLEANUPS.get()
-        if cleanups is not None:
-            cleanups.append(handle.close)
-        return handle
+        return JobHandle(self, tuple(job.id for job in jobs), recv)
 
     @asynccontextmanager
     async def submit(self, *jobs: Job) -> AsyncIterator[trio.MemoryReceiveChannel]:

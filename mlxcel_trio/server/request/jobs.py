@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -23,6 +23,9 @@ from . import (
 )
 from ..http.errors import ApiError, json_type_name
 from .fields import parse_fields
+
+if TYPE_CHECKING:
+    from ..state import AppState
 
 
 @attrs.frozen
@@ -37,6 +40,8 @@ class Served:
     n_slots: int = 1                  # n_cmpl's upper limit, as upstream's n_parallel
     batch_size: int = 2048            # -b: /infill keeps its context within one batch
     spm_infill: bool = False          # --spm-infill: suffix block first
+    # the app's sessions and chat settings (server/state.py)
+    state: "AppState" = attrs.field(kw_only=True)
 
 
 def server_defaults(config, vocab) -> dict[str, Any]:
