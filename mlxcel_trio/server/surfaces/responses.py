@@ -332,7 +332,7 @@ def _start_background(served: Served, chat, job, store: ResponseStore, scope: st
             except ApiError as err:
                 obj = _object(served, rid, created, "failed", [], None,
                               {**extra, "error": {"code": err.type, "message": err.message}})
-            except Exception as err:  # never let one response take the app's nursery down
+            except Exception as err:  # a failed run is recorded, never raised
                 log.exception("background response %s failed", rid)
                 obj = _object(served, rid, created, "failed", [], None,
                               {**extra, "error": {"code": "server_error", "message": str(err)}})
