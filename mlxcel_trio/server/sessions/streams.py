@@ -210,10 +210,10 @@ class StreamRegistry:
 
     def open(self, owner: int, conversation_id: str, handle: JobHandle,
              frames: AsyncIterator[bytes],
-             request: RequestResources | None = None) -> StreamSession:
+             resources: RequestResources | None = None) -> StreamSession:
         """Install a session whose producer drains `frames` (replacing, and
         stopping, an earlier one with the same key, as upstream); the
-        producer's task takes `handle` over from `request`."""
+        producer's task takes `handle` over from the request's `resources`."""
         key = (owner, conversation_id)
         running = self._running and self._detached.running
         if not running or (key not in self._sessions and self.live >= self.max_live):
@@ -223,7 +223,7 @@ class StreamRegistry:
         session = StreamSession(conversation_id, owner, self.max_bytes)
         self._sessions[key] = session
         self._detached.start(self._produce, key, session, frames, moving=(handle,),
-                             source=request, name=f"stream {conversation_id!r}")
+                             source=resources, name=f"stream {conversation_id!r}")
         return session
 
     async def _produce(self, key: Key, session: StreamSession,
@@ -276,12 +276,12 @@ class StreamRegistry:
 
 # -- the request side ---------------------------------------------------------------
 
-def sse_response(registry: StreamRegistry, request_resources: RequestResources,
+def sse_response(registry: StreamRegistry, resources: RequestResources,
                  handle: JobHandle, frames: AsyncIterator[bytes]) -> Response:
     """The response of every streaming route (surfaces/streaming.py).
     Without the header: the frames themselves, cancelled with the request.
     With it: the frames go to a session that outlives the request (taking
-    the handle off `request_resources`), and the response follows it."""
+    the handle off the request's `resources`), and the response follows it."""
     conversation_id = request.headers.get(HEADER, "")
     if not conversation_id:
         return Response(frames, content_type=SSE_TYPE)
@@ -289,7 +289,7 @@ def sse_response(registry: StreamRegistry, request_resources: RequestResources,
         handle.close()
         raise ApiError(f"Invalid {HEADER} header: expected 1 to {MAX_ID_CHARS} printable "
                        "ASCII characters without spaces")
-    session = registry.open(key_scope(), conversation_id, handle, frames, request_resources)
+    session = registry.open(key_scope(), conversation_id, handle, frames, resources)
     return Response(session.follow(0), content_type=SSE_TYPE)
 
 

@@ -21,6 +21,7 @@ from mlxcel_trio.server.sessions.streams import (
     _parse_from,
 )
 from mlxcel_trio.server.http.errors import ApiError
+from mlxcel_trio.server.http.resources import RequestResources
 from mlxcel_trio.server.sessions.detached import Detached
 
 
@@ -131,6 +132,35 @@ async def test_registry_producer_outlives_nothing_and_cancel_closes_the_job(auto
         gate2.set()
         await trio.testing.wait_all_tasks_blocked()
         assert s2.done and s2.read(0) == b"1end" and h2.closed == 1 and reg.live == 0
+        n.cancel_scope.cancel()
+
+
+async def test_the_producer_takes_the_handle_over_from_the_request(autojump_clock):
+    async with trio.open_nursery() as n:
+        reg = await _registry(n)
+        request, h = RequestResources(), _Handle()
+        request.own(h)
+        gate = trio.Event()
+        s = reg.open(0, "a", h, _frames(gate, [b"x"]), request)
+        request.close()                         # the client went away
+        await trio.testing.wait_all_tasks_blocked()
+        assert h.closed == 0 and not s.done     # the generation goes on
+        gate.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert h.closed == 1 and s.read(0) == b"xend"
+        n.cancel_scope.cancel()
+
+
+async def test_no_session_opens_while_the_registry_or_detached_work_is_down():
+    detached = Detached()
+    reg, h = StreamRegistry(detached), _Handle()
+    with pytest.raises(ApiError) as exc:
+        reg.open(0, "a", h, _frames(trio.Event(), []))
+    assert exc.value.status == 503 and h.closed == 0 and reg.get(0, "a") is None
+    async with trio.open_nursery() as n:
+        await n.start(reg.run)                  # the sweep alone is not enough
+        with pytest.raises(ApiError):
+            reg.open(0, "a", h, _frames(trio.Event(), []))
         n.cancel_scope.cancel()
 
 
