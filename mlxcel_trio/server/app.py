@@ -18,6 +18,7 @@ for the runner, which runs its detached-work nursery and stream sweep.
 from __future__ import annotations
 
 import hmac
+import inspect
 import logging
 from typing import Any, Callable
 
@@ -174,6 +175,9 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
 
     def mount(route: Route) -> None:
         fn = handlers[route.handler]
+        # a handler that cannot take what its route passes fails here, at startup
+        inspect.signature(fn).bind(*((None,) if route.body else ()),
+                                   **dict.fromkeys(route.params, ""))
 
         async def view(**path_params):
             if route.body:

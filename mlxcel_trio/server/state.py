@@ -25,7 +25,7 @@ from .sessions.response_store import ResponseStore
 from .sessions.streams import StreamRegistry
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, repr=False)
 class AppState:
     config: ServerConfig
     bridge: Bridge
