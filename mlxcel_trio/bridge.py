@@ -24,7 +24,6 @@ engine thread.  The server passes one that builds engine/loop.py's
 
 from __future__ import annotations
 
-import contextvars
 import itertools
 import logging
 import threading
@@ -62,14 +61,6 @@ log = logging.getLogger("mlxcel.bridge")
 
 SHUTDOWN_GRACE_S = 10.0
 
-# Per-request cleanup list, set by the ASGI wrapper in server/app.py.  A job
-# handle registers its synchronous close() here, so a request cancelled in a
-# gap no `finally` covers (a stream response built but never iterated) still
-# cancels its job when the request ends.
-REQUEST_CLEANUPS: contextvars.ContextVar[list[Callable[[], None]] | None] = (
-    contextvars.ContextVar("request_cleanups", default=None))
-
-
 Emit = Callable[[StepEvents], None]
 
 
@@ -79,15 +70,12 @@ class Engine(Protocol):
     `run` is the engine thread's body: it emits `Loaded` (or `LoadFailed`
     and returns) once, then serves commands until `Shutdown`; it never
     raises across the thread boundary.  Every event leaves through the
-    `emit` the factory was given, one `StepEvents` per step.  `post` is
-    thread-safe and never blocks (it is called from trio, cancel paths
-    included).  `vocab` is published before `Loaded` is emitted and is
-    read-only afterwards.  The counters are cumulative ints written by the
-    engine thread only (read without a lock for /metrics)."""
+    `emit` the factory was given, one `StepEvents` per step (its counters
+    too, as `EngineStats`).  `post` is thread-safe and never blocks (it is
+    called from trio, cancel paths included).  `vocab` is published before
+    `Loaded` is emitted and is read-only afterwards."""
 
     vocab: Any
-    n_decode: int
-    n_busy_slots: int
 
     def run(self) -> None: ...
 
@@ -207,8 +195,8 @@ class Bridge:
     # -- requests ------------------------------------------------------------------
 
     def open(self, *jobs: Job) -> JobHandle:
-        """Submit `jobs`; the caller must `close()` the handle (it is also
-        closed when the HTTP request ends, whatever way it ends)."""
+        """Submit `jobs`; whoever holds the handle must `close()` it (the
+        server ties it to its request or to detached work)."""
         assert self._engine is not None and self.info is not None
         bound = len(jobs) * (2 * self.info.n_ctx_slot + 16)
         send, recv = trio.open_memory_channel(bound)
@@ -217,11 +205,7 @@ class Bridge:
             self._streams[job.id] = group
             self.monitor.submitted(job)
             self._engine.post(Submit(job))
-        handle = JobHandle(self, tuple(job.id for job in jobs), recv)
-        cleanups = REQUEST_CLEANUPS.get()
-        if cleanups is not None:
-            cleanups.append(handle.close)
-        return handle
+        return JobHandle(self, tuple(job.id for job in jobs), recv)
 
     @asynccontextmanager
     async def submit(self, *jobs: Job) -> AsyncIterator[trio.MemoryReceiveChannel]:

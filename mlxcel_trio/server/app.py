@@ -2,19 +2,25 @@
 
 Request flow, in upstream's order: CORS (outermost ASGI layer: stamps
 Access-Control-Allow-Origin, answers every OPTIONS itself) -> ASGI wrapper
-(per-request job cleanup) -> loading gate (503 until the engine reports
+(the request's resources, http/resources.py) -> loading gate (503 until the engine reports
 Loaded) -> API key check -> handler.  Routes are mounted under --api-prefix;
 the key exemption compares the full path, so a prefixed /health needs the
 key, as upstream.  Every exception becomes an upstream-shaped error in
 `_on_error`; unknown paths and wrong methods are both upstream's 404 "File
 Not Found" (there is no 405).  A body over MAX_BODY_BYTES is a 413 before it
 is read, one not complete within --timeout a 408.
+
+What lives as long as the app (sessions, registries, chat settings) is one
+`AppState` (server/state.py), built here and exposed as `app.mlxcel_state`
+for the runner, which runs its detached-work nursery and stream sweep.
 """
 
 from __future__ import annotations
 
 import hmac
+import inspect
 import logging
+from typing import Any, Callable
 
 from quart import Response, g, request
 from quart_trio import QuartTrio
@@ -22,16 +28,18 @@ from werkzeug.exceptions import HTTPException
 
 from .. import __version__
 from ..logging_setup import TRACE
-from ..bridge import REQUEST_CLEANUPS, Bridge
+from ..bridge import Bridge
 from ..config import ServerConfig
 from .surfaces import info, infill, completion as native, openai_completions, tokens
 from .http import limits
 from .sessions import slot_files, streams
+from .state import AppState
 from .surfaces.vertex import Predictor
 from .surfaces.metrics import Metrics
 from .surfaces import chat_routes
 from .request.jobs import Served, server_defaults
 from .http.body import read_json_body
+from .http.resources import SCOPE_KEY, RequestResources
 from .http.cors import CorsMiddleware, CorsPolicy
 from .http.errors import (
     JSON_TYPE,
@@ -47,7 +55,7 @@ from .http.errors import (
     payload_too_large,
     request_timeout,
 )
-from .routes import ROUTES, quart_rule
+from .routes import ROUTES, Route, quart_rule
 from .http.key_scope import caller_scope
 
 log = logging.getLogger("mlxcel.http")
@@ -76,9 +84,9 @@ def _has_body(headers) -> bool:
     return False
 
 
-class _Cleanups:
-    """ASGI wrapper: runs each request's registered job cleanups once the
-    request is over, however it ended (see bridge.REQUEST_CLEANUPS).
+class _PerRequest:
+    """ASGI wrapper: gives each request its `RequestResources` (in the ASGI
+    scope) and closes them once the request is over, however it ended.
 
     It also closes the connection after an answer given before the request
     body was read to its end (the gate's 401 or 503, a 404, a stub route):
@@ -111,14 +119,11 @@ class _Cleanups:
                 message = {**message, "headers": headers + [(b"connection", b"close")]}
             await send(message)
 
-        cleanups: list = []
-        token = REQUEST_CLEANUPS.set(cleanups)
-        try:
-            await self.app(scope, receive_tracked, send_closing)
+        resources = RequestResources()
+        try:  # a fresh scope: an in-process sub-request (Vertex) gets its own
+            await self.app({**scope, SCOPE_KEY: resources}, receive_tracked, send_closing)
         finally:
-            REQUEST_CLEANUPS.reset(token)
-            for close in cleanups:
-                close()
+            resources.close()
 
 
 def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTrio:
@@ -126,20 +131,23 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
     app.config.update(RESPONSE_TIMEOUT=None, BODY_TIMEOUT=config.timeout,
                       MAX_CONTENT_LENGTH=MAX_BODY_BYTES)
     keys = [k.encode() for k in config.api_keys]
-    app.stream_sessions = streams.StreamRegistry.from_env()  # run by server/runner.py
+    state = app.mlxcel_state = AppState.create(config, bridge)
     public = {r.path for r in ROUTES if r.public}
     served: Served | None = None
     metrics = Metrics(bridge)
 
     def ctx() -> Served:
         nonlocal served
-        if served is None:
+        if served is None:  # the defaults need the vocabulary: built after the load
             served = Served(bridge, model_name, server_defaults(config, bridge.vocab), BUILD_INFO,
                             n_predict_cap=config.sampling.n_predict, n_slots=config.slots,
-                            batch_size=config.batch_size, spm_infill=config.spm_infill)
+                            batch_size=config.batch_size, spm_infill=config.spm_infill,
+                            state=state)
         return served
 
-    handlers = {
+    # Each entry takes the body first when its Route has `body`, then the
+    # route's path parameters by name (routes.py).
+    handlers: dict[str, Callable[..., Any]] = {
         "health": lambda: info.health(),
         "props": lambda: info.props(ctx()),
         "models": lambda: info.models(ctx(), config.aliases, config.tags),
@@ -152,31 +160,32 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
         "infill": lambda body: infill.infill(ctx(), body),
         "tokenize": lambda body: tokens.tokenize(bridge.vocab, body),
         "detokenize": lambda body: tokens.detokenize(bridge.vocab, body),
-        "slot_actions": ((lambda: slot_files.handle(bridge, config.slot_save_path))
+        "slot_actions": ((lambda id_slot: slot_files.handle(
+                             bridge, config.slot_save_path, id_slot, state.slot_identities))
                          if config.slot_save_path else
-                         (lambda: not_supported("slots action", "--slot-save-path"))),
+                         (lambda id_slot: not_supported("slots action", "--slot-save-path"))),
         "no_embeddings": lambda: not_supported("embeddings", "--embeddings"),
         "no_reranking": lambda: not_supported("reranking", "--reranking"),
         "feature_disabled": feature_disabled,
-        "stream_get": streams.get_stream,
-        "stream_delete": streams.delete_stream,
-        "streams_lookup": streams.lookup_streams,
-        **chat_routes.handlers(ctx, config),
+        "stream_get": lambda: streams.get_stream(state.streams),
+        "stream_delete": lambda: streams.delete_stream(state.streams),
+        "streams_lookup": lambda: streams.lookup_streams(state.streams),
+        **chat_routes.handlers(ctx, config, state),
     }
 
-    def mount(route) -> None:
+    def mount(route: Route) -> None:
         fn = handlers[route.handler]
-        code = fn.__code__
-        params = code.co_varnames[:code.co_argcount]
-        takes_body = params == ("body",)  # stubs answer without reading it
+        # a handler that cannot take what its route passes fails here, at startup
+        inspect.signature(fn).bind(*((None,) if route.body else ()),
+                                   **dict.fromkeys(route.params, ""))
 
         async def view(**path_params):
-            if takes_body:
+            if route.body:
                 body = await read_json_body(request)
                 limits.check(body)
-                result = fn(body)
-            else:  # path parameters by name (`:response_id` -> response_id)
-                result = fn(**{k: v for k, v in path_params.items() if k in params})
+                result = fn(body, **path_params)
+            else:
+                result = fn(**path_params)
             if hasattr(result, "__await__"):
                 result = await result
             return result
@@ -234,7 +243,7 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
 
     policy = CorsPolicy(config.cors_origins, config.cors_methods, config.cors_headers,
                         config.cors_credentials)
-    inner = _Cleanups(app.asgi_app)
+    inner = _PerRequest(app.asgi_app)
     if predictor is not None:  # instances are dispatched below CORS, through the gate
         predictor.asgi = inner
     app.asgi_app = CorsMiddleware(inner, policy, [("Server", "llama.cpp")])

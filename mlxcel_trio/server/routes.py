@@ -14,11 +14,22 @@ import attrs
 
 @attrs.frozen
 class Route:
+    """The handler named here is called with the parsed JSON body first when
+    `body` is set (read within the body limits before the handler runs),
+    then each `:name` path parameter by name; a route without `body` that
+    needs one reads it itself (stubs answer without reading it)."""
+
     method: str
     path: str
-    handler: str          # name of the handler in server/app.py's HANDLERS
+    handler: str          # a key of the handler table built in server/app.py
     public: bool = False  # exempt from --api-key (upstream: the health routes only)
     vertex: bool = False  # AIP_MODE=PREDICTION only; the path comes from the environment
+    body: bool = False    # the handler takes the request's JSON body
+
+    @property
+    def params(self) -> tuple[str, ...]:
+        """The path parameters, by name (`/slots/:id_slot` -> ("id_slot",))."""
+        return tuple(p[1:] for p in self.path.split("/") if p.startswith(":"))
 
 
 ROUTES: tuple[Route, ...] = (
@@ -30,24 +41,24 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/slots", "slots"),
     Route("GET", "/metrics", "metrics"),
     Route("POST", "/props", "set_props"),
-    Route("POST", "/completion", "completion"),
-    Route("POST", "/completions", "completion"),
-    Route("POST", "/v1/completions", "v1_completions"),
-    Route("POST", "/infill", "infill"),
-    Route("POST", "/tokenize", "tokenize"),
-    Route("POST", "/detokenize", "detokenize"),
+    Route("POST", "/completion", "completion", body=True),
+    Route("POST", "/completions", "completion", body=True),
+    Route("POST", "/v1/completions", "v1_completions", body=True),
+    Route("POST", "/infill", "infill", body=True),
+    Route("POST", "/tokenize", "tokenize", body=True),
+    Route("POST", "/detokenize", "detokenize", body=True),
     # chat surfaces (issue #4; handlers in server/surfaces/chat_routes.py)
-    Route("POST", "/chat/completions", "chat_completions"),
-    Route("POST", "/v1/chat/completions", "chat_completions"),
-    Route("POST", "/apply-template", "apply_template"),
-    Route("POST", "/chat/completions/input_tokens", "chat_input_tokens"),
-    Route("POST", "/v1/chat/completions/input_tokens", "chat_input_tokens"),
-    Route("POST", "/v1/messages", "anthropic_messages"),
-    Route("POST", "/v1/messages/count_tokens", "anthropic_count_tokens"),
-    Route("POST", "/v1/responses", "responses"),
-    Route("POST", "/responses", "responses"),
-    Route("POST", "/responses/input_tokens", "responses_input_tokens"),
-    Route("POST", "/v1/responses/input_tokens", "responses_input_tokens"),
+    Route("POST", "/chat/completions", "chat_completions", body=True),
+    Route("POST", "/v1/chat/completions", "chat_completions", body=True),
+    Route("POST", "/apply-template", "apply_template", body=True),
+    Route("POST", "/chat/completions/input_tokens", "chat_input_tokens", body=True),
+    Route("POST", "/v1/chat/completions/input_tokens", "chat_input_tokens", body=True),
+    Route("POST", "/v1/messages", "anthropic_messages", body=True),
+    Route("POST", "/v1/messages/count_tokens", "anthropic_count_tokens", body=True),
+    Route("POST", "/v1/responses", "responses", body=True),
+    Route("POST", "/responses", "responses", body=True),
+    Route("POST", "/responses/input_tokens", "responses_input_tokens", body=True),
+    Route("POST", "/v1/responses/input_tokens", "responses_input_tokens", body=True),
     # streams that survive reconnects (X-Conversation-Id; server/sessions/streams.py)
     Route("GET", "/v1/stream", "stream_get"),
     Route("DELETE", "/v1/stream", "stream_delete"),
@@ -56,7 +67,7 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/v1/responses/:response_id", "responses_retrieve"),
     Route("POST", "/v1/responses/:response_id/cancel", "responses_cancel"),
     # realtime reasoning control (issue #6)
-    Route("POST", "/v1/chat/completions/control", "chat_control"),
+    Route("POST", "/v1/chat/completions/control", "chat_control", body=True),
     Route("POST", "/slots/:id_slot", "slot_actions"),
     # Features this server runs without, answered exactly as llama-server
     # answers them when it was started without the enabling flag.

@@ -4,7 +4,9 @@
     trio.run(_main)
     └── root nursery
         ├── bridge.run          the MLX engine thread's owner
-        ├── stream sessions     X-Conversation-Id producers + TTL sweep (server/sessions/streams.py)
+        ├── detached work       what outlives its request: stream producers, background
+        │                       Responses (server/sessions/detached.py)
+        ├── stream sessions     X-Conversation-Id TTL sweep (server/sessions/streams.py)
         ├── _signals            SIGINT / SIGTERM -> graceful shutdown
         ├── _watch_load         logs readiness, or stops the server on a load failure
         └── listen.serve        hypercorn's protocol, one task per connection/request
@@ -134,7 +136,8 @@ async def _serve(config, bridge, app, shutdown, signals, status, sock) -> int:
     async with trio.open_nursery() as root:
         root.start_soon(_signals, signals, shutdown)
         await root.start(bridge.run)
-        await root.start(app.stream_sessions.run)
+        await root.start(app.mlxcel_state.detached.run)
+        await root.start(app.mlxcel_state.streams.run)
         async with trio.open_nursery() as http:
             await http.start(partial(listen.serve, app, hc, [sock], write_timeout=config.timeout,
                                      # one second later than Quart's body timeout, so a

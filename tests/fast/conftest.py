@@ -226,7 +226,8 @@ async def _start(nursery, checkpoint: Path, vocab: Vocab, hits: list,
     bridge = Bridge(config, factory)
     app = create_app(bridge, config, MODEL_NAME)
     await nursery.start(bridge.run)
-    await nursery.start(app.stream_sessions.run)
+    await nursery.start(app.mlxcel_state.detached.run)   # as the runner's root nursery does
+    await nursery.start(app.mlxcel_state.streams.run)
     await nursery.start(_lifespan, app)
     if wait_loaded:
         with trio.fail_after(READY_S):

@@ -153,8 +153,6 @@ class FakeEngine:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.commands: queue.SimpleQueue = queue.SimpleQueue()   # every command, in order
         self.vocab = None   # published before Loaded, as the real engine does
-        self.n_decode = 0
-        self.n_busy_slots = 0
         # engine-thread state
         self._free = list(range(info.n_slots))
         self._pending: deque[Job] = deque()
@@ -242,8 +240,6 @@ class FakeEngine:
         active = [run for run in self._running.values() if not run.held]
         if not active:
             return
-        self.n_decode += 1
-        self.n_busy_slots += len(active)
         for run in active:
             try:
                 step = next(run.steps, None)

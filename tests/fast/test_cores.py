@@ -32,7 +32,7 @@ def _served(vocab) -> Served:
     """What the request cores read of a running server: its vocabulary and
     the server-wide defaults a plain command line gives."""
     defaults = server_defaults(ServerConfig(model="fake"), vocab)
-    return Served(SimpleNamespace(vocab=vocab), "m", defaults, "build")
+    return Served(SimpleNamespace(vocab=vocab), "m", defaults, "build", state=None)
 
 
 def _values(body: dict, served: Served) -> NativeRequest:

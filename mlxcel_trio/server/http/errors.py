@@ -1,16 +1,21 @@
 """Upstream error envelopes: the single author of every error body.
 
 Wording, types and status codes follow llama-server.  Handlers raise
-`ApiError` (or let a `FieldError` from request parsing propagate); the app's
-error handler turns it into a response at one boundary.
+`ApiError` (request parsing too; an engine `Failed` becomes one through
+`ApiError.from_failed`); the app's error handler turns it into a response
+at one boundary.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from typing import TYPE_CHECKING
 
 from quart import Response
+
+if TYPE_CHECKING:
+    from ...protocol.records import Failed
 
 STATUS_OF_TYPE = {
     "invalid_request_error": 400,
@@ -36,6 +41,11 @@ class ApiError(Exception):
         self.type = type
         self.extra = extra or {}
         self._status = status
+
+    @classmethod
+    def from_failed(cls, ev: "Failed") -> "ApiError":
+        """An engine job's failure, as the error the client is answered."""
+        return cls(ev.message, ev.kind, dict(ev.extra))
 
     @property
     def status(self) -> int:

@@ -39,7 +39,7 @@ async def first_event(handle: JobHandle):
         raise
     if isinstance(ev, Failed):
         handle.close()
-        raise ApiError(ev.message, ev.kind, dict(ev.extra))
+        raise ApiError.from_failed(ev)
     return ev
 
 
@@ -72,7 +72,7 @@ async def event_stream(
             if ev is None:
                 yield PING
             elif isinstance(ev, Failed):
-                yield error_frame(ApiError(ev.message, ev.kind, dict(ev.extra)))
+                yield error_frame(ApiError.from_failed(ev))
                 return
             else:
                 for chunk in render(ev):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import cattrs
@@ -25,6 +25,9 @@ from . import (
 )
 from ..http.errors import ApiError, json_type_name
 from .schema import TABLE_DEFAULTS, NativeRequest, request_converter
+
+if TYPE_CHECKING:
+    from ..state import AppState
 
 
 @attrs.frozen
@@ -44,6 +47,8 @@ class Served:
         init=False, eq=False, repr=False,
         default=attrs.Factory(lambda self: request_converter(
             self.defaults, {"n_cmpl": (1, self.n_slots)}), takes_self=True))
+    # the app's sessions and chat settings (server/state.py)
+    state: "AppState" = attrs.field(kw_only=True)
 
 
 def server_defaults(config, vocab) -> NativeRequest:
@@ -183,10 +188,6 @@ def make_jobs(served: Served, values: NativeRequest, prompts: list[list[int]], b
     return reasoning_budget.native_jobs(served.bridge.vocab, values, body, jobs, control)
 
 
-def raise_failed(ev: Failed) -> None:
-    raise ApiError(ev.message, ev.kind, dict(ev.extra))
-
-
 async def run_all(served: Served, jobs: list[Job]) -> list[Finished]:
     """Non-streaming: every job's final record, in job order (a disconnect
     cancels us, and closing the handle cancels what is still running)."""
@@ -196,7 +197,7 @@ async def run_all(served: Served, jobs: list[Job]) -> list[Finished]:
             if isinstance(ev, Finished):
                 results[ev.job_id] = ev
             elif isinstance(ev, Failed):
-                raise_failed(ev)
+                raise ApiError.from_failed(ev)
     if len(results) != len(jobs):
         raise ApiError("generation ended without a result", "server_error")
     return [results[job.id] for job in jobs]

@@ -26,48 +26,76 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 from quart import Response
 
-from ...bridge import REQUEST_CLEANUPS, Bridge, JobHandle
+from ...bridge import Bridge, JobHandle
 from ..http.errors import ApiError, json_response
-
-# id -> (scope, the job ids to force-end or None when not armed, the streamed
-# jobs' handle or None)
-_LIVE: dict[str, tuple[str, tuple[int, ...] | None, JobHandle | None]] = {}
+from ..http.resources import RequestResources
 
 
-def _alive(entry) -> bool:
-    return entry[2] is None or entry[2].live()
+@attrs.frozen
+class LiveCompletion:
+    """One controllable completion."""
+
+    scope: str                          # the API key scope that may control it
+    job_ids: tuple[int, ...] | None     # the jobs to force-end; None: not armed
+    handle: JobHandle | None            # a stream's jobs; None: lives until its request ends
+
+    def alive(self) -> bool:
+        return self.handle is None or self.handle.live()
 
 
-def register(cid: str, scope: str, force_end: tuple[int, ...] | None,
-             handle: JobHandle | None = None) -> None:
-    """Make `cid` controllable while its jobs run (`handle`: a stream's), or
-    until the current request ends (no handle: a non-streamed request)."""
-    for old in [k for k, e in _LIVE.items() if not _alive(e)]:
-        del _LIVE[old]
-    _LIVE[cid] = (scope, force_end, handle)
-    cleanups = REQUEST_CLEANUPS.get()
-    if handle is None and cleanups is not None:
-        cleanups.append(lambda: _LIVE.pop(cid, None))
+class ControlRegistry:
+    """The completions POST /v1/chat/completions/control can reach, by id;
+    one per app (server/state.py).  A control action is a command on the
+    engine's queue, posted through `bridge`."""
 
+    def __init__(self, bridge: Bridge) -> None:
+        self._bridge = bridge
+        self._live: dict[str, LiveCompletion] = {}
 
-def control(body: Any, scope: str, bridge: Bridge) -> Response:
-    body = body if isinstance(body, dict) else {}
-    cid = body.get("id") if isinstance(body.get("id"), str) else ""
-    action = body.get("action") if isinstance(body.get("action"), str) else ""
-    if not cid:
-        raise ApiError("missing completion id")
-    if action != "reasoning_end":
-        raise ApiError("unknown control action")
-    live = _LIVE.get(cid)
-    if live is not None and not _alive(live):
-        del _LIVE[cid]
-        live = None
-    if live is None or live[0] != scope:
-        return json_response({"success": False, "message": "no active completion for this id"})
-    if live[1] is None:
-        return json_response({"success": False,
-                              "message": "reasoning control not enabled for this completion"})
-    bridge.force_end(live[1])
-    return json_response({"success": True})
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def register(self, cid: str, scope: str, job_ids: tuple[int, ...] | None, *,
+                 handle: JobHandle | None = None,
+                 request: RequestResources | None = None) -> None:
+        """Make `cid` controllable while its jobs run (`handle`: a stream's,
+        whoever holds it later), or until `request` ends (no handle: a
+        non-streamed request)."""
+        for old in [k for k, e in self._live.items() if not e.alive()]:
+            del self._live[old]
+        self._live[cid] = LiveCompletion(scope, job_ids, handle)
+        if handle is None and request is not None:
+            request.on_close(lambda: self.drop(cid))
+
+    def drop(self, cid: str) -> None:
+        self._live.pop(cid, None)
+
+    def find(self, cid: str, scope: str) -> LiveCompletion | None:
+        """The live entry for `cid` under `scope`; another key's is unknown."""
+        live = self._live.get(cid)
+        if live is not None and not live.alive():
+            del self._live[cid]
+            live = None
+        return live if live is not None and live.scope == scope else None
+
+    def control(self, body: Any, scope: str) -> Response:
+        """The route."""
+        body = body if isinstance(body, dict) else {}
+        cid = body.get("id") if isinstance(body.get("id"), str) else ""
+        action = body.get("action") if isinstance(body.get("action"), str) else ""
+        if not cid:
+            raise ApiError("missing completion id")
+        if action != "reasoning_end":
+            raise ApiError("unknown control action")
+        live = self.find(cid, scope)
+        if live is None:
+            return json_response({"success": False,
+                                  "message": "no active completion for this id"})
+        if live.job_ids is None:
+            return json_response({"success": False,
+                                  "message": "reasoning control not enabled for this completion"})
+        self._bridge.force_end(live.job_ids)
+        return json_response({"success": True})

@@ -84,8 +84,6 @@ def confined(root: str, name: str) -> str | None:
 
 # -- identity -----------------------------------------------------------------------
 
-_IDENTITY: dict[str, dict[str, str]] = {}
-
 
 def _digest(folder: Path, names: tuple[str, ...]) -> str:
     h = hashlib.sha256()
@@ -96,15 +94,16 @@ def _digest(folder: Path, names: tuple[str, ...]) -> str:
     return h.hexdigest()
 
 
-def identity(model_path: str) -> dict[str, str]:
+def identity(model_path: str, cache: dict[str, dict[str, str]]) -> dict[str, str]:
     """What a slot file is bound to: the model's config and the tokenizer's
-    files, by content (the path may differ between save and restore)."""
-    hit = _IDENTITY.get(model_path)
+    files, by content (the path may differ between save and restore).
+    `cache` (the app's, server/state.py) keeps it per model path."""
+    hit = cache.get(model_path)
     if hit is None:
         folder = Path(model_path)
         hit = {"model": _digest(folder, MODEL_FILES),
                "tokenizer": _digest(folder, TOKENIZER_FILES)}
-        _IDENTITY[model_path] = hit
+        cache[model_path] = hit
     return hit
 
 
@@ -180,7 +179,7 @@ async def _engine(bridge: Bridge, id_slot: int, tokens: tuple[int, ...] | None,
                   cache_ns: str | None = None) -> SlotTokens:
     ev = await bridge.slot_action(id_slot, tokens, cache_ns)
     if isinstance(ev, Failed):
-        raise ApiError(ev.message, ev.kind)
+        raise ApiError.from_failed(ev)
     return ev
 
 
@@ -202,9 +201,10 @@ def _path_for(root: str, name: str) -> str:
     return path
 
 
-async def handle(bridge: Bridge, root: str):
-    """post_slots: id, then action, then the action's own checks."""
-    raw_id = request.view_args.get("id_slot", "")
+async def handle(bridge: Bridge, root: str, raw_id: str,
+                 identities: dict[str, dict[str, str]]):
+    """post_slots: id (`raw_id`, the path's), then action, then the
+    action's own checks."""
     try:
         id_slot = stoi(raw_id)
     except ValueError:
@@ -217,7 +217,7 @@ async def handle(bridge: Bridge, root: str):
         return json_response({"id_slot": id_slot, "n_erased": ev.previous})
     name = _filename(await read_json_body(request))
     path = _path_for(root, name)
-    ident = await trio.to_thread.run_sync(identity, bridge.info.path)
+    ident = await trio.to_thread.run_sync(identity, bridge.info.path, identities)
     t0 = time.perf_counter()
     if action == "save":
         ev = await _engine(bridge, id_slot, None)

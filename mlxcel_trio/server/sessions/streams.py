@@ -2,16 +2,17 @@
 
 Theory of operation.  A streaming request that carries `X-Conversation-Id`
 hands its job handle and its frame iterator to `StreamRegistry.open`, which
-starts a *producer* task in the registry's own nursery (a child of the root
-nursery, not of the request).  The producer drains the frames into the
+starts a *producer* task as detached work (sessions/detached.py: a nursery
+under the root nursery, not the request's), moving the handle off the
+request.  The producer drains the frames into the
 session's byte buffer; the request's response, and every later
 `GET /v1/stream?conv_id=&from=N`, is only a *follower* of that buffer.  So a
 client disconnect cancels a follower and nothing else: the generation runs to
 its natural stop, and a reconnect at byte offset K reads exactly the bytes the
 first connection would have read after K.
 
-Who owns what: the producer owns the job handle (it closes it however it
-ends, which is the same `Cancel` a disconnect posts on the plain path); the
+Who owns what: the producer's task owns the job handle (it is closed
+however the task ends, which is the same `Cancel` a disconnect posts on the plain path); the
 registry owns the sessions; a follower owns nothing.  `DELETE /v1/stream`
 evicts the session and cancels the producer's scope.
 
@@ -31,7 +32,6 @@ environment variables (STREAM_TTL_ENV, STREAM_GC_ENV); they are not options.
 
 from __future__ import annotations
 
-import contextvars
 import logging
 import math
 import os
@@ -42,12 +42,14 @@ from contextlib import aclosing
 from typing import AsyncIterator, Iterable
 
 import trio
-from quart import Response, current_app, request
+from quart import Response, request
 
-from ...bridge import REQUEST_CLEANUPS, JobHandle
+from ...bridge import JobHandle
 from ..http.body import read_json_body
 from ..http.errors import ApiError, json_response, not_found
 from ..http.key_scope import key_scope
+from ..http.resources import RequestResources
+from .detached import Detached
 
 log = logging.getLogger("mlxcel.streams")
 
@@ -155,43 +157,40 @@ class OffsetLost(Exception):
 
 
 class StreamRegistry:
-    """Every session, and the nursery their producers run in."""
+    """Every session; their producers run as `detached` work."""
 
-    def __init__(self, *, max_bytes: int = MAX_BYTES, ttl_s: float = TTL_S,
+    def __init__(self, detached: Detached, *, max_bytes: int = MAX_BYTES, ttl_s: float = TTL_S,
                  gc_interval_s: float = GC_INTERVAL_S, max_completed: int = MAX_COMPLETED,
                  max_live: int = MAX_LIVE) -> None:
         self.max_bytes, self.ttl_s, self.gc_interval_s = max_bytes, ttl_s, gc_interval_s
         self.max_completed, self.max_live = max_completed, max_live
         self._sessions: dict[Key, StreamSession] = {}
         self._completed: OrderedDict[Key, StreamSession] = OrderedDict()
-        self._nursery: trio.Nursery | None = None
-        self._context: contextvars.Context | None = None
+        self._detached = detached
+        self._running = False
 
     @classmethod
-    def from_env(cls) -> "StreamRegistry":
+    def from_env(cls, detached: Detached) -> "StreamRegistry":
         """Upstream's constants, unless a test shortened TTL / sweep."""
         def seconds(name: str, default: float) -> float:
             raw = os.environ.get(name)
             return float(raw) if raw else default
-        return cls(ttl_s=seconds(STREAM_TTL_ENV, TTL_S),
+        return cls(detached, ttl_s=seconds(STREAM_TTL_ENV, TTL_S),
                    gc_interval_s=seconds(STREAM_GC_ENV, GC_INTERVAL_S))
 
     # -- lifetime ------------------------------------------------------------------
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Own the producers and sweep expired sessions until cancelled; on
-        the way out every session is finished so no follower hangs."""
+        """Sweep expired sessions until cancelled; on the way out every
+        session is finished so no follower hangs."""
         try:
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                # producers start from this (server) context, never a request's
-                self._context = contextvars.copy_context()
-                task_status.started()
-                while True:
-                    await trio.sleep(self.gc_interval_s)
-                    self.sweep()
+            self._running = True
+            task_status.started()
+            while True:
+                await trio.sleep(self.gc_interval_s)
+                self.sweep()
         finally:
-            self._nursery = None
+            self._running = False
             for session in self._sessions.values():
                 session.finish()
             self._sessions.clear()
@@ -210,20 +209,24 @@ class StreamRegistry:
     # -- sessions ------------------------------------------------------------------
 
     def open(self, owner: int, conversation_id: str, handle: JobHandle,
-             frames: AsyncIterator[bytes]) -> StreamSession:
+             frames: AsyncIterator[bytes],
+             resources: RequestResources | None = None) -> StreamSession:
         """Install a session whose producer drains `frames` (replacing, and
-        stopping, an earlier one with the same key, as upstream)."""
+        stopping, an earlier one with the same key, as upstream); the
+        producer's task takes `handle` over from the request's `resources`."""
         key = (owner, conversation_id)
-        if self._nursery is None or (key not in self._sessions and self.live >= self.max_live):
+        running = self._running and self._detached.running
+        if not running or (key not in self._sessions and self.live >= self.max_live):
             raise ApiError(f"too many live stream sessions ({self.max_live}); retry when one "
                            "finishes", "unavailable_error")
         self.cancel(owner, conversation_id)
         session = StreamSession(conversation_id, owner, self.max_bytes)
         self._sessions[key] = session
-        self._context.run(self._nursery.start_soon, self._produce, key, session, handle, frames)
+        self._detached.start(self._produce, key, session, frames, moving=(handle,),
+                             source=resources, name=f"stream {conversation_id!r}")
         return session
 
-    async def _produce(self, key: Key, session: StreamSession, handle: JobHandle,
+    async def _produce(self, key: Key, session: StreamSession,
                        frames: AsyncIterator[bytes]) -> None:
         try:
             with session.scope:
@@ -233,7 +236,8 @@ class StreamRegistry:
         except Exception:  # a renderer bug ends this stream, never the registry
             log.exception("stream session %r failed", session.conversation_id)
         finally:
-            handle.close()   # a no-op after a natural end; else the disconnect path's Cancel
+            # the detached task closes the handle next: a no-op after a
+            # natural end, else the disconnect path's Cancel
             session.finish()
             if self._sessions.get(key) is session:
                 self._completed[key] = session
@@ -272,14 +276,12 @@ class StreamRegistry:
 
 # -- the request side ---------------------------------------------------------------
 
-def _registry() -> StreamRegistry:
-    return current_app.stream_sessions
-
-
-def sse_response(handle: JobHandle, frames: AsyncIterator[bytes]) -> Response:
-    """The response of every streaming route.  Without the header: the frames
-    themselves, cancelled with the request.  With it: the frames go to a
-    session that outlives the request, and the response follows it."""
+def sse_response(registry: StreamRegistry, resources: RequestResources,
+                 handle: JobHandle, frames: AsyncIterator[bytes]) -> Response:
+    """The response of every streaming route (surfaces/streaming.py).
+    Without the header: the frames themselves, cancelled with the request.
+    With it: the frames go to a session that outlives the request (taking
+    the handle off the request's `resources`), and the response follows it."""
     conversation_id = request.headers.get(HEADER, "")
     if not conversation_id:
         return Response(frames, content_type=SSE_TYPE)
@@ -287,10 +289,7 @@ def sse_response(handle: JobHandle, frames: AsyncIterator[bytes]) -> Response:
         handle.close()
         raise ApiError(f"Invalid {HEADER} header: expected 1 to {MAX_ID_CHARS} printable "
                        "ASCII characters without spaces")
-    session = _registry().open(key_scope(), conversation_id, handle, frames)
-    cleanups = REQUEST_CLEANUPS.get()
-    if cleanups is not None and handle.close in cleanups:
-        cleanups.remove(handle.close)   # the session's producer owns the job now
+    session = registry.open(key_scope(), conversation_id, handle, frames, resources)
     return Response(session.follow(0), content_type=SSE_TYPE)
 
 
@@ -308,12 +307,12 @@ def _parse_from(raw: str) -> int:
     return (_U64 - value) % _U64 if m.group(1) == "-" else value
 
 
-async def get_stream() -> Response:
+async def get_stream(registry: StreamRegistry) -> Response:
     """GET /v1/stream?conv_id=<id>&from=N: replay from N, then follow."""
     conversation_id = request.args.get("conv_id", "")
     if not conversation_id:
         raise _bad("Missing conversation id in path")
-    session = _registry().get(key_scope(), conversation_id)
+    session = registry.get(key_scope(), conversation_id)
     if session is None:
         return not_found()   # upstream's 404 handler answers "File Not Found"
     raw = request.args.get("from", "")
@@ -323,7 +322,7 @@ async def get_stream() -> Response:
     return Response(session.follow(offset), content_type=SSE_TYPE)
 
 
-async def lookup_streams() -> Response:
+async def lookup_streams(registry: StreamRegistry) -> Response:
     """POST /v1/streams/lookup {"conversation_ids": [...]}."""
     try:
         body = await read_json_body(request)
@@ -336,13 +335,13 @@ async def lookup_streams() -> Response:
         {"conversation_id": s.conversation_id, "is_done": s.done,
          "total_bytes": s.total_bytes, "started_at": s.started_at,
          "completed_at": s.completed_at}
-        for s in _registry().lookup(key_scope(), wanted)])
+        for s in registry.lookup(key_scope(), wanted)])
 
 
-async def delete_stream() -> Response:
+async def delete_stream(registry: StreamRegistry) -> Response:
     """DELETE /v1/stream?conv_id=<id>: the explicit Stop; always 204."""
     conversation_id = request.args.get("conv_id", "")
     if not conversation_id:
         raise _bad("Missing conversation id in path")
-    _registry().cancel(key_scope(), conversation_id)
+    registry.cancel(key_scope(), conversation_id)
     return Response("", status=204, content_type="application/json")

@@ -31,8 +31,7 @@ from .openai_chat import chat_plan, final_message, plan_jobs, random_string
 from ..request.chat import failed
 from ..request.jobs import Served, run_all
 from ..http.errors import dumps, json_response
-from ..sessions.streams import sse_response
-from ..http.sse import event_stream, first_event
+from .streaming import stream_jobs
 
 
 
@@ -231,10 +230,8 @@ async def messages(served: Served, config, body: Any) -> Response:
             "id": mid, "type": "message", "role": "assistant", "content": content_blocks(msg),
             "model": served.model_name, "stop_reason": stop_reason(fin, msg),
             "stop_sequence": fin.stopping_word or None, "usage": _usage(fin)})
-    handle = served.bridge.open(job)
-    first = await first_event(handle)
-    return sse_response(handle, _anthropic_errors(event_stream(
-        handle, first, _Renderer(served, chat, job, mid).render, values.sse_ping_interval)))
+    return await stream_jobs(served, [job], _Renderer(served, chat, job, mid).render,
+                             values.sse_ping_interval, wrap=_anthropic_errors)
 
 
 class _Renderer:

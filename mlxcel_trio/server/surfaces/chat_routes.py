@@ -1,9 +1,9 @@
 """The chat surfaces' handler entries, merged into server/app.py's table.
 
-Each entry takes the request body (`body`), path parameters by name, or
-nothing, as app.py's mount expects; `ctx` gives the running server's
-`Served`, `config` its `ServerConfig`.  The stored responses live here, one
-store per app.
+Each entry takes the request body (`body`) when its Route reads one, then
+the route's path parameters by name (server/routes.py); `ctx` gives the
+running server's `Served`, `config` its `ServerConfig`, `state` the app's
+registries and stored responses (server/state.py).
 """
 
 from __future__ import annotations
@@ -11,19 +11,16 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from . import anthropic, openai_chat as chat_completions, responses
-from ..sessions import control
-from ..sessions.response_store import ResponseStore
-from ..http.key_scope import caller_scope
+from ..http.key_scope import caller_scope as scope
+from ..request.jobs import Served
+from ..state import AppState
 
 
-def handlers(ctx: Callable[[], Any], config) -> dict[str, Callable]:
-    store = ResponseStore()
-
-    scope = caller_scope
-
+def handlers(ctx: Callable[[], Served], config, state: AppState) -> dict[str, Callable[..., Any]]:
+    store = state.responses
     return {
         "chat_completions": lambda body: chat_completions.complete(ctx(), config, body, scope()),
-        "chat_control": lambda body: control.control(body, scope(), ctx().bridge),
+        "chat_control": lambda body: state.control.control(body, scope()),
         "apply_template": lambda body: chat_completions.apply_template(ctx(), config, body),
         "chat_input_tokens": lambda body: chat_completions.input_tokens(ctx(), config, body),
         "anthropic_messages": lambda body: anthropic.messages(ctx(), config, body),

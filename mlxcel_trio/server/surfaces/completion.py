@@ -26,8 +26,8 @@ from ..request import grammar_fields as grammar
 from ..request.schema import NativeRequest
 from ..request.settings import generation_settings
 from ..http.errors import json_response
-from ..sessions.streams import sse_response
-from ..http.sse import event_stream, first_event, frame
+from ..http.sse import frame
+from .streaming import stream_jobs
 
 
 def _project(obj: dict, paths) -> dict:
@@ -162,8 +162,6 @@ async def complete(served: Served, body: Any) -> Response:
 
 async def _stream(served: Served, values: NativeRequest, jobs: list) -> Response:
     """Frames of every job interleaved as they come, told apart by index."""
-    handle = served.bridge.open(*jobs)
-    first = await first_event(handle)
     per_token_timings = values.timings_per_token
     probs = ProbsRenderer(served, values.post_sampling_probs)
     index = {job.id: i for i, job in enumerate(jobs)}
@@ -194,5 +192,4 @@ async def _stream(served: Served, values: NativeRequest, jobs: list) -> Response
             return (frame(_project(obj, values.response_fields)),)
         return ()  # Started
 
-    return sse_response(handle, event_stream(handle, first, render,
-                                             values.sse_ping_interval))
+    return await stream_jobs(served, jobs, render, values.sse_ping_interval)

@@ -44,11 +44,9 @@ def props(served: Served):
     """get_res_props' keys in its order; the chat template and its caps are
     the ones in force (chat/settings.py), and chat_template_tool_use is
     added when the checkpoint has a separate tool-use template, as upstream."""
-    from .openai_chat import settings_for
-
     bridge = served.bridge
     info, vocab = bridge.info, bridge.vocab
-    chat = settings_for(served, bridge.config)
+    chat = served.state.chat_settings()
     res = {
         "default_generation_settings": {"params": reduced_settings(_default_values(served)),
                                         "n_ctx": info.n_ctx_slot},

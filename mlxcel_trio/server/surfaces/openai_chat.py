@@ -21,40 +21,28 @@ from typing import Any, Callable, Iterable
 import attrs
 from quart import Response
 
-from ...chat import settings as chat_settings
 from ...grammar.compile import GrammarSpec
 from ...chat.parser import ChatMsg, ChatStream, Diff
 from ...protocol.records import Finished, PromptProgress, TokenPiece
-from ..sessions import control
 from ..request import grammar_fields as grammar, budget_fields as reasoning_budget
 from ..request.chat import ChatPlan, plan
 from ..request.schema import NativeRequest
 from ..request.jobs import Served, make_jobs, now_s, resolve, run_all
 from ..http.errors import json_response
 from .completion import ProbsRenderer, final_object, final_probs
-from ..sessions.streams import sse_response
-from ..http.sse import DONE, event_stream, first_event, frame
+from ..http.resources import request_resources
+from ..http.sse import DONE, frame
+from .streaming import stream_jobs
 
 _ALNUM = string.digits + string.ascii_uppercase + string.ascii_lowercase
-_SETTINGS: dict[int, tuple[Served, chat_settings.ChatSettings]] = {}
 
 
 def random_string() -> str:
     return "".join(secrets.choice(_ALNUM) for _ in range(32))
 
 
-def settings_for(served: Served, config) -> chat_settings.ChatSettings:
-    """The server's chat settings, built on first use (the vocab exists once
-    the model loaded; handlers only run after that)."""
-    hit = _SETTINGS.get(id(served))
-    if hit is None or hit[0] is not served:
-        hit = (served, chat_settings.build(config, served.bridge.vocab))
-        _SETTINGS[id(served)] = hit
-    return hit[1]
-
-
 def chat_plan(served: Served, config, body: Any, generating: bool = True) -> ChatPlan:
-    return plan(body, settings_for(served, config), served.bridge.vocab, generating)
+    return plan(body, served.state.chat_settings(), served.bridge.vocab, generating)
 
 
 def chat_jobs(served: Served, config, chat: ChatPlan, values: NativeRequest,
@@ -62,10 +50,10 @@ def chat_jobs(served: Served, config, chat: ChatPlan, values: NativeRequest,
     """The plan's engine jobs; a reasoning budget (or armed realtime control)
     wraps each job's grammar in the forced close of chat/budget.py."""
     jobs = make_jobs(served, values, [chat.tokens], chat.native,
-                     template=settings_for(served, config).template.source)
+                     template=served.state.chat_settings().template.source)
     if chat.budget < 0 and not control:
         return jobs
-    settings = settings_for(served, config)
+    settings = served.state.chat_settings()
     return reasoning_budget.wrap(
         jobs, served.bridge.vocab, budget=chat.budget, start=settings.think_start,
         ends=[settings.think_end], message=chat.budget_message,
@@ -154,13 +142,13 @@ async def plan_jobs(served: Served, config, body: Any,
 async def complete(served: Served, config, body: Any, scope: str) -> Response:
     chat, values, jobs = await plan_jobs(served, config, body, control=True)
     cid, created = "chatcmpl-" + random_string(), now_s()
-    alias = settings_for(served, config).reasoning_alias
+    alias = served.state.chat_settings().reasoning_alias
     # controllable by id while this request runs; armed only when asked for
     # (a template without thinking markers arms jobs nothing closes, as upstream)
     armed = chat.control or values.reasoning_control
     controlled = tuple(job.id for job in jobs) if armed else None
     if not chat.stream:
-        control.register(cid, scope, controlled)
+        served.state.control.register(cid, scope, controlled, request=request_resources())
         finished = await run_all(served, jobs)
         choices = []
         for i, fin in enumerate(finished):
@@ -189,9 +177,6 @@ def _chunk(served: Served, cid: str, created: int, choices: list) -> dict[str, A
 
 async def _stream(served, chat: ChatPlan, values, jobs, cid, created, alias, scope,
                   controlled) -> Response:
-    handle = served.bridge.open(*jobs)
-    control.register(cid, scope, controlled, handle)
-    first = await first_event(handle)
     index = {job.id: i for i, job in enumerate(jobs)}
     streams = {job.id: ChatStream(chat.syntax, chat.prefill, chat.echo) for job in jobs}
     role_sent: set[int] = set()
@@ -227,8 +212,10 @@ async def _stream(served, chat: ChatPlan, values, jobs, cid, created, alias, sco
             out[-1]["timings"] = ev.timings.to_json()
         return [frame(obj) for obj in out]
 
-    return sse_response(handle, event_stream(handle, first, render,
-                                             values.sse_ping_interval, DONE))
+    return await stream_jobs(
+        served, jobs, render, values.sse_ping_interval, trailer=DONE,
+        opened=lambda handle: served.state.control.register(cid, scope, controlled,
+                                                            handle=handle))
 
 
 # -- prompt-only routes -------------------------------------------------------------------------

@@ -16,13 +16,13 @@ from quart import Response
 
 from ...protocol.records import Finished, PromptProgress, TokenPiece
 from ..request.jobs import Served, make_jobs, now_s, resolve, run_all, tokenize_prompts
-from ..sessions import control
 from ..request import grammar_fields as grammar
 from ..request.schema import NativeRequest
 from ..http.errors import json_response
 from .completion import ProbsRenderer, final_object, final_probs
-from ..sessions.streams import sse_response
-from ..http.sse import DONE, event_stream, first_event, frame
+from ..http.resources import request_resources
+from ..http.sse import DONE, frame
+from .streaming import stream_jobs
 
 
 def _finish_reason(fin: Finished) -> str:
@@ -83,14 +83,11 @@ async def complete_v1(served: Served, body: Any, scope: str) -> Response:
     out = _Render(served, values)
     # POST /v1/chat/completions/control addresses it by its id while it runs
     if not values.stream:
-        control.register(out.id, scope, controlled)
+        served.state.control.register(out.id, scope, controlled, request=request_resources())
         finished = await run_all(served, jobs)
         # several results come back as the choices of one object, as upstream
         return json_response(out.final(list(zip(jobs, finished)), jobs, streamed=False))
 
-    handle = served.bridge.open(*jobs)
-    control.register(out.id, scope, controlled, handle)
-    first = await first_event(handle)
     by_id = {job.id: job for job in jobs}
     index = {job.id: i for i, job in enumerate(jobs)}
     per_token_timings = values.timings_per_token
@@ -114,5 +111,7 @@ async def complete_v1(served: Served, body: Any, scope: str) -> Response:
             return (frame(out.final([(by_id[ev.job_id], ev)], jobs, streamed=True)),)
         return ()
 
-    return sse_response(handle, event_stream(handle, first, render,
-                                             values.sse_ping_interval, DONE))
+    return await stream_jobs(
+        served, jobs, render, values.sse_ping_interval, trailer=DONE,
+        opened=lambda handle: served.state.control.register(out.id, scope, controlled,
+                                                            handle=handle))

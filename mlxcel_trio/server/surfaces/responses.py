@@ -15,7 +15,8 @@ Unlike upstream (which refuses `previous_response_id` and keeps nothing),
 responses are stored as OpenAI stores them (server/sessions/response_store.py):
 `previous_response_id` continues a stored conversation, GET
 /v1/responses/:id answers a stored response, and `background: true` runs the
-generation as a task owned by the app's nursery, so POST answers at once
+generation as detached work (server/sessions/detached.py) with its own
+cancel scope, so POST answers at once
 (status "queued"), GET follows it, and POST /v1/responses/:id/cancel stops
 it.  As OpenAI's contract says, only a background response can be cancelled.
 """
@@ -26,18 +27,16 @@ import logging
 from typing import Any, Callable
 
 import trio
-from quart import Response, current_app
+from quart import Response
 
 from ...chat.parser import ChatMsg, ChatStream
 from ...protocol.records import Finished, PromptProgress, TokenPiece
 from .openai_chat import chat_plan, final_message, plan_jobs, random_string
 from ..request.chat import bad
-from ...bridge import REQUEST_CLEANUPS
 from ..request.jobs import Served, now_s, run_all
 from ..http.errors import ApiError, dumps, json_response
 from ..sessions.response_store import MAX_BACKGROUND, ResponseStore, Stored
-from ..sessions.streams import sse_response
-from ..http.sse import event_stream, first_event
+from .streaming import stream_jobs
 
 log = logging.getLogger("mlxcel.http")
 
@@ -308,24 +307,19 @@ async def create(served: Served, config, body: Any, store: ResponseStore,
         obj = _object(served, rid, created, "completed", output_items(msg), _usage(fin), extra)
         finished(msg, obj)
         return json_response(obj)
-    handle = served.bridge.open(job)
-    first = await first_event(handle)
     renderer = _Renderer(served, chat, rid, values.timings_per_token, created, extra,
                          finished)
-    return sse_response(handle, event_stream(handle, first, renderer.render,
-                                             values.sse_ping_interval))
+    return await stream_jobs(served, [job], renderer.render, values.sse_ping_interval)
 
 
 def _start_background(served: Served, chat, job, store: ResponseStore, scope: str, rid: str,
                       created: int, turns: list, extra: dict) -> Response:
-    """Queue the generation in the app's nursery; its entry is what GET sees."""
+    """Queue the generation as detached work; its entry is what GET sees."""
     scope_cs = trio.CancelScope()
     entry = Stored(_object(served, rid, created, "queued", [], None, extra), turns, True,
                    scope_cs.cancel)
-    store.put(scope, rid, entry)
 
     async def run() -> None:
-        REQUEST_CLEANUPS.set(None)  # the task outlives the request that started it
         obj = None
         with scope_cs:
             entry.obj["status"] = "in_progress"
@@ -338,7 +332,7 @@ def _start_background(served: Served, chat, job, store: ResponseStore, scope: st
             except ApiError as err:
                 obj = _object(served, rid, created, "failed", [], None,
                               {**extra, "error": {"code": err.type, "message": err.message}})
-            except Exception as err:  # never let one response take the app's nursery down
+            except Exception as err:  # a failed run is recorded, never raised
                 log.exception("background response %s failed", rid)
                 obj = _object(served, rid, created, "failed", [], None,
                               {**extra, "error": {"code": "server_error", "message": str(err)}})
@@ -348,7 +342,8 @@ def _start_background(served: Served, chat, job, store: ResponseStore, scope: st
         entry.obj = obj
         store.put(scope, rid, entry)
 
-    current_app.nursery.start_soon(run)
+    served.state.detached.start(run, name=f"background response {rid}")
+    store.put(scope, rid, entry)  # after start: a refused start leaves nothing queued
     return json_response(entry.obj)
 
 

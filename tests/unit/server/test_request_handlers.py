@@ -50,7 +50,8 @@ class _Bridge:
 
 def _served(**sampling) -> jobs.Served:
     config = ServerConfig(model="x", sampling=SamplingDefaults(**sampling))
-    return jobs.Served(_Bridge(), "m", jobs.server_defaults(config, _Vocab()), "b", n_slots=4)
+    return jobs.Served(_Bridge(), "m", jobs.server_defaults(config, _Vocab()), "b", n_slots=4,
+                       state=None)
 
 
 def test_resolve_returns_a_new_record_and_leaves_its_input() -> None:

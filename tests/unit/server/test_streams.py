@@ -1,6 +1,7 @@
 """server/sessions/streams.py: the session buffer (front-drop, offsets, followers) and
-the registry (replace, cancel, TTL sweep, retention caps, key scoping),
-driven with a small cap through the constructor and trio's MockClock."""
+the registry (replace, cancel, TTL sweep, retention caps, key scoping; its
+producers run as sessions/detached.py work), driven with a small cap through
+the constructor and trio's MockClock."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from mlxcel_trio.server.sessions.streams import (
     _parse_from,
 )
 from mlxcel_trio.server.http.errors import ApiError
+from mlxcel_trio.server.http.resources import RequestResources
+from mlxcel_trio.server.sessions.detached import Detached
 
 
 def test_upstream_constants():
@@ -96,6 +99,15 @@ class _Handle:
         self.closed += 1
 
 
+async def _registry(nursery: trio.Nursery, **bounds) -> StreamRegistry:
+    """A registry whose producers run as the nursery's detached work."""
+    detached = Detached()
+    await nursery.start(detached.run)
+    reg = StreamRegistry(detached, **bounds)
+    await nursery.start(reg.run)
+    return reg
+
+
 async def _frames(gate: trio.Event, parts):
     for p in parts:
         yield p
@@ -104,9 +116,8 @@ async def _frames(gate: trio.Event, parts):
 
 
 async def test_registry_producer_outlives_nothing_and_cancel_closes_the_job(autojump_clock):
-    reg = StreamRegistry(max_bytes=1 << 20)
     async with trio.open_nursery() as n:
-        await n.start(reg.run)
+        reg = await _registry(n, max_bytes=1 << 20)
         gate, h = trio.Event(), _Handle()
         s = reg.open(0, "a", h, _frames(gate, [b"x", b"y"]))
         await trio.testing.wait_all_tasks_blocked()
@@ -124,10 +135,38 @@ async def test_registry_producer_outlives_nothing_and_cancel_closes_the_job(auto
         n.cancel_scope.cancel()
 
 
-async def test_replacing_an_id_stops_the_earlier_producer(autojump_clock):
-    reg = StreamRegistry()
+async def test_the_producer_takes_the_handle_over_from_the_request(autojump_clock):
     async with trio.open_nursery() as n:
-        await n.start(reg.run)
+        reg = await _registry(n)
+        request, h = RequestResources(), _Handle()
+        request.own(h)
+        gate = trio.Event()
+        s = reg.open(0, "a", h, _frames(gate, [b"x"]), request)
+        request.close()                         # the client went away
+        await trio.testing.wait_all_tasks_blocked()
+        assert h.closed == 0 and not s.done     # the generation goes on
+        gate.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert h.closed == 1 and s.read(0) == b"xend"
+        n.cancel_scope.cancel()
+
+
+async def test_no_session_opens_while_the_registry_or_detached_work_is_down():
+    detached = Detached()
+    reg, h = StreamRegistry(detached), _Handle()
+    with pytest.raises(ApiError) as exc:
+        reg.open(0, "a", h, _frames(trio.Event(), []))
+    assert exc.value.status == 503 and h.closed == 0 and reg.get(0, "a") is None
+    async with trio.open_nursery() as n:
+        await n.start(reg.run)                  # the sweep alone is not enough
+        with pytest.raises(ApiError):
+            reg.open(0, "a", h, _frames(trio.Event(), []))
+        n.cancel_scope.cancel()
+
+
+async def test_replacing_an_id_stops_the_earlier_producer(autojump_clock):
+    async with trio.open_nursery() as n:
+        reg = await _registry(n)
         h1, h2 = _Handle(), _Handle()
         s1 = reg.open(0, "a", h1, _frames(trio.Event(), [b"old"]))
         await trio.testing.wait_all_tasks_blocked()
@@ -139,9 +178,8 @@ async def test_replacing_an_id_stops_the_earlier_producer(autojump_clock):
 
 
 async def test_ttl_sweep_and_completed_cap(autojump_clock):
-    reg = StreamRegistry(ttl_s=300, gc_interval_s=60, max_completed=3)
     async with trio.open_nursery() as n:
-        await n.start(reg.run)
+        reg = await _registry(n, ttl_s=300, gc_interval_s=60, max_completed=3)
         for i in range(5):
             gate = trio.Event()
             gate.set()
@@ -158,9 +196,8 @@ async def test_ttl_sweep_and_completed_cap(autojump_clock):
 
 
 async def test_live_cap_refuses_and_keys_scope_sessions(autojump_clock):
-    reg = StreamRegistry(max_live=2)
     async with trio.open_nursery() as n:
-        await n.start(reg.run)
+        reg = await _registry(n, max_live=2)
         reg.open(1, "a", _Handle(), _frames(trio.Event(), []))
         reg.open(2, "a", _Handle(), _frames(trio.Event(), []))   # same id, other key
         with pytest.raises(ApiError) as exc:
@@ -174,9 +211,8 @@ async def test_live_cap_refuses_and_keys_scope_sessions(autojump_clock):
 
 
 async def test_lookup_matches_exact_and_model_variants_only_for_the_owner(autojump_clock):
-    reg = StreamRegistry()
     async with trio.open_nursery() as n:
-        await n.start(reg.run)
+        reg = await _registry(n)
         for owner, cid in ((0, "conv"), (0, "conv::m/a"), (0, "conversation"), (1, "conv")):
             reg.open(owner, cid, _Handle(), _frames(trio.Event(), []))
         assert [s.conversation_id for s in reg.lookup(0, ["conv"])] == ["conv", "conv::m/a"]
@@ -190,9 +226,8 @@ async def test_lookup_answer_is_bounded_by_the_sessions_not_the_request(autojump
     """An id asked again adds nothing: otherwise a 64 MiB body of one short
     id repeated (16 M ids) would answer 16 M entries per matching session,
     gigabytes from one request."""
-    reg = StreamRegistry()
     async with trio.open_nursery() as n:
-        await n.start(reg.run)
+        reg = await _registry(n)
         for cid in ("conv", "conv::m/a"):
             reg.open(0, cid, _Handle(), _frames(trio.Event(), []))
         found = reg.lookup(0, ["conv"] * 100_000 + ["conv::m/a"] * 100_000)

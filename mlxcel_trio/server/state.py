@@ -1,0 +1,52 @@
+"""The app's state: every object that lives as long as one app.
+
+Rule: nothing in server/ keeps state in a module global.  What outlives a
+request lives here, built once by `create_app` (server/app.py) and reached
+explicitly: handlers through `Served.state` or the handler table, the runner
+through `app.mlxcel_state` (it runs the two tasks below in its root nursery).
+
+    detached    the one nursery for work that outlives its request
+    streams     X-Conversation-Id sessions (their producers are detached work)
+    control     completions POST /v1/chat/completions/control can reach
+    responses   stored Responses (background runs are detached work)
+    slot_identities   slot-file identity digests, by model path
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from ..bridge import Bridge
+from ..chat import settings as chat_settings
+from ..config import ServerConfig
+from .sessions.control import ControlRegistry
+from .sessions.detached import Detached
+from .sessions.response_store import ResponseStore
+from .sessions.streams import StreamRegistry
+
+
+@attrs.define(eq=False, repr=False)
+class AppState:
+    config: ServerConfig
+    bridge: Bridge
+    detached: Detached
+    streams: StreamRegistry
+    control: ControlRegistry
+    responses: ResponseStore = attrs.field(factory=ResponseStore)
+    slot_identities: dict[str, dict[str, str]] = attrs.field(factory=dict)
+    _chat: chat_settings.ChatSettings | None = None
+
+    @classmethod
+    def create(cls, config: ServerConfig, bridge: Bridge) -> "AppState":
+        detached = Detached()
+        return cls(config, bridge, detached, StreamRegistry.from_env(detached),
+                   ControlRegistry(bridge))
+
+    def chat_settings(self) -> chat_settings.ChatSettings:
+        """The server's chat settings, built on first use: they need the
+        vocabulary, which exists once the model loaded (handlers only run
+        after that), and building them logs the template's warnings, which
+        belong to the first request that renders a chat."""
+        if self._chat is None:
+            self._chat = chat_settings.build(self.config, self.bridge.vocab)
+        return self._chat
