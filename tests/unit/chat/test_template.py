@@ -9,10 +9,8 @@ from pathlib import Path
 import pytest
 
 from mlxcel_trio.chat.template import (
-    BUILTIN_TEMPLATE_NAMES,
     ChatTemplate,
     TemplateError,
-    builtin_name,
     checkpoint_templates,
 )
 
@@ -162,7 +160,3 @@ def test_checkpoint_template_sources():
     assert checkpoint_templates({"chat_template": named}, None) == ("d", "t")
     assert checkpoint_templates({}, None) == (None, None)
 
-
-def test_builtin_names():
-    assert len(BUILTIN_TEMPLATE_NAMES) == 54
-    assert builtin_name(" chatml\n") == "chatml" and builtin_name("{{ x }}") is None
