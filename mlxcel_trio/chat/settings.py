@@ -133,10 +133,11 @@ def _given_source(config, vocab) -> tuple[str, str | None]:
     return CHATML, None
 
 
-def _legacy(config, source: str, special_tokens) -> ChatSettings:
+def _legacy(config, source: str, tool_use: str | None, special_tokens) -> ChatSettings:
     """The legacy path: the prompt in a built-in format, output as content.
     The template is still compiled, as upstream parses it either way, for
-    /props (its source and caps); the tool-use variant is not reported."""
+    /props: its source, and caps read off the tool-use variant when there is
+    one (upstream's choice), which itself is not reported."""
     name = legacy.detect(source)
     if name is None:
         log.warning("--no-jinja: the chat template matches none of the built-in formats; "
@@ -145,11 +146,13 @@ def _legacy(config, source: str, special_tokens) -> ChatSettings:
     else:
         log.info("chat prompts are formatted with the built-in %s format", name)
     template = ChatTemplate(source, special_tokens)
+    caps = template_caps(ChatTemplate(source, special_tokens, tool_use)) if tool_use \
+        else template_caps(template)
     return ChatSettings(
         template=template, kwargs=template_kwargs(config),
         reasoning_format=config.chat_reasoning_format,
         prefill_assistant=config.chat_prefill_assistant, skip_parsing=True,
-        think_start="", think_end="", caps=template_caps(template),
+        think_start="", think_end="", caps=caps,
         reasoning_budget=config.chat_reasoning_budget,
         budget_message=config.chat_reasoning_budget_message or "",
         reasoning_alias=None if config.chat_reasoning_alias_field == "none"
@@ -160,7 +163,7 @@ def _legacy(config, source: str, special_tokens) -> ChatSettings:
 def build(config, vocab) -> ChatSettings:
     source, tool_use = template_source(config, vocab)
     if not config.chat_jinja or legacy.builtin_name(source):
-        return _legacy(config, source, vocab.special_tokens_map)
+        return _legacy(config, source, tool_use, vocab.special_tokens_map)
     template = ChatTemplate(source, vocab.special_tokens_map, tool_use)
     start, end = think_markers(source)
     return ChatSettings(
