@@ -65,6 +65,19 @@ def test_no_jinja_formats_with_the_detected_format(no_jinja):
     assert res.usage.prompt_tokens == len(tokens["tokens"])
 
 
+def test_no_jinja_output_is_content_streamed_or_not(no_jinja):
+    # content only on this path: the deltas concatenate to the message, with no reasoning
+    msgs = [{"role": "user", "content": "Hi"}]
+    kw = dict(model="m", messages=msgs, max_tokens=6, temperature=0,
+              extra_body={"ignore_eos": True})
+    with openai.OpenAI(base_url=no_jinja.url + "/v1", api_key="x", max_retries=0) as c:
+        whole = c.chat.completions.create(**kw).choices[0].message
+        parts = [ch.choices[0].delta.content or "" for ch in
+                 c.chat.completions.create(stream=True, **kw) if ch.choices]
+    assert whole.content == "".join(parts)
+    assert getattr(whole, "reasoning_content", None) is None
+
+
 def test_no_jinja_refuses_tools_with_upstreams_words(no_jinja):
     r = post(no_jinja.url, {"messages": [CONVERSATION[0]], "tools": TOOLS}, path=CHAT)
     assert r.status_code == 500
