@@ -21,8 +21,8 @@ from typing import Any
 
 import attrs
 
-from mlxcel_trio.cli.record import Option
 from mlxcel_trio.chat.legacy import BUILTIN_NAMES, detect
+from mlxcel_trio.cli.record import Option
 from mlxcel_trio.cli.refusals import deferred
 from mlxcel_trio.cli.values import BadValue, Choice, Int, Text
 

@@ -15,8 +15,16 @@ from ...chat import legacy
 from ...chat.parser import Syntax
 from ...chat.settings import ChatSettings
 from ..http.errors import ApiError
-from .chat import (ChatPlan, _check_constraints, _check_messages, _continuation, _kwargs,
-                   _parse_messages, _parse_tools, _reasoning_format)
+from .chat import (
+    ChatPlan,
+    _check_constraints,
+    _check_messages,
+    _continuation,
+    _kwargs,
+    _parse_messages,
+    _parse_tools,
+    _reasoning_format,
+)
 
 
 def _needs_jinja(param: str, settings: ChatSettings) -> ApiError:
