@@ -136,3 +136,14 @@ def test_an_unrecognised_template_fails_each_request(vocab):
     settings = build(ServerConfig(model="x", chat_jinja=False), vocab_unknown)
     assert refused({"messages": [USER]}, settings, vocab) == \
         (500, "server_error", "this custom template is not supported, try using --jinja")
+
+
+def test_upstreams_server_test_for_a_named_format(vocab):
+    # llama.cpp's own server suite (--no-jinja by default) asks for this prompt
+    settings = build(ServerConfig(model="x", chat_jinja=False, chat_template="command-r"), vocab)
+    body = {"messages": [{"role": "system", "content": "You are a test."},
+                         {"role": "user", "content": "Hi there"}]}
+    assert plan(body, settings, vocab, generating=False).prompt == (
+        "<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>You are a test.<|END_OF_TURN_TOKEN|>"
+        "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>Hi there<|END_OF_TURN_TOKEN|>"
+        "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>")
