@@ -56,7 +56,7 @@ GBNF = ('root ::= "[" item ("," item){23,} "]"\n'
 
 
 def configs():
-    from mlxcel_trio.engine.records import DEFAULT_CHAIN, SamplingParams
+    from mlxcel_trio.protocol.records import DEFAULT_CHAIN, SamplingParams
 
     full = SamplingParams(
         temperature=0.9, dynatemp_range=0.3, top_k=0, top_p=0.9, min_p=0.02, top_n_sigma=2.0,
@@ -101,7 +101,7 @@ class Engine:
         self.ids = C.vocab_ids(model_dir)
 
     def run(self, params, grammar, n_streams: int, tokens: int, seed: int) -> dict:
-        from mlxcel_trio.engine.records import Finished, Job, TokenPiece
+        from mlxcel_trio.protocol.records import Finished, Job, TokenPiece
         from mlxcel_trio.engine.scheduler import Scheduler
         from mlxcel_trio.grammar.compile import GrammarSpec
 

@@ -64,7 +64,7 @@ def _wrap(cls, name, before=None, after=None):
 def install() -> None:
     from mlxcel_trio import bridge
     from mlxcel_trio.engine import loop, scheduler
-    from mlxcel_trio.engine.records import SlotFreed, TokenPiece
+    from mlxcel_trio.protocol.records import SlotFreed, TokenPiece
     from mlx_lm.generate import BatchGenerator
 
     def job_of(handle):

@@ -23,20 +23,21 @@ import itertools
 import logging
 import threading
 from contextlib import asynccontextmanager
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Callable, Iterable
 
 import trio
 
 from .config import ServerConfig
-from .engine import architectures
 from .engine.loop import EngineLoop
 from .monitor import Monitor
-from .engine.records import (
+from .protocol.records import (
     CacheStats,
     Cancel,
     ClearPromptCache,
+    EngineStats,
     Failed,
     Finished,
+    ForceEnd,
     Job,
     Loaded,
     LoadFailed,
@@ -104,7 +105,7 @@ class JobHandle:
 def checkpoint_problem(path: str) -> str | None:
     """Why the engine could not build the checkpoint at `path` (one line), or
     None; asked before the server listens, so nothing loads in vain."""
-    return architectures.problem(path)
+    return EngineLoop.checkpoint_problem(path)
 
 
 class Bridge:
@@ -158,12 +159,6 @@ class Bridge:
     def sleeping(self) -> bool:
         return self.monitor.sleeping
 
-    @property
-    def engine_counters(self) -> tuple[int, int]:
-        """(decode steps, sum of busy slots over them), cumulative."""
-        engine = self._engine
-        return (engine.n_decode, engine.n_busy_slots) if engine is not None else (0, 0)
-
     def next_job_id(self) -> int:
         return next(self._ids)
 
@@ -209,6 +204,13 @@ class Bridge:
         finally:
             self._streams.pop(job_id, None)
 
+    def force_end(self, job_ids: Iterable[int]) -> None:
+        """Realtime reasoning control: the jobs close their thinking block
+        before their next draw (POST /v1/chat/completions/control).  Never
+        blocks; jobs that already ended are ignored by the engine."""
+        if self._engine is not None:
+            self._engine.post(ForceEnd(tuple(job_ids)))
+
     def clear_prompt_cache(self) -> None:
         """Drop the engine's prompt cache (before idling, for instance)."""
         if self._engine is not None:
@@ -229,9 +231,9 @@ class Bridge:
         for ev in batch.events:
             observe(ev)
             job_id = getattr(ev, "job_id", None)
-            if not isinstance(ev, TokenPiece):
+            if not isinstance(ev, (TokenPiece, EngineStats)):  # per step: not logged
                 log.debug("event %s", ev)
-            if isinstance(ev, SlotFreed):
+            if isinstance(ev, (SlotFreed, EngineStats)):  # the monitor's alone
                 continue
             elif isinstance(ev, Loaded):
                 self.info, self.vocab = ev.info, self._engine.vocab

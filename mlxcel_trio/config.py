@@ -4,11 +4,19 @@
 (command line beats environment, as upstream) and validates it before any
 model is resolved or loaded.  Everything downstream reads this record only;
 nothing re-reads argv or os.environ after startup.
+
+A default that is also a native request field's (the sampling values,
+n_predict, n_keep, cache_prompt, sse_ping_interval) is read from that
+field's row in the native field table (server/request/fields.py), so each
+is written once.
 """
 
 from __future__ import annotations
 
 import attrs
+
+from .protocol.sampler_names import DEFAULT_LETTERS, DEFAULT_NAMES
+from .server.request.fields import default as _row
 
 UINT32_MAX = 0xFFFF_FFFF
 RANDOM_SEED = UINT32_MAX  # llama.cpp's LLAMA_DEFAULT_SEED: "pick one at random"
@@ -35,33 +43,33 @@ class SamplingDefaults:
     temperature: float | None = None
     top_k: int | None = None
     top_p: float | None = None
-    min_p: float = 0.05
-    seed: int = RANDOM_SEED
-    n_predict: int = -1
+    min_p: float = _row("min_p")
+    seed: int = _row("seed")          # RANDOM_SEED
+    n_predict: int = _row("n_predict")
     # the rest of upstream's chain (issue #5), upstream's defaults
-    top_n_sigma: float = -1.0
-    xtc_probability: float = 0.0
-    xtc_threshold: float = 0.1
-    typical_p: float = 1.0
-    repeat_last_n: int = 64
-    repeat_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    dry_multiplier: float = 0.0
-    dry_base: float = 1.75            # a flag value below 1.0 is ignored, as upstream
-    dry_allowed_length: int = 2
-    dry_penalty_last_n: int = 64
+    top_n_sigma: float = _row("top_n_sigma")
+    xtc_probability: float = _row("xtc_probability")
+    xtc_threshold: float = _row("xtc_threshold")
+    typical_p: float = _row("typical_p")
+    repeat_last_n: int = _row("repeat_last_n")
+    repeat_penalty: float = _row("repeat_penalty")
+    presence_penalty: float = _row("presence_penalty")
+    frequency_penalty: float = _row("frequency_penalty")
+    dry_multiplier: float = _row("dry_multiplier")
+    dry_base: float = _row("dry_base")    # a flag value below 1.0 is ignored, as upstream
+    dry_allowed_length: int = _row("dry_allowed_length")
+    dry_penalty_last_n: int = _row("dry_penalty_last_n")
     dry_sequence_breakers: tuple[str, ...] | None = None   # None = upstream's set
-    adaptive_target: float = -1.0
-    adaptive_decay: float = 0.9
-    dynatemp_range: float = 0.0
-    dynatemp_exp: float = 1.0
-    mirostat: int = 0
-    mirostat_eta: float = 0.1
-    mirostat_tau: float = 5.0
-    samplers: str = "penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature"
-    sampler_seq: str = "edskypmxt"
-    ignore_eos: bool = False
+    adaptive_target: float = _row("adaptive_target")
+    adaptive_decay: float = _row("adaptive_decay")
+    dynatemp_range: float = _row("dynatemp_range")
+    dynatemp_exp: float = _row("dynatemp_exponent")
+    mirostat: int = _row("mirostat")
+    mirostat_eta: float = _row("mirostat_eta")
+    mirostat_tau: float = _row("mirostat_tau")
+    samplers: str = DEFAULT_NAMES
+    sampler_seq: str = DEFAULT_LETTERS
+    ignore_eos: bool = _row("ignore_eos")
     logit_bias: tuple[tuple[int, float], ...] = ()
     escape: bool = True               # -e: escapes in reverse_prompt and the breakers
     reverse_prompt: tuple[str, ...] = ()
@@ -103,7 +111,7 @@ class ServerConfig:
     # -- context and batching (issue #8) --
     ubatch_size: int = 512       # accepted and reported; no MLX micro-batch
     context_shift: bool = False  # --context-shift: shift instead of stopping at the bound
-    n_keep: int = 0              # --keep: the default n_keep (-1 = the whole prompt)
+    n_keep: int = _row("n_keep")  # --keep: the default n_keep (-1 = the whole prompt)
     cont_batching: bool = True   # -nocb: prompts wait while any slot decodes
     rope: "RopeOverrides" = attrs.field(factory=lambda: RopeOverrides())
     aliases: tuple[str, ...] = ()
@@ -134,9 +142,9 @@ class ServerConfig:
     log_timestamps: bool = True
     # every value the log sinks redact (keys, key-file lines, HF tokens)
     secrets: tuple[str, ...] = attrs.field(default=(), repr=False)
-    sse_ping_interval: int = 30  # seconds; <= 0 disables
+    sse_ping_interval: int = _row("sse_ping_interval")  # seconds; <= 0 disables
     # -- prompt cache and slot files (issue #8) --
-    cache_prompt: bool = True        # the per-request cache_prompt default
+    cache_prompt: bool = _row("cache_prompt")  # the per-request cache_prompt default
     cache_ram: int = 8192            # MiB; -1 = no limit, 0 = no prompt cache
     slot_save_path: str | None = None  # canonical directory; None = slot actions 501
     # -- monitoring endpoints and idle sleep (issue #6) --

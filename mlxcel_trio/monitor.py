@@ -8,8 +8,9 @@ Started / PromptProgress / TokenPiece / Finished / SlotFreed, and the
 `llamacpp:` counters are fed once per job from the timings those events
 already carry (the prompt when the first token arrives, the generation when
 the slot frees).  The two per-step counters upstream keeps (decode calls and
-busy slots per call) are plain ints the engine thread increments once per
-step and /metrics reads (see engine/loop.py).
+busy slots per call) are the engine loop's; each step that computed closes
+its events with an `EngineStats` carrying their totals, and the copy kept
+here is what /metrics reads (see engine/loop.py).
 
 Upstream's semantics kept here:
 - a slot is the engine's own slot (the lowest free one at admission), held
@@ -35,7 +36,8 @@ import time
 
 import attrs
 
-from .engine.records import (
+from .protocol.records import (
+    EngineStats,
     Failed,
     Finished,
     Job,
@@ -98,7 +100,7 @@ class Bucket:
 
 @attrs.define
 class Counters:
-    """upstream's server_metrics, minus what the engine thread counts."""
+    """upstream's server_metrics."""
 
     t_start: float = attrs.field(factory=time.time)
     prompt: Bucket = attrs.field(factory=Bucket)
@@ -107,6 +109,9 @@ class Counters:
     predict_window: Bucket = attrs.field(factory=Bucket)
     n_prompt_cached: int = 0
     n_tokens_max: int = 0
+    # the engine loop's totals, as its latest EngineStats reported them
+    n_decode: int = 0
+    n_busy_slots: int = 0
     # ours (mlxcel_ families)
     finished: int = 0
     failed: int = 0
@@ -149,6 +154,8 @@ class Monitor:
                 view.has_new_line = True
             if view.pieces is not None:
                 view.pieces.append(ev.text)
+        elif isinstance(ev, EngineStats):  # once per computing step
+            self.counters.n_decode, self.counters.n_busy_slots = ev.n_decode, ev.n_busy_slots
         elif isinstance(ev, Started):
             self._started(ev)
         elif isinstance(ev, PromptProgress):

@@ -2,7 +2,10 @@
 
 End-to-end tests start the real `mlxcel-server` (via `python -m mlxcel_trio`,
 the same entry point) on a free 127.0.0.1 port and wait for its lifecycle
-lines on stdout with a bounded wait; nothing sleeps to synchronize.
+lines on stdout with a bounded wait; nothing sleeps to synchronize.  State
+that only a request can show (/slots, a stored response) is polled with
+`wait_until`: bounded, a short pause between tries, and a failure that says
+what never happened and what was seen last.
 """
 
 from __future__ import annotations
@@ -13,7 +16,10 @@ import socket
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -21,6 +27,24 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
 READY_LINE = "main: model loaded"
 START_TIMEOUT_S = 120
+WAIT_S = 30.0     # wait_until's default bound
+POLL_S = 0.02     # its pause between tries: short, yet no spinning against the server
+
+T = TypeVar("T")
+
+
+def wait_until(probe: Callable[[], T], what: str, timeout: float = WAIT_S, *,
+               until: Callable[[T], object] = bool, pause: float = POLL_S) -> T:
+    """Call `probe` until `until(value)` holds and return that value; after
+    `timeout` seconds fail, naming `what` and the last value seen."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if until(value):
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what}: not reached within {timeout} s; last seen: {value!r}")
+        time.sleep(pause)
 
 
 def free_port() -> int:
@@ -44,6 +68,7 @@ class ServerProcess:
         self._ready = threading.Event()
         self._exited = threading.Event()
         self._lines_changed = threading.Condition()
+        self._pumps: list[threading.Thread] = []
 
     def _pump(self, stream, sink: list[str], watch: bool) -> None:
         for line in stream:
@@ -69,13 +94,28 @@ class ServerProcess:
                                  f"{''.join(self.stdout)}\nstderr:\n{''.join(self.stderr)}")
         return line
 
+    def wait_for_text(self, text: str, timeout: float = START_TIMEOUT_S) -> str:
+        """Bounded wait for a stdout or stderr line containing `text` (a log
+        line, wherever the log goes); that line."""
+        def found():
+            return next((ln for ln in self.stdout + self.stderr if text in ln), None)
+        with self._lines_changed:  # both pumps notify; a late stderr line still counts
+            line = self._lines_changed.wait_for(found, timeout)
+        if not line:
+            raise AssertionError(f"no output line containing {text!r} within {timeout} s:\n"
+                                 f"{''.join(self.stdout)}\nstderr:\n{''.join(self.stderr)}")
+        return line
+
     def start(self, wait_ready: bool = True) -> "ServerProcess":
         self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      stdin=subprocess.DEVNULL, text=True, env=self.env)
-        threading.Thread(target=self._pump, args=(self.proc.stdout, self.stdout, True),
-                         daemon=True).start()
-        threading.Thread(target=self._pump, args=(self.proc.stderr, self.stderr, False),
-                         daemon=True).start()
+        self._pumps = [
+            threading.Thread(target=self._pump, args=(self.proc.stdout, self.stdout, True),
+                             daemon=True),
+            threading.Thread(target=self._pump, args=(self.proc.stderr, self.stderr, False),
+                             daemon=True)]
+        for pump in self._pumps:
+            pump.start()
         if wait_ready:
             self.wait_ready()
         return self
@@ -94,6 +134,14 @@ class ServerProcess:
         for ev in (self._ready, self._exited):
             threading.Thread(target=lambda e=ev: (e.wait(timeout), done.set()), daemon=True).start()
         return done.wait(timeout)
+
+    def drain(self, timeout: float = 10.0) -> str:
+        """Once the process exited: wait (bounded) until its stdout and
+        stderr are read to EOF; everything it wrote, stdout then stderr."""
+        for pump in self._pumps:
+            pump.join(timeout)
+            assert not pump.is_alive(), f"server output not read to EOF within {timeout} s"
+        return "".join(self.stdout) + "".join(self.stderr)
 
     def signal(self, signum: int) -> None:
         self.proc.send_signal(signum)

@@ -12,19 +12,21 @@ new opener after a closed block starts a fresh budget, as upstream re-arms.
 
 Realtime control (`reasoning_control: true`, then POST
 /v1/chat/completions/control) enters the same forced run on demand: the
-request holds a `ForceEnd`, the HTTP side bumps its counter, and the
-constraint reads it before the next draw.  As upstream's
-common_reasoning_budget_force, a request that arrives while the block is not
-open (before it, already forcing, or after it) changes nothing.
+control route asks the bridge to post a `ForceEnd` command for the
+request's jobs, and the engine loop, which drains its commands before every
+step, calls each job's constraint's `force_end()`; the constraint acts on it
+before its next draw.  As upstream's common_reasoning_budget_force, a
+request that arrives while the block is not open (before it, already
+forcing, or after it) changes nothing, and a grammar built without control
+ignores it.
 
-The budget rides on the job's grammar slot (`Job.grammar`: an object whose
-`start(n_prompt)` gives a per-sequence constraint with `mask_for(history)`),
-wrapping whatever grammar the request already had: the inner grammar's mask
-applies except while a forced token is due.  The constraint runs on the
-engine thread and sees the context as token ids; markers are matched as
-token-id sequences.  This module never imports trio: the only state shared
-across threads is `ForceEnd.requests`, an int written by one thread and read
-by the other (a stale read only delays the close by one token).
+The budget rides on the job's grammar slot (`Job.grammar`, the
+protocol/records.py `Grammar` whose `start(n_prompt)` gives a per-sequence
+`Constraint`), wrapping whatever grammar the request already had: the inner
+grammar's mask applies except while a forced token is due.  The constraint
+runs on the engine thread only and sees the context as token ids; markers
+are matched as token-id sequences.  Nothing here is shared across threads:
+the grammar is immutable and each constraint is engine-side state.
 """
 
 from __future__ import annotations
@@ -35,26 +37,12 @@ BEFORE, THINKING, WAITING_UTF8, FORCING, DONE = range(5)
 UNLIMITED = 2**31 - 1  # upstream's INT_MAX for "no budget, control only"
 
 
-class ForceEnd:
-    """A request's realtime force-end switch (shared by its sequences)."""
-
-    __slots__ = ("requests",)
-
-    def __init__(self) -> None:
-        self.requests = 0
-
-    def request(self) -> None:
-        """Ask every sequence of the request to close its thinking block."""
-        self.requests += 1
-
-
 class BudgetGrammar:
     """Job.grammar for a budgeted request (immutable, shared read-only)."""
 
     def __init__(self, inner, *, n_vocab: int, budget: int, start_ids: tuple[int, ...],
                  end_seqs: tuple[tuple[int, ...], ...], forced: tuple[int, ...],
-                 open_at_start: bool, force_end: ForceEnd | None = None,
-                 piece=None) -> None:
+                 open_at_start: bool, control: bool = False, piece=None) -> None:
         self.inner = inner
         self.n_vocab = n_vocab
         self.budget = UNLIMITED if budget < 0 else budget
@@ -62,7 +50,7 @@ class BudgetGrammar:
         self.end_seqs = tuple(s for s in end_seqs if s)
         self.forced = forced              # message tokens + closing-marker tokens
         self.open_at_start = open_at_start
-        self.force_end = force_end
+        self.control = control            # reasoning_control: a ForceEnd may close the block
         self.piece = piece                # token id -> bytes (None: every piece is whole)
 
     def start(self, n_prompt: int) -> "BudgetConstraint":
@@ -96,7 +84,7 @@ class BudgetConstraint:
         self.queue: list[int] = []
         self._seen = n_prompt
         self._generated: list[int] = []
-        self._force_seen = spec.force_end.requests if spec.force_end is not None else 0
+        self._force_due = False           # a ForceEnd arrived since the last mask
         if spec.open_at_start:
             self._open()
 
@@ -138,13 +126,19 @@ class BudgetConstraint:
             if not self.queue:
                 self.state = DONE
 
+    def force_end(self) -> None:
+        """The job's ForceEnd command (engine thread, between steps).  It takes
+        effect at the next mask, once the tokens drawn since are accepted: the
+        block may have opened or closed in them."""
+        if self.spec.control:
+            self._force_due = True
+
     def mask_for(self, history: list[int]) -> np.ndarray | None:
         for tok in history[self._seen:]:
             self._accept(tok)
         self._seen = len(history)
-        force_end = self.spec.force_end
-        if force_end is not None and force_end.requests != self._force_seen:
-            self._force_seen = force_end.requests
+        if self._force_due:
+            self._force_due = False
             if self.state == THINKING:
                 self._force()
         inner = self.inner.mask_for(history) if self.inner is not None else None

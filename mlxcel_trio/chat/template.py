@@ -27,7 +27,6 @@ A template that raises (`raise_exception`, a type error) surfaces as
 from __future__ import annotations
 
 import json
-from contextlib import suppress
 from datetime import datetime
 from typing import Any, Mapping, Sequence
 
@@ -201,22 +200,3 @@ class ChatTemplate:
         except (TypeError, ValueError, KeyError, AttributeError, IndexError,
                 ZeroDivisionError, RecursionError) as exc:
             raise TemplateError(f"{type(exc).__name__}: {exc}") from None
-
-
-def checkpoint_templates(tokenizer_config: Mapping, template_file: str | None) \
-        -> tuple[str | None, str | None]:
-    """(default, tool_use) template sources of a checkpoint, as transformers
-    reads them: `chat_template.jinja` first, then tokenizer_config.json's
-    `chat_template` (a string, or a list of {name, template})."""
-    default = tool_use = None
-    value = tokenizer_config.get("chat_template")
-    if isinstance(value, str):
-        default = value
-    elif isinstance(value, list):
-        named = {}
-        with suppress(TypeError, KeyError):
-            named = {t["name"]: t["template"] for t in value}
-        default, tool_use = named.get("default"), named.get("tool_use")
-    if template_file is not None:
-        default = template_file
-    return default, tool_use

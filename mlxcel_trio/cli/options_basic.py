@@ -7,6 +7,7 @@ from __future__ import annotations
 from mlxcel_trio.cli import model_ref
 from mlxcel_trio.cli.record import Option
 from mlxcel_trio.cli.refusals import Refuser
+from mlxcel_trio.cli.options_sampling import row_default, row_domain
 from mlxcel_trio.cli.values import INT32_MAX, INT32_MIN, CsvList, Int, Text
 
 ACTIONS: tuple[Option, ...] = (
@@ -37,8 +38,8 @@ BASIC: tuple[Option, ...] = (
            env="LLAMA_ARG_CTX_SIZE"),
     Option(("-n", "--predict", "--n-predict"), "sampling.n_predict",
            "how many tokens a request may generate",
-           value=Int(-1, INT32_MAX), metavar="N", default=-1,
-           default_text="-1, -1 = until the context is full",
+           value=row_domain("n_predict"), metavar="N", default=row_default("n_predict"),
+           default_text=f"{row_default('n_predict')}, -1 = until the context is full",
            env="LLAMA_ARG_N_PREDICT"),
     Option(("-b", "--batch-size"), "batch_size",
            "logical batch size: prompt tokens prefilled per step",
@@ -83,7 +84,7 @@ SERVER: tuple[Option, ...] = (
            env="LLAMA_ARG_TIMEOUT", section="server", owner=7, status="by_design"),
     Option(("--sse-ping-interval",), "sse_ping_interval",
            "seconds between keep-alive pings on an idle event stream",
-           value=Int(), metavar="N", default=30,
-           default_text="30, 0 or less = disabled",
+           value=Int(), metavar="N", default=row_default("sse_ping_interval"),
+           default_text=f"{row_default('sse_ping_interval')}, 0 or less = disabled",
            env="LLAMA_ARG_SSE_PING_INTERVAL", section="server", owner=6),
 )

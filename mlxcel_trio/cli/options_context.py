@@ -20,6 +20,7 @@ from typing import Any
 
 import attrs
 
+from mlxcel_trio.cli.options_sampling import row_default, row_domain
 from mlxcel_trio.cli.record import Option
 from mlxcel_trio.cli.refusals import ALWAYS, equals, not_applicable, tuning
 from mlxcel_trio.cli.values import INT32_MAX, BadValue, Choice, Float, Int
@@ -56,7 +57,8 @@ CONTEXT: tuple[Option, ...] = (
                    accepts="any value (MLX has no separate physical micro-batch)"),
     Option(("--keep",), "n_keep",
            "tokens of the prompt kept when the context shifts (the default n_keep)",
-           value=Int(-1, INT32_MAX), metavar="N", default=0, default_text="0, -1 = all",
+           value=row_domain("n_keep"), metavar="N", default=row_default("n_keep"),
+           default_text=f"{row_default('n_keep')}, -1 = all",
            owner=CONTEXT_ISSUE),
     # memory only: sliding-window layers keep the ring cache their checkpoint sizes
     tuning(("--swa-full",), "swa_full", "full-size cache for sliding-window layers",
@@ -101,7 +103,7 @@ CONTEXT: tuple[Option, ...] = (
            env="LLAMA_ARG_CONT_BATCHING", section="server", owner=CONTEXT_ISSUE),
     Option(("--cache-prompt",), "cache_prompt",
            "default of the per-request cache_prompt: reuse a cached prompt prefix's KV",
-           kind="bool", negations=("--no-cache-prompt",), default=True,
+           kind="bool", negations=("--no-cache-prompt",), default=row_default("cache_prompt"),
            env="LLAMA_ARG_CACHE_PROMPT", section="server", owner=CONTEXT_ISSUE),
     not_applicable(("--cache-reuse",), "cache_reuse",
                    "smallest chunk reused from the cache by shifting it",

@@ -3,7 +3,10 @@ bias, -r/--reverse-prompt and -e/--escape, every one acted on (issue #5).
 
 Each value lands in `ServerConfig.sampling` (config.SamplingDefaults) and
 from there in the server-wide defaults of the native request fields
-(server/completion.server_defaults).  The grammar options come last.
+(server/request/sampler_fields.server_defaults).  An option whose default is
+a native request field's reads it, and the --help text showing it, from the
+field's row (server/request/fields.py): `_row`.  The grammar options come
+last.
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ import numpy as np
 
 from mlxcel_trio.cli.record import Option
 from mlxcel_trio.cli.refusals import ALWAYS, not_applicable
-from mlxcel_trio.cli.values import INT32_MAX, BadValue, Float, Int, Seed, Text
-from mlxcel_trio.config import RANDOM_SEED
-from mlxcel_trio.engine.samplers import names
+from mlxcel_trio.cli.values import BadValue, Float, Int, Seed, Text
+from mlxcel_trio.protocol import sampler_names as names
+from mlxcel_trio.server.request.fields import FIELDS_BY_NAME
+from mlxcel_trio.server.request.fields import default as row_default
 
 SAMPLING_ISSUE = 5
 DEFAULT_SAMPLERS = names.DEFAULT_NAMES
@@ -132,23 +136,48 @@ def _opt(spellings, dest, help, value, default, default_text=None, **kw: Any) ->
                   owner=SAMPLING_ISSUE, **kw)
 
 
+def shown(value: float | int) -> str:
+    """How --help prints a numeric default (upstream: floats with two decimals)."""
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
+def _row(spellings, dest, help, value, note: str = "", field: str | None = None,
+         **kw: Any) -> Option:
+    """An option whose default is the native field `field` (default: `dest`)'s;
+    --help shows it, then `note`."""
+    default = row_default(field or dest)
+    return _opt(spellings, dest, help, value, default,
+                shown(default) + (f", {note}" if note else ""), **kw)
+
+
+def row_domain(name: str) -> Int:
+    """An integer option accepting what the field's limits accept (for the
+    options whose domain upstream's CLI shares with the request field)."""
+    lo, hi = FIELDS_BY_NAME[name].limits
+    return Int(int(lo), int(hi))
+
+
+def _checkpoint_first(name: str) -> str:
+    return f"from the checkpoint's generation_config.json, else {shown(row_default(name))}"
+
+
 ACTED_ON: tuple[Option, ...] = (
     Option(("-s", "--seed"), "sampling.seed", "default random seed for sampling",
-           value=Seed(), metavar="SEED", default=RANDOM_SEED,
+           value=Seed(), metavar="SEED", default=row_default("seed"),
            default_text="-1, -1 = a random seed", section="sampling", owner=5),
     Option(("--temp", "--temperature"), "sampling.temperature",
            "sampling temperature (0 or less = greedy)",
            value=Float(), metavar="N", section="sampling", status="by_design", owner=5,
-           default_text="from the checkpoint's generation_config.json, else 0.80"),
+           default_text=_checkpoint_first("temperature")),
     Option(("--top-k",), "sampling.top_k", "top-k sampling (0 = disabled)",
            value=Int(), metavar="N", env="LLAMA_ARG_TOP_K", section="sampling",
            status="by_design", owner=5,
-           default_text="from the checkpoint's generation_config.json, else 40"),
+           default_text=_checkpoint_first("top_k")),
     Option(("--top-p",), "sampling.top_p", "top-p sampling (1.0 = disabled)",
            value=Float(), metavar="N", section="sampling", status="by_design", owner=5,
-           default_text="from the checkpoint's generation_config.json, else 0.95"),
+           default_text=_checkpoint_first("top_p")),
     Option(("--min-p",), "sampling.min_p", "min-p sampling (0.0 = disabled)",
-           value=Float(), metavar="N", default=0.05, section="sampling", owner=5),
+           value=Float(), metavar="N", default=row_default("min_p"), section="sampling", owner=5),
 )
 
 
@@ -162,51 +191,49 @@ LATER: tuple[Option, ...] = (
          metavar="SEQUENCE", status="by_design", refuse=_sequence_refusal),
     Option(("--ignore-eos",), "sampling.ignore_eos",
            "keep generating past the end-of-sequence token (bans every end-of-generation "
-           "token, as --logit-bias EOS-inf)", kind="flag", default=False, section="sampling",
+           "token, as --logit-bias EOS-inf)", kind="flag", default=row_default("ignore_eos"),
+           section="sampling",
            owner=SAMPLING_ISSUE),
-    _opt(("--top-nsigma", "--top-n-sigma"), "top_n_sigma", "top-n-sigma sampling", Float(),
-         -1.0, "-1.00, -1.0 = disabled"),
-    _opt(("--xtc-probability",), "xtc_probability", "XTC sampling probability", Float(), 0.0,
-         "0.00, 0.0 = disabled"),
-    _opt(("--xtc-threshold",), "xtc_threshold", "XTC sampling threshold", Float(), 0.1,
-         "0.10, 1.0 = disabled"),
-    _opt(("--typical", "--typical-p"), "typical_p", "locally typical sampling p", Float(),
-         1.0, "1.00, 1.0 = disabled"),
-    _opt(("--repeat-last-n",), "repeat_last_n",
-         "how many recent tokens the repetition penalties look at", Int(0, INT32_MAX), 64,
-         "64, 0 = disabled"),
-    _opt(("--repeat-penalty",), "repeat_penalty", "repetition penalty", PositiveFloat(), 1.0,
-         "1.00, 1.0 = disabled"),
-    _opt(("--presence-penalty",), "presence_penalty", "presence penalty", Float(), 0.0,
-         "0.00, 0.0 = disabled"),
-    _opt(("--frequency-penalty",), "frequency_penalty", "frequency penalty", Float(), 0.0,
-         "0.00, 0.0 = disabled"),
-    _opt(("--dry-multiplier",), "dry_multiplier", "DRY penalty multiplier", Float(), 0.0,
-         "0.00, 0.0 = disabled"),
-    _opt(("--dry-base",), "dry_base", "DRY penalty base (a value below 1.0 is ignored)",
-         Float(), 1.75, "1.75"),
-    _opt(("--dry-allowed-length",), "dry_allowed_length",
-         "repeat length DRY tolerates before penalising", Int(), 2, "2"),
-    _opt(("--dry-penalty-last-n",), "dry_penalty_last_n",
-         "how many recent tokens DRY looks at", Int(0, INT32_MAX), 64, "64, 0 = disable"),
+    _row(("--top-nsigma", "--top-n-sigma"), "top_n_sigma", "top-n-sigma sampling", Float(),
+         "-1.0 = disabled"),
+    _row(("--xtc-probability",), "xtc_probability", "XTC sampling probability", Float(),
+         "0.0 = disabled"),
+    _row(("--xtc-threshold",), "xtc_threshold", "XTC sampling threshold", Float(),
+         "1.0 = disabled"),
+    _row(("--typical", "--typical-p"), "typical_p", "locally typical sampling p", Float(),
+         "1.0 = disabled"),
+    _row(("--repeat-last-n",), "repeat_last_n",
+         "how many recent tokens the repetition penalties look at", row_domain("repeat_last_n"),
+         "0 = disabled"),
+    _row(("--repeat-penalty",), "repeat_penalty", "repetition penalty", PositiveFloat(),
+         "1.0 = disabled"),
+    _row(("--presence-penalty",), "presence_penalty", "presence penalty", Float(),
+         "0.0 = disabled"),
+    _row(("--frequency-penalty",), "frequency_penalty", "frequency penalty", Float(),
+         "0.0 = disabled"),
+    _row(("--dry-multiplier",), "dry_multiplier", "DRY penalty multiplier", Float(),
+         "0.0 = disabled"),
+    _row(("--dry-base",), "dry_base", "DRY penalty base (a value below 1.0 is ignored)",
+         Float()),
+    _row(("--dry-allowed-length",), "dry_allowed_length",
+         "repeat length DRY tolerates before penalising", Int()),
+    _row(("--dry-penalty-last-n",), "dry_penalty_last_n",
+         "how many recent tokens DRY looks at", row_domain("dry_penalty_last_n"), "0 = disable"),
     _opt(("--dry-sequence-breaker",), "dry_sequence_breakers",
          "a string that resets DRY matching; repeatable, replaces the default set "
          "('\\n', ':', '\"', '*'); none = no breakers", Text(allow_empty=True), None,
          metavar="STRING", repeat=True),
-    _opt(("--adaptive-target",), "adaptive_target",
-         "adaptive-p target probability (negative = disabled)", Float(), -1.0, "-1.00"),
-    _opt(("--adaptive-decay",), "adaptive_decay", "adaptive-p decay rate", Float(), 0.9,
-         "0.90"),
-    _opt(("--dynatemp-range",), "dynatemp_range", "dynamic temperature range", Float(), 0.0,
-         "0.00, 0.0 = disabled"),
-    _opt(("--dynatemp-exp",), "dynatemp_exp", "dynamic temperature exponent", Float(), 1.0,
-         "1.00"),
-    _opt(("--mirostat",), "mirostat", "Mirostat version (replaces the sampler chain)",
-         Int(0, 2), 0, "0, 0 = disabled, 1 = Mirostat, 2 = Mirostat 2.0"),
-    _opt(("--mirostat-lr",), "mirostat_eta", "Mirostat learning rate (eta)", Float(), 0.1,
-         "0.10"),
-    _opt(("--mirostat-ent",), "mirostat_tau", "Mirostat target entropy (tau)", Float(), 5.0,
-         "5.00"),
+    _row(("--adaptive-target",), "adaptive_target",
+         "adaptive-p target probability (negative = disabled)", Float()),
+    _row(("--adaptive-decay",), "adaptive_decay", "adaptive-p decay rate", Float()),
+    _row(("--dynatemp-range",), "dynatemp_range", "dynamic temperature range", Float(),
+         "0.0 = disabled"),
+    _row(("--dynatemp-exp",), "dynatemp_exp", "dynamic temperature exponent", Float(),
+         field="dynatemp_exponent"),
+    _row(("--mirostat",), "mirostat", "Mirostat version (replaces the sampler chain)",
+         row_domain("mirostat"), "0 = disabled, 1 = Mirostat, 2 = Mirostat 2.0"),
+    _row(("--mirostat-lr",), "mirostat_eta", "Mirostat learning rate (eta)", Float()),
+    _row(("--mirostat-ent",), "mirostat_tau", "Mirostat target entropy (tau)", Float()),
     _opt(("-l", "--logit-bias"), "logit_bias",
          "raise or lower one token's logit, e.g. 15043+1 or 15043-inf; repeatable",
          LogitBias(), (), metavar="TOKEN_ID(+/-)BIAS", repeat=True),

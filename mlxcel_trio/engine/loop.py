@@ -18,7 +18,8 @@ then returns MLX's buffer cache to the system; the tokenizer (`vocab`) stays.
 The thread then parks on the same queue: the next `Submit` reloads the
 weights and is served by the new scheduler, so waking is that request's own
 latency.  `n_decode` / `n_busy_slots` live here, not in the scheduler, so the
-/metrics counters survive a sleep.
+/metrics counters survive a sleep; they reach trio only as the `EngineStats`
+event closing each step that computed, never by a read across threads.
 """
 
 from __future__ import annotations
@@ -31,11 +32,13 @@ from pathlib import Path
 from typing import Callable
 
 from ..config import RopeOverrides
-from .records import (
+from ..protocol.records import (
     Cancel,
     ClearPromptCache,
+    EngineStats,
     Failed,
     Finished,
+    ForceEnd,
     Job,
     Loaded,
     LoadFailed,
@@ -79,6 +82,18 @@ def slot_context(n_ctx: int, n_slots: int, n_ctx_train: int) -> int:
                     "- capping", n_ctx_slot, n_ctx_train)
         n_ctx_slot = n_ctx_train
     return n_ctx_slot
+
+
+def _count(n: int) -> str:
+    """A parameter count as people say it: 272.38K, 596.05M, 7.62B."""
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return str(n)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"
 
 
 def _model_facts(model, config: dict, path: Path, n_ctx: int, n_ctx_slot: int,
@@ -150,10 +165,17 @@ class EngineLoop:
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self.vocab = None  # published before Loaded is emitted; read-only after
         self._n_ctx_slot = 0  # set once by _load; a wake reuses it
-        # Cumulative, written by this thread only; ints are read from trio
-        # without a lock (a torn read is impossible for a Python int).
+        # Cumulative, this thread's own; trio keeps the copy EngineStats carries.
         self.n_decode = 0       # scheduler steps that computed for >= 1 slot
         self.n_busy_slots = 0   # sum over those steps of the slots computed
+
+    @staticmethod
+    def checkpoint_problem(path: str) -> str | None:
+        """Why mlx-lm could not build the checkpoint at `path`, or None
+        (asked before anything loads; see engine/architectures.py)."""
+        from .architectures import problem
+
+        return problem(path)
 
     def post(self, command) -> None:
         """Thread-safe, never blocks: callable from trio or from a cancel path."""
@@ -189,8 +211,7 @@ class EngineLoop:
         if self._warmup:
             self._run_warmup(scheduler, vocab)
         info = _model_facts(model, config, self._path, n_ctx, self._n_ctx_slot, self._n_slots)
-        log.info("model loaded in %.2f s: %s", time.perf_counter() - t0, info)
-        self._report_platform(info)
+        self._report(info, time.perf_counter() - t0)
         self._emit(StepEvents((Loaded(info),)))
         return scheduler
 
@@ -214,14 +235,19 @@ class EngineLoop:
                                        if self._cache_ram_mib != 0 else None))
 
     @staticmethod
-    def _report_platform(info: ModelInfo) -> None:
+    def _report(info: ModelInfo, seconds: float) -> None:
+        """One readable load summary, then what the platform costs (if anything)."""
         import mlx.core as mx
 
         from .platform_report import describe
 
         device = "cpu" if mx.default_device() == mx.cpu else "gpu"
-        line, warning = describe(device, info.dtype, info.quantization)
-        log.info("%s", line)
+        platform, warning = describe(device, info.dtype, info.quantization)
+        log.info("model loaded in %.2f s: %s | %s, %s, %s parameters, %s | context %d "
+                 "(training %d), %d slots of %d | %s", seconds, info.path, info.model_type,
+                 info.quantization or info.dtype, _count(info.n_params),
+                 _mib(info.size_bytes), info.n_ctx, info.n_ctx_train, info.n_slots,
+                 info.n_ctx_slot, platform)
         if warning:
             log.warning("%s", warning)
 
@@ -269,6 +295,8 @@ class EngineLoop:
                         scheduler.submit(cmd.job, out)
                     elif isinstance(cmd, Cancel):
                         scheduler.cancel(cmd.job_id, out)
+                    elif isinstance(cmd, ForceEnd):
+                        scheduler.force_end(cmd.job_ids)
                     elif isinstance(cmd, SlotAction):
                         scheduler.slot_action(cmd, out)
                     elif isinstance(cmd, ClearPromptCache):
@@ -289,6 +317,9 @@ class EngineLoop:
                 # starts from a fresh batch.
                 log.exception("engine step failed")
                 scheduler.fail_all(out, f"{type(exc).__name__}: {exc}")
+            if n_active:
+                # one small record per computing step, in the hop its events take
+                out.append(EngineStats(self.n_decode, self.n_busy_slots))
             if out:
                 self._emit(StepEvents(tuple(out)))
 
@@ -309,8 +340,9 @@ class EngineLoop:
         """Free the model's memory (the caller dropped the scheduler), then
         park until a command that needs the model: a Submit or a SlotAction
         (reload; returns the new scheduler and that command), or Shutdown
-        (returns None and it).  A Cancel names a job that already ended and a
-        ClearPromptCache finds the cache already gone: both are dropped."""
+        (returns None and it).  A Cancel or a ForceEnd names a job that already
+        ended and a ClearPromptCache finds the cache already gone: all are
+        dropped."""
         import gc
 
         import mlx.core as mx

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from .records import SamplingParams
+from ..protocol.records import Constraint, SamplingParams
 from .samplers.batch import BatchSampler, Row
 
 
@@ -37,7 +37,7 @@ def is_greedy(p: SamplingParams, constrained: bool = False) -> bool:
 
 
 def plan(params: SamplingParams, n_vocab: int, batch: BatchSampler, *,
-         breakers=None, constraint=None) -> tuple[object, list, Row]:
+         breakers=None, constraint: Constraint | None = None) -> tuple[object, list, Row]:
     """(sampler, logits processors, row state) for one sequence."""
     greedy = is_greedy(params, constraint is not None)
     row = Row(params, n_vocab, sampler=None if greedy else batch, breakers=breakers,

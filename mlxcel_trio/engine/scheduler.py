@@ -36,10 +36,7 @@ import attrs
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 
-from . import context_shift
-from .detokenizer import IncrementalDetokenizer
-from .prompt_cache import PromptCache, supported
-from .records import (
+from ..protocol.records import (
     CacheStats,
     Failed,
     Finished,
@@ -54,6 +51,9 @@ from .records import (
     TokenPiece,
     TokenProbs,
 )
+from . import context_shift
+from .detokenizer import IncrementalDetokenizer
+from .prompt_cache import PromptCache, supported
 from .samplers.batch import BatchSampler, dry_on
 from .samplers.history import breakers_for
 from .sampling import GREEDY, plan
@@ -201,6 +201,15 @@ class Scheduler:
             return
         self._release(seq, out, cancelled=True)
         self._admit(out)
+
+    def force_end(self, job_ids: tuple[int, ...]) -> None:
+        """Realtime reasoning control: each running job's constraint closes
+        its thinking block before the next draw.  A job still queued has no
+        constraint yet and is left alone, as one that already ended is."""
+        for job_id in job_ids:
+            seq = self._by_job.get(job_id)
+            if seq is not None and seq.row is not None and seq.row.constraint is not None:
+                seq.row.constraint.force_end()
 
     def close(self, out: list) -> None:
         """Cancel everything and wait for in-flight MLX work: the process may
@@ -538,12 +547,15 @@ class Scheduler:
             seq.last_nl_pos = nl + 1
 
     def _finish(self, seq: _Sequence, now: float, out: list, held=None) -> None:
+        timings = seq.timings(now)
         out.append(Finished(
             job_id=seq.job.id, id_slot=seq.slot, content="".join(seq.content),
             tokens=tuple(seq.tokens), stop_type=seq.stop_type,
             stopping_word=seq.stopping_word, truncated=seq.truncated,
-            n_prompt=len(seq.job.prompt), timings=seq.timings(now), probs=tuple(seq.probs),
+            n_prompt=len(seq.job.prompt), timings=timings, probs=tuple(seq.probs),
         ))
+        if seq.job.id > 0:  # upstream's print_timings, once per client task, on one line
+            _log_task(seq.slot, seq.job.id, timings, seq.stop_type, seq.truncated)
         self._release(seq, out, cancelled=False, held=held)
 
     def _release(self, seq: _Sequence, out: list, cancelled: bool, held=None) -> None:
@@ -583,3 +595,17 @@ class Scheduler:
         st = self._cache.stats()
         out.append(CacheStats(st["entries"], st["bytes"], st["peak_bytes"],
                               st["budget_bytes"], st["hits"], st["misses"]))
+
+
+def _rate(n: int, ms: float) -> str:
+    return f"{1e3 * n / ms:.2f} t/s" if ms > 0 else "- t/s"
+
+
+def _log_task(slot: int, task: int, t: Timings, stop: str, truncated: bool) -> None:
+    """The facts upstream prints when a task ends: prompt and generated
+    tokens with their time and rate, the slot, and why it stopped."""
+    log.info("slot %d | task %d | prompt %d tokens (%d cached) in %.2f ms, %s | "
+             "generated %d tokens in %.2f ms, %s | total %.2f ms | stop: %s%s",
+             slot, task, t.prompt_n, t.cache_n, t.prompt_ms, _rate(t.prompt_n, t.prompt_ms),
+             t.predicted_n, t.predicted_ms, _rate(t.predicted_n, t.predicted_ms),
+             t.prompt_ms + t.predicted_ms, stop, " (truncated)" if truncated else "")

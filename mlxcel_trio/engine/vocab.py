@@ -3,12 +3,17 @@
 Built from `tokenizer.json` with the `tokenizers` library directly (no
 transformers import on the serving path).  `Vocab` never touches MLX, so the
 HTTP layer may call it from the trio thread: tokenizing is fast and pure.
+It also holds the checkpoint's other tokenizer-side facts read from its
+files: special tokens, end-of-generation ids, the generation defaults, and
+the chat template sources (which chat/ renders; nothing here renders them).
 """
 
 from __future__ import annotations
 
 import json
+from contextlib import suppress
 from pathlib import Path
+from typing import Any, Mapping
 
 from tokenizers import Tokenizer
 
@@ -53,6 +58,25 @@ def _as_id_set(value) -> set[int]:
     return {int(v) for v in value}
 
 
+def checkpoint_templates(tokenizer_config: Mapping[str, Any], template_file: str | None) \
+        -> tuple[str | None, str | None]:
+    """(default, tool_use) template sources of a checkpoint, as transformers
+    reads them: `chat_template.jinja` first, then tokenizer_config.json's
+    `chat_template` (a string, or a list of {name, template})."""
+    default = tool_use = None
+    value = tokenizer_config.get("chat_template")
+    if isinstance(value, str):
+        default = value
+    elif isinstance(value, list):
+        named = {}
+        with suppress(TypeError, KeyError):
+            named = {t["name"]: t["template"] for t in value}
+        default, tool_use = named.get("default"), named.get("tool_use")
+    if template_file is not None:
+        default = template_file
+    return default, tool_use
+
+
 class Vocab:
     def __init__(self, checkpoint: Path, n_vocab_model: int | None = None) -> None:
         self._tok = Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
@@ -65,12 +89,8 @@ class Vocab:
         tcfg = _read_json(checkpoint / "tokenizer_config.json")
         gcfg = _read_json(checkpoint / "generation_config.json")
         mcfg = _read_json(checkpoint / "config.json")
-        # Chat templates as transformers reads them (chat/template.py):
-        # chat_template.jinja first, then tokenizer_config.json's string or
-        # {name, template} list; `chat_template_tool_use` is the named
-        # "tool_use" one (None when absent).
-        from ..chat.template import checkpoint_templates
-
+        # The chat template sources (chat/ renders them; the engine never does);
+        # `chat_template_tool_use` is the named "tool_use" one (None when absent).
         template_file = checkpoint / "chat_template.jinja"
         self.chat_template, self.chat_template_tool_use = checkpoint_templates(
             tcfg, template_file.read_text(encoding="utf-8") if template_file.is_file() else None)

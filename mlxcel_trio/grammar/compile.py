@@ -58,9 +58,14 @@ class CompiledGrammar:
     n_vocab: int
     eos_ids: tuple[int, ...]
 
+    def matcher(self) -> llg.LLMatcher:
+        """A fresh llguidance matcher at the grammar's start (the compiled one
+        is shared through the cache and never advanced)."""
+        return self._proto.deep_copy()
+
     def start(self, n_prompt: int) -> Constraint:
         """A fresh constraint for one sequence whose prompt is n_prompt long."""
-        return Constraint(self._proto.deep_copy(), self.n_vocab, n_prompt, self.spec.lazy,
+        return Constraint(self.matcher(), self.n_vocab, n_prompt, self.spec.lazy,
                           self.spec.triggers, self._piece, self._tokenize, self.eos_ids)
 
 

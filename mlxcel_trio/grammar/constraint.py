@@ -110,6 +110,10 @@ class Constraint:
                 self._m.consume_tokens(self._tokenize(tail))
         self._buffer, self._spans = b"", []
 
+    def force_end(self) -> None:
+        """Nothing to close: only a reasoning budget (chat/budget.py) acts on
+        realtime control; a grammar it wraps is never asked."""
+
     def mask_for(self, history: list[int]) -> np.ndarray | None:
         for tok in history[self._seen:]:
             self._accept(tok)

@@ -10,7 +10,9 @@
         └── listen.serve        hypercorn's protocol, one task per connection/request
 
 The socket is bound before the model starts loading, so a port in use stops
-the process at once (exit 1) instead of after a load.
+the process at once (exit 1) instead of after a load; before that, an
+installed hypercorn without the internals listen.py builds on stops it too.
+listen.py is imported only after that check (its imports are part of it).
 
 Shutdown: the signal sets `shutdown`; hypercorn stops accepting, gives
 in-flight requests `GRACE_S`, then returns; the root scope is cancelled, which
@@ -33,7 +35,7 @@ from .. import logging_setup
 from ..bridge import Bridge, checkpoint_problem
 from ..config import ServerConfig
 from .request import grammar_fields as server_grammar
-from .http import listen
+from .http import hypercorn_internals
 from .app import MAX_HEAD_BYTES, create_app
 
 log = logging.getLogger("mlxcel.server")
@@ -126,6 +128,8 @@ async def _main(config: ServerConfig, sock) -> int:
 
 
 async def _serve(config, bridge, app, shutdown, signals, status, sock) -> int:
+    from .http import listen  # after hypercorn_internals.check(), in run()
+
     hc = _hypercorn_config(config)
     async with trio.open_nursery() as root:
         root.start_soon(_signals, signals, shutdown)
@@ -146,6 +150,13 @@ async def _serve(config, bridge, app, shutdown, signals, status, sock) -> int:
 
 def run(config: ServerConfig) -> int:
     global _TO_FILE
+    try:
+        hypercorn_internals.check()
+    except hypercorn_internals.HypercornUnsupported as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    from .http import listen  # its hypercorn imports are covered by the check
+
     try:
         sinks = logging_setup.install(logging_setup.LogPlan(
             disabled=config.log_disable, file=config.log_file, threshold=config.log_verbosity,

@@ -90,8 +90,9 @@ def parsers(table: Sequence[Any]) -> dict[str, Any]:
     return {binary: build_parser(table, prog=binary) for binary in lib.BINARIES}
 
 
-def _accepted(parser: Any) -> dict[str, str]:
-    """spelling -> dest, for every option string the parser takes."""
+def option_strings(parser: Any) -> dict[str, str]:
+    """spelling -> dest, for every option string the parser takes (argparse
+    has no public listing: its private table is read here, in one place)."""
     return {s: action.dest for s, action in parser._option_string_actions.items()}
 
 
@@ -128,7 +129,7 @@ def option_problems(entries: Sequence[dict], table: Sequence[Any] | None = None,
     real = table is None
     table = OPTIONS if real else table
     dumps = live_surfaces() if real else table_surfaces(table)
-    accepted = {b: _accepted(p) for b, p in parsers(table).items()}
+    accepted = {b: option_strings(p) for b, p in parsers(table).items()}
     records = {b: {r["dest"]: r for r in d["options"]} for b, d in dumps.items()}
     problems: list[str] = []
     claimed_dests: dict[str, str] = {}
@@ -291,7 +292,8 @@ FIELD_STATUS = {
 def field_problems(entries: Sequence[dict], fields: Sequence[Any] | None = None) -> list[str]:
     if fields is None:
         from mlxcel_trio.server.request.fields import NATIVE_FIELDS as fields  # noqa: N811
-    table = {field_path(f): f for f in fields}
+    # a field upstream reads outside its schema table (id_slot) has no field entry
+    table = {field_path(f): f for f in fields if getattr(f, "schema", True)}
     problems: list[str] = []
     claimed: dict[str, str] = {}
     for entry in entries:

@@ -9,8 +9,6 @@ is as much log as possible to leak into.
 
 from __future__ import annotations
 
-import threading
-
 import httpx
 import openai
 import pytest
@@ -28,12 +26,7 @@ LIGHT = ("-c", "512", "-np", "1", "-v")
 def drained_logs(srv) -> str:
     """Stop the server and wait (bounded) for its log pumps to reach EOF."""
     srv.stop()
-    pipes = (srv.proc.stdout, srv.proc.stderr)
-    for t in threading.enumerate():
-        if getattr(t, "_args", ())[:1] in ((pipes[0],), (pipes[1],)):
-            t.join(10)
-            assert not t.is_alive(), "server log pump did not reach EOF within 10 s"
-    return "".join(srv.stdout) + "".join(srv.stderr)
+    return srv.drain(10)
 
 
 def call(srv, method: str, path: str, headers: dict | None = None) -> httpx.Response:

@@ -16,6 +16,8 @@ import time
 import httpx
 import pytest
 
+from tests.conftest import wait_until
+
 from .sse import post
 
 pytestmark = pytest.mark.e2e
@@ -31,13 +33,9 @@ def slots(url: str) -> list[dict]:
 def wait_slots(url: str, predicate, bound: float, what: str) -> float:
     """Bounded wait on /slots; returns the seconds it took or fails loudly."""
     t0 = time.monotonic()
-    while True:
-        state = slots(url)
-        if predicate(state):
-            return time.monotonic() - t0
-        if time.monotonic() - t0 > bound:
-            raise AssertionError(f"{what} not reached within {bound}s: {state}")
-        time.sleep(0.005)
+    # a short pause: the seconds returned measure how fast a slot is freed
+    wait_until(lambda: slots(url), what, bound, until=predicate, pause=0.005)
+    return time.monotonic() - t0
 
 
 def busy(state) -> bool:

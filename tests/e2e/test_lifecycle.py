@@ -7,11 +7,12 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -79,14 +80,10 @@ def test_sigterm_lets_a_short_request_in_flight_finish(tiny_model, start_server)
 
     t = threading.Thread(target=request)
     t.start()
-    deadline = time.monotonic() + 30
-    while not any(s["is_processing"] for s in httpx.get(srv.url + "/slots").json()):
-        assert time.monotonic() < deadline, "the request never started"
+    wait_until(lambda: httpx.get(srv.url + "/slots", timeout=10).json(), "the request to start",
+               30, until=lambda slots: any(s["is_processing"] for s in slots))
     srv.signal(signal.SIGTERM)
-    with srv._lines_changed:  # the log line the signal handler writes
-        assert srv._lines_changed.wait_for(
-            lambda: any("received SIGTERM, shutting down" in ln
-                        for ln in srv.stdout + srv.stderr), 10), "the signal was not seen"
+    srv.wait_for_text("received SIGTERM, shutting down", 10)  # the signal handler's log line
     refused = None
     if t.is_alive():  # still generating: the listener must be closed already
         try:

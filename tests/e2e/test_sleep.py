@@ -10,8 +10,10 @@ import time
 import httpx
 import pytest
 
+from tests.conftest import wait_until
+
 from .sse import complete, post
-from .test_slots_metrics import scrape, wait_until
+from .test_slots_metrics import scrape
 
 pytestmark = pytest.mark.e2e
 

@@ -6,10 +6,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
+
+from tests.conftest import wait_until
 
 from .sse import iter_sse_lines, post
 
@@ -40,13 +41,8 @@ def err(r, status, message, kind="invalid_request_error"):
 
 
 def wait_idle(srv, slot, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        slots = httpx.get(srv.url + "/slots").json()
-        if not slots[slot]["is_processing"]:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"slot {slot} still processing after {timeout} s")
+    wait_until(lambda: httpx.get(srv.url + "/slots", timeout=10).json(),
+               f"slot {slot} idle", timeout, until=lambda slots: not slots[slot]["is_processing"])
 
 
 def fill(srv, slot, text="slot files hold the token stream", n=6):

@@ -13,6 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from mlxcel_trio.server.surfaces.metrics import UPSTREAM_FAMILIES
+from tests.conftest import wait_until
 
 from .sse import complete, iter_sse_lines, post
 
@@ -42,17 +43,6 @@ def post_quietly(url: str) -> None:
 
 def get(server, path: str) -> httpx.Response:
     return httpx.get(server.url + path, timeout=WAIT_S)
-
-
-def wait_until(probe, what: str, timeout: float = WAIT_S):
-    """Poll `probe` (which does an HTTP round trip) until it is truthy."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
 
 
 def slots(server) -> list[dict]:

@@ -12,6 +12,8 @@ import time
 import openai
 import pytest
 
+from tests.conftest import wait_until
+
 from .sse import post
 
 pytestmark = pytest.mark.e2e
@@ -109,13 +111,8 @@ def test_cancel_follows_openais_contract(keyed):
 
 
 def wait_status(c, rid: str, statuses: tuple[str, ...], timeout: float = 60):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = c.responses.retrieve(rid)
-        if got.status in statuses:
-            return got
-        assert time.monotonic() < deadline, f"{rid} still {got.status} after {timeout}s"
-        time.sleep(0.05)
+    return wait_until(lambda: c.responses.retrieve(rid), f"{rid} in {statuses}", timeout,
+                      until=lambda got: got.status in statuses)
 
 
 def test_background_response_is_polled_and_finishes(keyed):

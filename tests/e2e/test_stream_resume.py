@@ -20,6 +20,8 @@ import uuid
 import httpx
 import pytest
 
+from tests.conftest import wait_until
+
 from .sse import post
 
 pytestmark = pytest.mark.e2e
@@ -85,14 +87,7 @@ def lookup(url: str, *ids: str, headers: dict | None = None) -> list[dict]:
 
 
 def wait_for(what: str, probe, bound: float = BOUND_S):
-    t0 = time.monotonic()
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() - t0 > bound:
-            raise AssertionError(f"{what} not reached within {bound}s")
-        time.sleep(0.01)
+    return wait_until(probe, what, bound)
 
 
 def slots_idle(url: str) -> bool:

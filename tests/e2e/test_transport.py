@@ -1,5 +1,6 @@
 """Transport against real processes: TLS with a certificate made here, a Unix
-domain socket, --port 0, --api-prefix, --timeout on a slow body, and CORS
+domain socket, --port 0, --api-prefix, --timeout on a slow body and on a
+stream that outlasts it, and CORS
 compared header for header with upstream's rules (server-http.cpp's
 pre-routing handler: Allow-Origin on every response, OPTIONS answered on any
 path before the loading gate, the key check and the router)."""
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import json
 import re
 import socket
 import ssl
@@ -15,6 +17,8 @@ import time
 
 import httpx
 import pytest
+
+from .sse import iter_sse_lines, post
 
 pytestmark = pytest.mark.e2e
 
@@ -136,6 +140,40 @@ def test_a_slow_body_is_cut_off_by_the_timeout(tuned):
     assert reply.startswith(b"HTTP/1.1 408"), reply
     assert b'"code":408' in reply and b"Request body not received within 2 seconds" in reply
     assert time.monotonic() - start < 10
+
+
+def test_a_stream_longer_than_the_timeout_completes(tiny_model, start_server):
+    """--timeout bounds each read of a request (the server allows one second
+    more, so a silent body gets its 408 first) and each write; once the request
+    has arrived the client rightly sends nothing, and a stream that lasts
+    several times that limit still delivers its frames in order and the final
+    one (a read timeout there would cut the chunked body short)."""
+    timeout = 1  # the smallest --timeout accepted
+    read_limit = timeout + 1
+    srv = start_server(tiny_model, "-c", "32768", "-np", "1", "--timeout", str(timeout))
+    # this machine's decode speed, from a first (cold, so slower) request: ask
+    # for enough tokens to stream for about four read limits
+    r = post(srv.url, {"prompt": "x", "n_predict": 64, "ignore_eos": True}, timeout=120)
+    assert r.status_code == 200, r.text
+    rate = r.json()["timings"]["predicted_per_second"]
+    n_predict = min(30000, max(256, int(rate * 4 * read_limit)))
+    frames, arrivals = [], []
+    body = {"prompt": "x", "n_predict": n_predict, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", srv.url + "/completion", json=body, timeout=300) as r:
+        assert r.status_code == 200, r.read()
+        for line in iter_sse_lines(r):
+            if line.startswith("data: "):
+                frames.append(json.loads(line[6:]))
+                arrivals.append(time.monotonic())
+    final = frames[-1]
+    assert final["stop"] is True and final["stop_type"] == "limit", final
+    assert final["tokens_predicted"] == n_predict
+    counts = [f["tokens_predicted"] for f in frames[:-1]]  # the partial frames
+    assert counts == sorted(set(counts)) and counts[-1] <= n_predict, "a frame out of order"
+    span = arrivals[-1] - arrivals[0]
+    assert span > read_limit, (f"the stream of {n_predict} tokens took {span:.2f} s, not more "
+                               f"than the {read_limit} s read limit: the test proves nothing")
+    srv.stop()
 
 
 # -- CORS with the defaults (the shared server: no key) ---------------------------

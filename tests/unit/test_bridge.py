@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from mlxcel_trio.bridge import Bridge
 from mlxcel_trio.config import ServerConfig
-from mlxcel_trio.engine.records import CacheStats, Sleeping, StepEvents
+from mlxcel_trio.protocol.records import CacheStats, EngineStats, Sleeping, StepEvents
 from mlxcel_trio.server.surfaces.info import prompt_cache_props
+from mlxcel_trio.server.surfaces.metrics import _upstream_values
 
 
 def test_a_sleep_empties_the_reported_prompt_cache():
@@ -18,3 +19,14 @@ def test_a_sleep_empties_the_reported_prompt_cache():
     props = prompt_cache_props(bridge)
     assert props["entries"] == 0 and props["bytes"] == 0
     assert props["enabled"] and props["budget_bytes"] == 64 << 20
+
+
+def test_metrics_read_the_engine_counters_the_events_carried():
+    """n_decode_total and n_busy_slots_per_decode come from the latest
+    EngineStats the bridge delivered, never from the engine object."""
+    bridge = Bridge(ServerConfig(model="x"))
+    assert _upstream_values(bridge)["n_decode_total"] == 0
+    bridge._deliver(StepEvents((EngineStats(1, 2),)))
+    bridge._deliver(StepEvents((EngineStats(4, 6),)))
+    values = _upstream_values(bridge)
+    assert values["n_decode_total"] == 4 and values["n_busy_slots_per_decode"] == 1.5

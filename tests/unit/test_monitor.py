@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from mlxcel_trio.engine.records import (
+from mlxcel_trio.protocol.records import (
     Failed, Finished, Job, Sleeping, SlotFreed, Started, Timings, TokenPiece, Woke,
 )
 from mlxcel_trio.monitor import Monitor, slots_debug

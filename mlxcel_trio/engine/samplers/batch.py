@@ -34,7 +34,7 @@ from collections import deque
 import mlx.core as mx
 import numpy as np
 
-from ..records import SamplingParams
+from ...protocol.records import Constraint, SamplingParams
 from . import chain, mirostat
 from .history import apply_dry, dense_bias, dry_penalties, penalize
 
@@ -60,7 +60,7 @@ class Row:
     """One sequence's sampling state (engine thread only)."""
 
     def __init__(self, params: SamplingParams, n_vocab: int, *, sampler: "BatchSampler | None",
-                 breakers=None, constraint=None) -> None:
+                 breakers=None, constraint: Constraint | None = None) -> None:
         self.params = params
         self.n_vocab = n_vocab
         self.seed = resolve_seed(params.seed)

@@ -19,6 +19,14 @@ Quart's BODY_TIMEOUT (--timeout).  hypercorn's own per-read timeout is not
 used: it also runs while a response streams and the client, rightly, sends
 nothing, so it would cut any stream longer than --timeout; ours stops once
 the request has fully arrived, as upstream's (which reads, then writes).
+
+Whether it has arrived is h11's `their_state`, read at
+`self.protocol.protocol.connection`: hypercorn internals, like `_read_data`
+itself, that hypercorn_internals.check() verifies before the server starts
+(the runner refuses to start without them).  A connection that hypercorn
+switched away from HTTP/1.1 (an h2c upgrade, HTTP/2 prior knowledge, a
+WebSocket) has no request/response turn to follow: its reads get no timeout,
+never a guess; Quart's BODY_TIMEOUT still bounds each request body there.
 """
 
 from __future__ import annotations
@@ -89,19 +97,26 @@ def listening_address(sock: socket.socket, tls: bool) -> str:
     return f"{'https' if tls else 'http'}://{host}:{port}"
 
 
-class _TimedTCPServer(TCPServer):
+class TimedTCPServer(TCPServer):
     """hypercorn's connection handler with a bounded write, and a read
     timeout that applies only while the request is still arriving."""
 
     write_timeout: float | None = None
     read_timeout: float | None = None
 
+    def _h11_connection(self) -> h11.Connection | None:
+        """The connection's h11 state machine; None once hypercorn switched
+        the connection to HTTP/2 or a WebSocket."""
+        connection = self.protocol.protocol.connection
+        return connection if isinstance(connection, h11.Connection) else None
+
     def _awaiting_client(self) -> bool:
-        """True unless the request was fully received (its response may be
-        streaming: the client then rightly sends nothing)."""
-        conn = getattr(getattr(self.protocol, "protocol", None), "connection", None)
-        state = getattr(conn, "their_state", None)
-        return state not in (h11.DONE, h11.MUST_CLOSE, h11.CLOSED)
+        """True while an HTTP/1.1 request is still arriving (or the next one
+        is awaited); False once it fully arrived and its response may be
+        streaming, when the client rightly sends nothing."""
+        connection = self._h11_connection()
+        return connection is not None and connection.their_state not in (
+            h11.DONE, h11.MUST_CLOSE, h11.CLOSED)
 
     async def _read_data(self) -> None:
         while True:
@@ -133,8 +148,8 @@ class _TimedTCPServer(TCPServer):
             await super().protocol_send(Closed())
 
     def _must_close(self) -> bool:
-        conn = getattr(getattr(self.protocol, "protocol", None), "connection", None)
-        return getattr(conn, "our_state", None) is h11.MUST_CLOSE
+        connection = self._h11_connection()
+        return connection is not None and connection.our_state is h11.MUST_CLOSE
 
 
 async def serve(app, config: HypercornConfig, sockets: list[socket.socket], *,
@@ -147,8 +162,8 @@ async def serve(app, config: HypercornConfig, sockets: list[socket.socket], *,
     state: dict = {}
     lifespan = Lifespan(wrapped, config, state)
     context = WorkerContext(None)
-    server_cls = type("_Server", (_TimedTCPServer,), {"write_timeout": write_timeout,
-                                                       "read_timeout": read_timeout})
+    server_cls = type("_Server", (TimedTCPServer,), {"write_timeout": write_timeout,
+                                                      "read_timeout": read_timeout})
     ssl_context = config.create_ssl_context()
     async with trio.open_nursery() as lifespan_nursery:
         await lifespan_nursery.start(lifespan.handle_lifespan)

@@ -14,7 +14,7 @@ from typing import AsyncIterator, Callable, Iterable
 import trio
 
 from ...bridge import JobHandle
-from ...engine.records import Failed
+from ...protocol.records import Failed
 from .errors import ApiError, dumps
 
 PING = b":\n\n"

@@ -24,9 +24,10 @@ from typing import Any
 
 import attrs
 
-from ...chat.budget import BudgetGrammar, ForceEnd
-from ...engine.records import Job
+from ...chat.budget import BudgetGrammar
+from ...protocol.records import Job
 from ..http.errors import ApiError, json_type_name
+from .schema import NativeRequest
 
 
 def _ids(vocab, text: str) -> tuple[int, ...]:
@@ -34,14 +35,15 @@ def _ids(vocab, text: str) -> tuple[int, ...]:
 
 
 def wrap(jobs: list[Job], vocab, *, budget: int, start: str, ends: list[str], message: str | None,
-         open_at_start: bool, force_end: ForceEnd | None) -> list[Job]:
-    """Each job's grammar wrapped in the budget: `message` None forces nothing."""
+         open_at_start: bool, control: bool) -> list[Job]:
+    """Each job's grammar wrapped in the budget: `message` None forces nothing;
+    `control`: realtime reasoning control may force the close (a ForceEnd)."""
     end_seqs = tuple(_ids(vocab, e) for e in ends if e)
     forced = _ids(vocab, message) + end_seqs[0] if message is not None and end_seqs else ()
     start_ids = _ids(vocab, start)
     return [attrs.evolve(job, grammar=BudgetGrammar(
         job.grammar, n_vocab=vocab.n_vocab, budget=budget, start_ids=start_ids,
-        end_seqs=end_seqs, forced=forced, open_at_start=open_at_start, force_end=force_end,
+        end_seqs=end_seqs, forced=forced, open_at_start=open_at_start, control=control,
         piece=vocab.piece))
         for job in jobs]
 
@@ -69,17 +71,18 @@ def native_end_tags(body: dict) -> list[str]:
     return [value] if value else []
 
 
-def native_jobs(vocab, values: dict, body: dict, jobs: list[Job],
-                force_end: ForceEnd | None = None) -> list[Job]:
-    """The raw-prompt routes: the native fields' budget, when they ask for one."""
-    start = values.get("reasoning_budget_start_tag")
+def native_jobs(vocab, values: NativeRequest, body: dict, jobs: list[Job],
+                armed: bool = False) -> list[Job]:
+    """The raw-prompt routes: the native fields' budget, when they ask for one
+    (`armed`: the route registered the request for realtime control)."""
+    start = values.reasoning_budget_start_tag
     if start is None and "reasoning_budget_end_tags" not in body \
             and body.get("reasoning_budget_end_tag") is None:
         return jobs
     ends = native_end_tags(body)
-    budget, control = values["reasoning_budget_tokens"], values["reasoning_control"]
+    budget, control = values.reasoning_budget_tokens, values.reasoning_control
     if not start or not _ids(vocab, start) or not ends or not (budget >= 0 or control):
         return jobs
     return wrap(jobs, vocab, budget=budget, start=start, ends=ends,
-                message=values.get("reasoning_budget_message"), open_at_start=False,
-                force_end=force_end if control else None)
+                message=values.reasoning_budget_message, open_at_start=False,
+                control=armed and control)

@@ -333,8 +333,8 @@ def _lark(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
-def _tool_call_grammar(choice: str, name: str | None, tools, fmt: str | None,
-                       parallel: bool = False) -> str | None:
+def tool_call_grammar(choice: str, name: str | None, tools, fmt: str | None,
+                      parallel: bool = False) -> str | None:
     """What may follow a forced call's opening: the arguments as the tool's
     JSON schema, then the call's close, as upstream constrains a required /
     named call with a grammar.  `parallel` (required, Hermes format): more
@@ -427,8 +427,8 @@ def plan(body: Any, settings: ChatSettings, vocab, generating: bool = True) -> C
             parallel = body.get("parallel_tool_calls")
             if not isinstance(parallel, bool):  # upstream: the template's capability
                 parallel = settings.caps.get("supports_parallel_tool_calls", False)
-            tool_grammar = _tool_call_grammar(tool_choice, forced_name, rendered_tools,
-                                              settings.tool_format, parallel)
+            tool_grammar = tool_call_grammar(tool_choice, forced_name, rendered_tools,
+                                             settings.tool_format, parallel)
     prompt += prefill
     syntax = Syntax(
         reasoning_format=fmt,

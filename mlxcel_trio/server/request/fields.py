@@ -2,36 +2,56 @@
 
 Each `Field` states its JSON name, aliases (tried in order after the name),
 value kind, default, limits (hard = reject, soft = clamp) and our status.
-`parse_fields` implements upstream's evaluation rules: JSON null counts as
-absent; the first present spelling wins; a number is converted the way a C++
-member of that type would receive it (truncated, wrapped, float32-rounded);
-any failure reads "Field '<spelling>': <message>" and is a 400.
+Everything else is generated from this table:
+
+* `server/request/schema.py`: the frozen request record (`NativeRequest`,
+  one attribute per row) and the cattrs converter that structures a body
+  into it with upstream's evaluation rules (null = absent, the first
+  present spelling wins, numbers converted as the C++ member would be,
+  "Field '<spelling>': <message>" on failure, a 400);
+* `server/request/settings.py`: `generation_settings` (/completion,
+  /props, /slots);
+* the engine's `SamplingParams` (every one of its attributes is a row
+  here, read off the record by name: `sampler_fields.params`);
+* the server-wide defaults: `config.SamplingDefaults` and the CLI's
+  sampling options read each default (and --help's text for it) from the
+  row, so e.g. top_k's 40 is written once, below.
+
+A new field is one row here plus its behaviour: the code that acts on it
+reads `record.<name>` (a dotted name reads with "_", `speculative_n_max`).
+A row whose value needs more than the kind's conversion gets a custom
+handler after structuring (sampler_fields.resolve, grammar_fields.resolve),
+which returns a new record with `attrs.evolve`.
 
 Status "supported" fields are acted on.  "deferred" fields are type-checked
 and then ignored until the owning issue implements them (the compatibility
 manifest records which).  "inert" fields are accepted and do nothing, on
 purpose (upstream ignores them too, e.g. `verbose` on the native route).
+`schema=False` marks a field upstream reads outside its schema table
+(`id_slot`, read in server-context.cpp): the manifest's field claims skip
+it, parsing does not.
+
+This module is pure data (attrs only): config.py and cli/ import it.
 """
 
 from __future__ import annotations
 
 import math
+import struct
 from typing import Any
 
 import attrs
-import numpy as np
-
-from ..http.errors import ApiError, json_type_name
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
-FLOAT_MAX = float(np.finfo(np.float32).max)
+FLOAT_MAX = struct.unpack("<f", b"\xff\xff\x7f\x7f")[0]  # FLT_MAX
 
 
 @attrs.frozen
 class Field:
     name: str
-    kind: str                       # bool | int32 | int64 | uint32 | float | json | str | nested
+    kind: str                       # see schema.KINDS: bool | int32 | int64 | uint32 | float
+                                    # | json | str | nested | stop | slot
     default: Any = None
     aliases: tuple[str, ...] = ()
     limits: tuple[float, float] | None = None
@@ -39,11 +59,17 @@ class Field:
     status: str = "supported"
     parent: str | None = None       # for subfields of a nested field
     doc: str = ""
+    schema: bool = True             # False: upstream reads it outside its schema table
+
+    @property
+    def attr(self) -> str:
+        """The record attribute holding the field's value."""
+        return self.name.replace(".", "_")
 
 
 def F(name, kind, default=None, *, aliases=(), lim=None, hard=False, status="supported",
-      parent=None, doc="") -> Field:
-    return Field(name, kind, default, tuple(aliases), lim, hard, status, parent, doc)
+      parent=None, doc="", schema=True) -> Field:
+    return Field(name, kind, default, tuple(aliases), lim, hard, status, parent, doc, schema)
 
 
 D = "deferred"
@@ -128,122 +154,17 @@ NATIVE_FIELDS: tuple[Field, ...] = (
     F("reasoning_budget_message", "str", None, doc="forced before the end tag"),
     F("logit_bias", "json", None),
     F("ignore_eos", "bool", False, doc="never stop on an end-of-generation token"),
-    F("stop", "json", (), doc="stop strings"),
+    F("stop", "stop", (), doc="stop strings"),
     F("samplers", "json", None),
+    # upstream: json_value(data, "id_slot", -1) in server-context.cpp
+    F("id_slot", "slot", -1, schema=False, doc="the slot to run in; -1 = any free slot"),
 )
 
 FIELDS_BY_NAME = {f.name: f for f in NATIVE_FIELDS}
 
 
-# -- value conversion -----------------------------------------------------------
-
-def _wrap(value: int, bits: int, signed: bool) -> int:
-    mod = 1 << bits
-    value %= mod
-    if signed and value >= mod // 2:
-        value -= mod
-    return value
+def default(name: str) -> Any:
+    """A field's table default (config.py and cli/ read theirs here)."""
+    return FIELDS_BY_NAME[name].default
 
 
-def _to_number(value: Any) -> float | int:
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, (int, float)):
-        return value
-    raise ValueError(f"[json.exception.type_error.302] type must be number, but is {json_type_name(value)}")
-
-
-def _convert(field: Field, value: Any) -> Any:
-    kind = field.kind
-    if kind == "bool":
-        if not isinstance(value, bool):
-            raise ValueError(f"[json.exception.type_error.302] type must be boolean, but is {json_type_name(value)}")
-        return value
-    if kind in ("int32", "int64", "uint32"):
-        num = _to_number(value)
-        if isinstance(num, float):
-            if not math.isfinite(num):
-                raise ValueError(f"[json.exception.type_error.302] type must be number, but is {json_type_name(value)}")
-            num = int(num)  # C++ truncation toward zero
-        bits = 64 if kind == "int64" else 32
-        return _wrap(num, bits, signed=kind != "uint32")
-    if kind == "float":
-        return float(np.float32(_to_number(value)))
-    if kind == "str":
-        if not isinstance(value, str):
-            raise ValueError(f"[json.exception.type_error.302] type must be string, but is {json_type_name(value)}")
-        return value
-    return value  # json / nested: handled by the field's own rule
-
-
-def _fmt(v: float | int, field: Field) -> str:
-    """std::to_string: integers plainly, floats with six decimals."""
-    return f"{v:f}" if field.kind == "float" else str(int(v))
-
-
-def _check_limits(field: Field, value, limits=None):
-    limits = limits or field.limits
-    if limits is None:
-        return value
-    lo, hi = limits
-    if field.kind == "float":  # upstream compares float members with float limits
-        lo, hi = float(np.float32(lo)), float(np.float32(hi))
-    if lo <= value <= hi:
-        return value
-    if field.hard:
-        raise ValueError(f"Value must be between {_fmt(lo, field)} <= value <= "
-                         f"{_fmt(hi, field)}, but got {_fmt(value, field)}")
-    return min(max(value, lo), hi)
-
-
-def _stop_list(value) -> tuple[str, ...]:
-    if isinstance(value, str):
-        items = [value]
-    elif isinstance(value, list):
-        items = []
-        for item in value:
-            if not isinstance(item, str):
-                raise ValueError("[json.exception.type_error.302] type must be string, "
-                                 f"but is {json_type_name(item)}")
-            items.append(item)
-    else:
-        return ()
-    return tuple(s for s in items if s)
-
-
-def _lookup(body: dict, field: Field):
-    for spelling in (field.name, *field.aliases):
-        value = body.get(spelling)
-        if value is not None:
-            return spelling, value
-    return None, None
-
-
-def parse_fields(body: dict, defaults: dict[str, Any] | None = None,
-                 limits: dict[str, tuple[float, float]] | None = None) -> dict[str, Any]:
-    """Resolve every field: request value if present, else the server default
-    (`defaults`, from the command line / checkpoint), else the table default.
-    `limits` overrides a field's limits where the server sets them (n_cmpl's
-    upper bound is the slot count)."""
-    defaults = defaults or {}
-    limits = limits or {}
-    out: dict[str, Any] = {}
-    nested = body.get("stream_options")
-    for field in NATIVE_FIELDS:
-        scope = body
-        if field.parent is not None:
-            scope = nested if isinstance(nested, dict) else {}
-        spelling, raw = _lookup(scope, field)
-        if spelling is None or field.kind == "nested":
-            out[field.name] = defaults.get(field.name, field.default)
-            continue
-        try:
-            value = _check_limits(field, _convert(field, raw), limits.get(field.name))
-            if field.name == "stop":
-                value = _stop_list(value)
-        except ValueError as exc:
-            raise ApiError(f"Field '{spelling}': {exc}") from None
-        out[field.name] = value
-    if not out["stop"]:
-        out["stop"] = defaults.get("stop", ())
-    return out

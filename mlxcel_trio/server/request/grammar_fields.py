@@ -8,10 +8,11 @@ else (an empty string, null, another type) leaves the server's grammar
 (--grammar / --json-schema) in force.  grammar_lazy, preserved_tokens and
 grammar_triggers follow upstream's handlers, including their error wording.
 
-`prepare` compiles the resolved grammar with trio.to_thread (parsing,
-lowering and the llguidance matcher can take up to a second for large
-grammars); `make_job` falls back to compiling in place for a route that
-did not prepare, so a grammar is never silently dropped.
+`resolve` and `prepare` return a new record (attrs.evolve).  `prepare`
+compiles the resolved grammar with trio.to_thread (parsing, lowering and
+the llguidance matcher can take up to a second for large grammars);
+`make_job` falls back to compiling for a route that did not prepare, so a
+grammar is never silently dropped.
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ import re
 from functools import lru_cache
 from typing import Any
 
+import attrs
 import trio
 
 from ...grammar.compile import Compiler, GrammarError, GrammarSpec
 from ...grammar.constraint import Triggers
 from ..http.errors import ApiError, json_type_name
+from .schema import NativeRequest
 
 log = logging.getLogger("mlxcel.grammar")
 
@@ -111,7 +114,7 @@ def _trigger(t, field: str) -> dict:
     return out
 
 
-def _triggers(body: dict, values: dict, preserved, vocab) -> list[dict]:
+def _triggers(body: dict, lazy: bool, preserved, vocab) -> list[dict]:
     out: list[dict] = []
     if body.get("grammar_triggers") is None:
         return out
@@ -125,7 +128,7 @@ def _triggers(body: dict, values: dict, preserved, vocab) -> list[dict]:
                                    f"marked as preserved token: {trig['value']}")
                 trig = {"type": TOKEN, "value": trig["value"], "token": ids[0]}
         out.append(trig)
-    if values["grammar_lazy"] and not out:
+    if lazy and not out:
         raise ApiError("Field 'grammar_triggers': Error: no triggers set for lazy grammar!")
     return out
 
@@ -171,29 +174,26 @@ def _request_grammar(body: dict) -> tuple[str, str] | None:
     return None
 
 
-def resolve(body: dict, values: dict, served) -> None:
-    """Fill values["grammar_spec"] (a GrammarSpec or None) and the reported
-    grammar, grammar_triggers and preserved_tokens (in place)."""
+def resolve(body: dict, rec: NativeRequest, served) -> NativeRequest:
+    """The grammar in force (`grammar_spec`: a GrammarSpec or None) and the
+    parsed grammar_triggers and preserved_tokens, as a new record."""
     vocab = served.bridge.vocab
-    spec: GrammarSpec | None = served.defaults.get("grammar_spec")
+    spec: GrammarSpec | None = served.defaults.grammar_spec
     chosen = _request_grammar(body)
     if chosen is not None:
         spec = GrammarSpec(*chosen)
     preserved = _preserved(body, vocab)
-    triggers = _triggers(body, values, preserved, vocab)
+    triggers = _triggers(body, rec.grammar_lazy, preserved, vocab)
     if spec is not None:
-        spec = GrammarSpec(spec.kind, spec.text, lazy=values["grammar_lazy"],
+        spec = GrammarSpec(spec.kind, spec.text, lazy=rec.grammar_lazy,
                            triggers=_compiled_triggers(triggers))
     # upstream converts a request's schema in the field handler: its errors
     # name the field (the spelling that was present)
-    values["grammar_field"] = None
+    field = None
     if chosen is not None and chosen[0] == "json_schema":
-        values["grammar_field"] = "json_schema" if body.get("json_schema") is not None \
-            else "grammar"
-    values["grammar_spec"] = spec
-    values["grammar"] = spec.text if spec is not None and spec.kind == "gbnf" else ""
-    values["grammar_triggers"] = triggers
-    values["preserved_tokens"] = list(preserved)
+        field = "json_schema" if body.get("json_schema") is not None else "grammar"
+    return attrs.evolve(rec, grammar_spec=spec, grammar_field=field,
+                        grammar_triggers=tuple(triggers), preserved_tokens=preserved)
 
 
 def _compile(served, spec: GrammarSpec, field: str | None = None):
@@ -205,23 +205,24 @@ def _compile(served, spec: GrammarSpec, field: str | None = None):
         raise ApiError(f"Failed to initialize samplers: {exc}") from None
 
 
-async def prepare(served, values: dict) -> None:
-    """Compile the resolved grammar off the Trio thread."""
-    spec = values.get("grammar_spec")
-    if spec is not None and "grammar_compiled" not in values:
-        values["grammar_compiled"] = await trio.to_thread.run_sync(
-            _compile, served, spec, values.get("grammar_field"))
+async def prepare(served, rec: NativeRequest) -> NativeRequest:
+    """The record with its grammar compiled off the Trio thread."""
+    spec = rec.grammar_spec
+    if spec is None or rec.grammar_compiled is not None:
+        return rec
+    return attrs.evolve(rec, grammar_compiled=await trio.to_thread.run_sync(
+        _compile, served, spec, rec.grammar_field))
 
 
-def compiled(served, values: dict) -> Any:
-    """The compiled grammar for make_job (compiled in place if no await
-    prepared it; the compile cache makes that cheap after the first time)."""
-    spec = values.get("grammar_spec")
+def compiled(served, rec: NativeRequest) -> Any:
+    """The compiled grammar for make_job (compiled here if no await prepared
+    it; the compile cache makes that cheap after the first time)."""
+    spec = rec.grammar_spec
     if spec is None:
         return None
-    if "grammar_compiled" not in values:
-        values["grammar_compiled"] = _compile(served, spec, values.get("grammar_field"))
-    return values["grammar_compiled"]
+    if rec.grammar_compiled is not None:
+        return rec.grammar_compiled
+    return _compile(served, spec, rec.grammar_field)
 
 
 def startup(config, vocab) -> None:

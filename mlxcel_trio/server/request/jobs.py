@@ -1,8 +1,9 @@
 """From a completion request body to engine jobs, and the shared response parts.
 
-Parse at the edge: the body is resolved through the native field table, the
+Parse at the edge: the body is structured into a frozen `NativeRequest`
+(server/request/schema.py, generated from the native field table), the
 prompt is tokenized, and the engine receives a typed `Job`.  The renderers
-for the native shape and the OpenAI shape both read the same resolved values
+for the native shape and the OpenAI shape both read the same resolved record
 and the same `Finished` record.
 """
 
@@ -13,16 +14,17 @@ import time
 from typing import Any
 
 import attrs
+import cattrs
 
 from ...bridge import Bridge
-from ...engine.records import Failed, Finished, Job
+from ...protocol.records import Failed, Finished, Job
 from . import (
     grammar_fields as grammar,
     budget_fields as reasoning_budget,
     sampler_fields as sampling,
 )
 from ..http.errors import ApiError, json_type_name
-from .fields import parse_fields
+from .schema import TABLE_DEFAULTS, NativeRequest, request_converter
 
 
 @attrs.frozen
@@ -31,21 +33,26 @@ class Served:
 
     bridge: Bridge
     model_name: str
-    defaults: dict[str, Any]          # server-wide field defaults (flags / checkpoint)
+    defaults: NativeRequest           # an empty request under the server's flags / checkpoint
     build_info: str
     n_predict_cap: int = -1           # -n: a positive value caps every request
     n_slots: int = 1                  # n_cmpl's upper limit, as upstream's n_parallel
     batch_size: int = 2048            # -b: /infill keeps its context within one batch
     spm_infill: bool = False          # --spm-infill: suffix block first
+    # structures a body over `defaults`, with the server's limits (built once)
+    converter: cattrs.Converter = attrs.field(
+        init=False, eq=False, repr=False,
+        default=attrs.Factory(lambda self: request_converter(
+            self.defaults, {"n_cmpl": (1, self.n_slots)}), takes_self=True))
 
 
-def server_defaults(config, vocab) -> dict[str, Any]:
-    """Every server-wide field default (see server/request/sampler_fields.py), plus the
-    server's grammar (--grammar / --json-schema)."""
-    return {**sampling.server_defaults(config, vocab),
-            "grammar_spec": grammar.default_spec(config),
-            "cache_prompt": config.cache_prompt,
-            "n_keep": config.n_keep}
+def server_defaults(config, vocab) -> NativeRequest:
+    """The record of an empty request: every server-wide field default (see
+    server/request/sampler_fields.py), plus the server's grammar (--grammar /
+    --json-schema); the table's default where the server sets nothing."""
+    return attrs.evolve(TABLE_DEFAULTS, **sampling.server_defaults(config, vocab),
+                        grammar_spec=grammar.default_spec(config),
+                        cache_prompt=config.cache_prompt, n_keep=config.n_keep)
 
 
 # -- prompts --------------------------------------------------------------------
@@ -95,27 +102,30 @@ def tokenize_prompts(body: dict, vocab) -> list[list[int]]:
 
 # -- jobs ------------------------------------------------------------------------
 
-def resolve(body: Any, served: Served) -> dict[str, Any]:
+def resolve(body: Any, served: Served) -> NativeRequest:
+    """The body's record: the field table, then the custom handlers (each
+    returns a new record), then the server's -n cap."""
     if not isinstance(body, dict):
         raise ApiError("[json.exception.type_error.306] cannot use value() with "
                        f"{json_type_name(body)}")
-    values = parse_fields(body, served.defaults, {"n_cmpl": (1, served.n_slots)})
-    sampling.resolve(body, values, served)
-    sampling.check(values)
-    grammar.resolve(body, values, served)
+    rec = served.converter.structure(body, NativeRequest)
+    rec = sampling.resolve(body, rec, served)
+    sampling.check(rec)
+    rec = grammar.resolve(body, rec, served)
     cap = served.n_predict_cap
-    if cap > 0 and values["n_predict"] > cap:
+    if cap > 0 and rec.n_predict > cap:
         # upstream lowers a request's n_predict to the server's -n
-        values["n_predict"] = cap
-    return values
+        rec = attrs.evolve(rec, n_predict=cap)
+    return rec
 
 
-def cache_namespace(served: Served, values: dict, template: str | None = None) -> str | None:
+def cache_namespace(served: Served, values: NativeRequest,
+                    template: str | None = None) -> str | None:
     """The prompt-cache namespace for a request, None when it opted out
     (cache_prompt: false).  Raw-prompt routes share one namespace; a chat
     route's is keyed by the template in force, so a raw prompt never adopts
     a chat-rendered prefix (nor one template's rendering another's)."""
-    if not values["cache_prompt"]:
+    if not values.cache_prompt:
         return None
     kind = "raw" if template is None else (
         "chat:" + hashlib.sha256(template.encode()).hexdigest()[:16])
@@ -132,48 +142,45 @@ def namespace_kind(ns: str | None) -> str | None:
     return None if ns is None else ns.split("\0", 1)[1]
 
 
-def make_job(served: Served, values: dict, prompt: list[int], body: dict,
-             copy: int = 0, cache_ns: str | None = None) -> Job:
+def make_job(served: Served, values: NativeRequest, prompt: list[int], copy: int = 0,
+             cache_ns: str | None = None) -> Job:
     """One engine job.  Copies after the first (n_cmpl > 1) take any free slot
     and, when seeded, seed + copy, as upstream's child tasks do."""
-    id_slot = body.get("id_slot", -1)
-    if copy or not isinstance(id_slot, int) or isinstance(id_slot, bool):
-        id_slot = -1
-    seed = values["seed"]
+    seed = values.seed
     if copy and seed != 0xFFFF_FFFF:
         seed = (seed + copy) & 0xFFFF_FFFF
     return Job(
         id=served.bridge.next_job_id(),
         prompt=tuple(prompt),
-        n_predict=values["n_predict"],
+        n_predict=values.n_predict,
         sampling=sampling.params(values, seed),
         grammar=grammar.compiled(served, values),
-        stop=tuple(values["stop"]),
-        ignore_eos=values["ignore_eos"],
-        id_slot=id_slot,
-        n_indent=values["n_indent"],
-        t_max_predict_ms=values["t_max_predict_ms"],
-        n_keep=values["n_keep"],
-        n_discard=values["n_discard"],
-        shared_prompt=values["n_cmpl"] > 1,
-        return_progress=values["return_progress"] and values["stream"],
+        stop=tuple(values.stop),
+        ignore_eos=values.ignore_eos,
+        id_slot=-1 if copy else values.id_slot,
+        n_indent=values.n_indent,
+        t_max_predict_ms=values.t_max_predict_ms,
+        n_keep=values.n_keep,
+        n_discard=values.n_discard,
+        shared_prompt=values.n_cmpl > 1,
+        return_progress=values.return_progress and values.stream,
         cache_ns=cache_ns,
         settings=values,
     )
 
 
-def make_jobs(served: Served, values: dict, prompts: list[list[int]], body: dict,
-              force_end=None, template: str | None = None) -> list[Job]:
+def make_jobs(served: Served, values: NativeRequest, prompts: list[list[int]], body: dict,
+              control: bool = False, template: str | None = None) -> list[Job]:
     """Every prompt times n_cmpl; a job's result index is its list position
     (prompt i's copies are i * n_cmpl .. i * n_cmpl + n_cmpl - 1).  The
     native reasoning_budget_* fields wrap the grammar when they ask for a
-    budget (`force_end`: the request's realtime control flag, if any).
+    budget (`control`: the route armed the request's realtime control).
     `template` is the chat template that rendered the prompt (None: a raw
     prompt); it keys the prompt-cache namespace."""
-    n = values["n_cmpl"]
+    n = values.n_cmpl
     ns = cache_namespace(served, values, template)
-    jobs = [make_job(served, values, p, body, copy, ns) for p in prompts for copy in range(n)]
-    return reasoning_budget.native_jobs(served.bridge.vocab, values, body, jobs, force_end)
+    jobs = [make_job(served, values, p, copy, ns) for p in prompts for copy in range(n)]
+    return reasoning_budget.native_jobs(served.bridge.vocab, values, body, jobs, control)
 
 
 def raise_failed(ev: Failed) -> None:
@@ -195,49 +202,7 @@ async def run_all(served: Served, jobs: list[Job]) -> list[Finished]:
     return [results[job.id] for job in jobs]
 
 
-# -- shared renderers ----------------------------------------------------------------
-
-def generation_settings(values: dict) -> dict[str, Any]:
-    """task_params::to_json, each key from the value actually in force;
-    backend_sampling and speculative.types are omitted (no analogue), as
-    the spec records."""
-    n_predict = values["n_predict"]
-    return {
-        **sampling.settings(values),
-        "stop": list(values["stop"]),
-        "max_tokens": n_predict,
-        "n_predict": n_predict,
-        "n_keep": values["n_keep"],
-        "n_discard": values["n_discard"],
-        "ignore_eos": values["ignore_eos"],
-        "stream": values["stream"],
-        "logit_bias": sampling.logit_bias_json(values),
-        "n_probs": values["n_probs"],
-        "min_keep": values["min_keep"],
-        "grammar": values.get("grammar", ""),
-        "grammar_lazy": values["grammar_lazy"],
-        "grammar_triggers": values.get("grammar_triggers", []),
-        "preserved_tokens": values.get("preserved_tokens", []),
-        "chat_format": "Content-only",
-        "reasoning_format": "none",
-        "reasoning_in_content": False,
-        "generation_prompt": "",
-        "samplers": list(values["samplers"]),
-        "timings_per_token": values["timings_per_token"],
-        "post_sampling_probs": values["post_sampling_probs"],
-        "lora": [],
-    }
-
-
-REDUCED_DROPS = ("dry_sequence_breakers", "stop", "logit_bias", "grammar", "grammar_lazy",
-                 "grammar_triggers", "preserved_tokens")
-
-
-def reduced_settings(values: dict) -> dict[str, Any]:
-    """to_json(true): the form /props and /slots report."""
-    full = generation_settings(values)
-    return {k: v for k, v in full.items() if k not in REDUCED_DROPS}
-
+# -- shared renderers (generation_settings / reduced_settings: settings.py) ------------
 
 def now_s() -> int:
     return int(time.time())

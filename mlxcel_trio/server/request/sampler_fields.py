@@ -1,5 +1,5 @@
 """The sampling fields of a completion request: server defaults, the
-fields with upstream custom handlers, and what generation_settings reports.
+fields with upstream custom handlers, and the engine's record of them.
 
 Precedence is upstream's: a field present in the request wins; absent (or
 null), the server's value applies, which comes from the command line, else
@@ -14,6 +14,10 @@ else upstream's default.  Handlers with semantics beyond the field table:
   tokenized; false bans; malformed entries are skipped; it replaces the
   server's list (-l, and --ignore-eos's bans);
 * ignore_eos: true appends a ban for every end-of-generation token.
+
+`resolve` returns a new record (attrs.evolve); nothing is changed in place.
+`params` builds the engine's `SamplingParams` by name: each of its
+attributes is a NATIVE_FIELDS row (a test holds them in step).
 """
 
 from __future__ import annotations
@@ -22,20 +26,26 @@ import math
 import re
 from typing import Any
 
+import attrs
 import numpy as np
 
-from ...engine.records import DEFAULT_DRY_BREAKERS, SamplingParams
-from ...engine.samplers import names
+from ...protocol.records import DEFAULT_DRY_BREAKERS, SamplingParams
+from ...protocol import sampler_names as names
 from ..http.errors import ApiError, json_type_name
+from .fields import NATIVE_FIELDS, default
+from .schema import NativeRequest
 
 INT32 = 2**32
 
 # fields whose value is a C++ float member upstream (reported float32-rounded)
-FLOAT_FIELDS = ("temperature", "dynatemp_range", "dynatemp_exponent", "top_p", "min_p",
-                "top_n_sigma", "xtc_probability", "xtc_threshold", "typical_p",
-                "repeat_penalty", "presence_penalty", "frequency_penalty", "dry_multiplier",
-                "dry_base", "mirostat_tau", "mirostat_eta", "adaptive_target",
-                "adaptive_decay")
+FLOAT_FIELDS = tuple(f.name for f in NATIVE_FIELDS if f.kind == "float")
+# SamplingDefaults attributes that are their same-named field's server
+# default as given (the rest are read by hand below)
+_PLAIN = ("min_p", "seed", "n_predict", "top_n_sigma", "xtc_probability", "xtc_threshold",
+          "typical_p", "repeat_last_n", "repeat_penalty", "presence_penalty",
+          "frequency_penalty", "dry_multiplier", "dry_allowed_length", "dry_penalty_last_n",
+          "mirostat", "mirostat_tau", "mirostat_eta", "adaptive_target", "adaptive_decay",
+          "dynatemp_range", "ignore_eos")
 
 
 def f32(x: float) -> float:
@@ -99,49 +109,33 @@ def eog_bias(vocab) -> tuple[tuple[int, float], ...]:
 
 
 def server_defaults(config, vocab) -> dict[str, Any]:
-    """Flag given -> flag; else the checkpoint's generation_config.json
-    (temperature / top_k / top_p, recorded by_design); else upstream's."""
+    """The sampling fields' server values: flag given -> flag; else (temperature
+    / top_k / top_p) the checkpoint's generation_config.json (recorded
+    by_design); else the table's default."""
     s = config.sampling
     gen = vocab.generation_defaults
-    pick = lambda flag, key, dflt: flag if flag is not None else gen.get(key, dflt)  # noqa: E731
+
+    def pick(name: str) -> Any:
+        flag = getattr(s, name)
+        return flag if flag is not None else gen.get(name, default(name))
+
     esc = process_escapes if s.escape else (lambda t: t)
-    breakers = _breakers(s.dry_sequence_breakers)
-    bias = tuple(s.logit_bias) + (eog_bias(vocab) if s.ignore_eos else ())
-    out = {
-        "temperature": max(pick(s.temperature, "temperature", 0.8), 0.0),
-        "top_k": int(pick(s.top_k, "top_k", 40)),
-        "top_p": pick(s.top_p, "top_p", 0.95),
-        "min_p": s.min_p,
-        "seed": s.seed,
-        "n_predict": s.n_predict,
-        "sse_ping_interval": config.sse_ping_interval,
-        "top_n_sigma": s.top_n_sigma,
-        "xtc_probability": s.xtc_probability,
-        "xtc_threshold": s.xtc_threshold,
-        "typical_p": s.typical_p,
-        "repeat_last_n": s.repeat_last_n,
-        "repeat_penalty": s.repeat_penalty,
-        "presence_penalty": s.presence_penalty,
-        "frequency_penalty": s.frequency_penalty,
-        "dry_multiplier": s.dry_multiplier,
-        "dry_base": s.dry_base if s.dry_base >= 1.0 else 1.75,
-        "dry_allowed_length": s.dry_allowed_length,
-        "dry_penalty_last_n": s.dry_penalty_last_n,
-        "dry_sequence_breakers": tuple(esc(b) for b in breakers),
-        "mirostat": s.mirostat,
-        "mirostat_tau": s.mirostat_tau,
-        "mirostat_eta": s.mirostat_eta,
-        "adaptive_target": s.adaptive_target,
-        "adaptive_decay": s.adaptive_decay,
-        "dynatemp_range": s.dynatemp_range,
-        "dynatemp_exponent": s.dynatemp_exp,
-        "samplers": _chain(s),
-        "logit_bias": bias,
-        "ignore_eos": s.ignore_eos,
-        "stop": tuple(t for t in (esc(r) for r in s.reverse_prompt) if t),
-    }
+    out = {name: getattr(s, name) for name in _PLAIN}
+    out.update(
+        temperature=max(pick("temperature"), 0.0),
+        top_k=int(pick("top_k")),
+        top_p=pick("top_p"),
+        sse_ping_interval=config.sse_ping_interval,
+        dry_base=s.dry_base if s.dry_base >= 1.0 else default("dry_base"),
+        dry_sequence_breakers=tuple(esc(b) for b in _breakers(s.dry_sequence_breakers)),
+        dynatemp_exponent=s.dynatemp_exp,
+        samplers=_chain(s),
+        logit_bias=tuple(s.logit_bias) + (eog_bias(vocab) if s.ignore_eos else ()),
+        stop=tuple(t for t in (esc(r) for r in s.reverse_prompt) if t),
+    )
     for key in FLOAT_FIELDS:
-        out[key] = f32(out[key])
+        if key in out:
+            out[key] = f32(out[key])
     return out
 
 
@@ -222,108 +216,58 @@ def parse_logit_bias(value, vocab) -> tuple[tuple[int, float], ...]:
     return tuple(out)
 
 
-def resolve(body: dict, values: dict, served) -> None:
-    """Apply the custom handlers in upstream's schema order (in place)."""
-    defaults = served.defaults
-    if _present(body, "dry_base") and values["dry_base"] < 1.0:
-        values["dry_base"] = defaults.get("dry_base", f32(1.75))
+def resolve(body: dict, rec: NativeRequest, served) -> NativeRequest:
+    """Apply the custom handlers in upstream's schema order: a new record."""
+    base = served.defaults
+    new: dict[str, Any] = {}
+    if _present(body, "dry_base") and rec.dry_base < 1.0:
+        new["dry_base"] = base.dry_base
     if _present(body, "dry_sequence_breakers"):
         raw = body["dry_sequence_breakers"]
         items = raw if isinstance(raw, list) and all(isinstance(i, str) for i in raw) else []
         if not items:
             raise ApiError("Field 'dry_sequence_breakers': Error: dry_sequence_breakers must "
                            "be a non-empty array of strings")
-        values["dry_sequence_breakers"] = tuple(items)
+        new["dry_sequence_breakers"] = tuple(items)
     vocab = served.bridge.vocab
+    bias = rec.logit_bias
     if _present(body, "logit_bias"):
-        values["logit_bias"] = parse_logit_bias(body["logit_bias"], vocab)
-    if _present(body, "ignore_eos") and values["ignore_eos"]:
-        values["logit_bias"] = tuple(values["logit_bias"]) + eog_bias(vocab)
+        bias = new["logit_bias"] = parse_logit_bias(body["logit_bias"], vocab)
+    if _present(body, "ignore_eos") and rec.ignore_eos:
+        new["logit_bias"] = tuple(bias) + eog_bias(vocab)
     if _present(body, "samplers"):
         raw = body["samplers"]
         if isinstance(raw, list):
-            values["samplers"] = names.from_names(_strings(raw, "samplers"))
+            chain = names.from_names(_strings(raw, "samplers"))
         elif isinstance(raw, str):
-            values["samplers"] = names.from_letters(raw)
+            chain = names.from_letters(raw)
         else:  # upstream leaves its list alone for any other type
-            values["samplers"] = defaults.get("samplers", names.from_names(
-                names.DEFAULT_NAMES.split(";")))
-        why = names.unsupported(tuple(values["samplers"]))
+            chain = base.samplers
+        why = names.unsupported(tuple(chain))
         if why is not None:
             raise ApiError(f"Field 'samplers': {why}")
-    values["samplers"] = tuple(values["samplers"])
-    values["dry_sequence_breakers"] = tuple(values["dry_sequence_breakers"])
+        new["samplers"] = tuple(chain)
+    return attrs.evolve(rec, **new)
 
 
-def params(values: dict, seed: int) -> SamplingParams:
-    """The engine's record of a resolved request."""
-    return SamplingParams(
-        temperature=values["temperature"], dynatemp_range=values["dynatemp_range"],
-        dynatemp_exponent=values["dynatemp_exponent"], top_k=values["top_k"],
-        top_p=values["top_p"], min_p=values["min_p"], top_n_sigma=values["top_n_sigma"],
-        xtc_probability=values["xtc_probability"], xtc_threshold=values["xtc_threshold"],
-        typical_p=values["typical_p"], repeat_last_n=values["repeat_last_n"],
-        repeat_penalty=values["repeat_penalty"], frequency_penalty=values["frequency_penalty"],
-        presence_penalty=values["presence_penalty"], dry_multiplier=values["dry_multiplier"],
-        dry_base=values["dry_base"], dry_allowed_length=values["dry_allowed_length"],
-        dry_penalty_last_n=values["dry_penalty_last_n"],
-        dry_sequence_breakers=values["dry_sequence_breakers"], mirostat=values["mirostat"],
-        mirostat_tau=values["mirostat_tau"], mirostat_eta=values["mirostat_eta"],
-        adaptive_target=values["adaptive_target"], adaptive_decay=values["adaptive_decay"],
-        min_keep=values["min_keep"], seed=seed, samplers=values["samplers"],
-        logit_bias=values["logit_bias"], n_probs=values["n_probs"],
-        post_sampling_probs=values["post_sampling_probs"],
-    )
+def params(rec: NativeRequest, seed: int) -> SamplingParams:
+    """The engine's record of a resolved request: each SamplingParams
+    attribute is the same-named field's value (`seed`: the copy's)."""
+    values = {a.name: getattr(rec, a.name) for a in attrs.fields(SamplingParams)}
+    return SamplingParams(**{**values, "seed": seed})
 
 
-def check(values: dict) -> None:
+def check(rec: NativeRequest) -> None:
     """common_sampler_init's checks: a failure refuses the request."""
-    rp = values["repeat_penalty"]
+    rp = rec.repeat_penalty
     why = None
     with np.errstate(over="ignore", divide="ignore"):
         inverse = np.float32(1.0) / np.float32(rp) if rp > 0 else np.float32(0)
     if not math.isfinite(rp) or rp <= 0.0 or not np.isfinite(inverse):
         why = "penalty_repeat must be finite and greater than 0"
-    elif not math.isfinite(values["frequency_penalty"]):
+    elif not math.isfinite(rec.frequency_penalty):
         why = "penalty_freq must be finite"
-    elif not math.isfinite(values["presence_penalty"]):
+    elif not math.isfinite(rec.presence_penalty):
         why = "penalty_present must be finite"
     if why is not None:
         raise ApiError(f"Failed to initialize samplers: {why}")
-
-
-def settings(values: dict) -> dict[str, Any]:
-    """The sampling part of generation_settings, in task_params::to_json order
-    up to adaptive_decay."""
-    fl = lambda k: json_float(values[k])  # noqa: E731
-    return {
-        "seed": values["seed"],
-        "temperature": fl("temperature"),
-        "dynatemp_range": fl("dynatemp_range"),
-        "dynatemp_exponent": fl("dynatemp_exponent"),
-        "top_k": values["top_k"],
-        "top_p": fl("top_p"),
-        "min_p": fl("min_p"),
-        "top_n_sigma": fl("top_n_sigma"),
-        "xtc_probability": fl("xtc_probability"),
-        "xtc_threshold": fl("xtc_threshold"),
-        "typical_p": fl("typical_p"),
-        "repeat_last_n": values["repeat_last_n"],
-        "repeat_penalty": fl("repeat_penalty"),
-        "presence_penalty": fl("presence_penalty"),
-        "frequency_penalty": fl("frequency_penalty"),
-        "dry_multiplier": fl("dry_multiplier"),
-        "dry_base": fl("dry_base"),
-        "dry_allowed_length": values["dry_allowed_length"],
-        "dry_penalty_last_n": values["dry_penalty_last_n"],
-        "dry_sequence_breakers": list(values["dry_sequence_breakers"]),
-        "mirostat": values["mirostat"],
-        "mirostat_tau": fl("mirostat_tau"),
-        "mirostat_eta": fl("mirostat_eta"),
-        "adaptive_target": fl("adaptive_target"),
-        "adaptive_decay": fl("adaptive_decay"),
-    }
-
-
-def logit_bias_json(values: dict) -> list[dict]:
-    return [{"bias": json_float(b), "token": t} for t, b in values["logit_bias"]]

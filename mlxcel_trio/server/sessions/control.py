@@ -5,11 +5,12 @@ its generation runs (upstream: while its slot is processing), armed or not:
 a streamed one until its jobs end, whoever then holds them (a stream session
 of server/sessions/streams.py outlives its request), a non-streamed one until its
 request ends.  Finished streamed entries are dropped on the next
-registration, so the table holds only what is live; a
-request with `reasoning_control: true` and a template that thinks carries a
-`ForceEnd` (chat/budget.py) that the control action sets.  The engine reads
-that flag before its next draw, so the close (the budget message, then the
-end marker) is forced exactly as an exhausted --reasoning-budget forces it.
+registration, so the table holds only what is live; an armed
+request (`reasoning_control: true`) is registered with its job ids, and the
+control action has the bridge post a `ForceEnd` command for them.  The
+engine applies it before the jobs' next draw, so the close (the budget
+message, then the end marker) is forced exactly as an exhausted
+--reasoning-budget forces it.
 
 Upstream's contract, key for key: 400 "missing completion id" and 400
 "unknown control action" before any lookup; otherwise 200 with
@@ -17,7 +18,7 @@ Upstream's contract, key for key: 400 "missing completion id" and 400
 id that is unknown, finished, or another API key's (server/http/key_scope.py),
 {"success": false, "message": "reasoning control not enabled for this
 completion"} for one that was not armed, and {"success": true} once the
-flag is set (whether or not the model is still thinking: upstream's force
+command is posted (whether or not the model is still thinking: upstream's force
 is a no-op outside the block and still answers success).
 """
 
@@ -27,19 +28,19 @@ from typing import Any
 
 from quart import Response
 
-from ...bridge import REQUEST_CLEANUPS, JobHandle
-from ...chat.budget import ForceEnd
+from ...bridge import REQUEST_CLEANUPS, Bridge, JobHandle
 from ..http.errors import ApiError, json_response
 
-# id -> (scope, flag or None when not armed, the streamed jobs' handle or None)
-_LIVE: dict[str, tuple[str, ForceEnd | None, JobHandle | None]] = {}
+# id -> (scope, the job ids to force-end or None when not armed, the streamed
+# jobs' handle or None)
+_LIVE: dict[str, tuple[str, tuple[int, ...] | None, JobHandle | None]] = {}
 
 
 def _alive(entry) -> bool:
     return entry[2] is None or entry[2].live()
 
 
-def register(cid: str, scope: str, force_end: ForceEnd | None,
+def register(cid: str, scope: str, force_end: tuple[int, ...] | None,
              handle: JobHandle | None = None) -> None:
     """Make `cid` controllable while its jobs run (`handle`: a stream's), or
     until the current request ends (no handle: a non-streamed request)."""
@@ -51,7 +52,7 @@ def register(cid: str, scope: str, force_end: ForceEnd | None,
         cleanups.append(lambda: _LIVE.pop(cid, None))
 
 
-def control(body: Any, scope: str) -> Response:
+def control(body: Any, scope: str, bridge: Bridge) -> Response:
     body = body if isinstance(body, dict) else {}
     cid = body.get("id") if isinstance(body.get("id"), str) else ""
     action = body.get("action") if isinstance(body.get("action"), str) else ""
@@ -68,5 +69,5 @@ def control(body: Any, scope: str) -> Response:
     if live[1] is None:
         return json_response({"success": False,
                               "message": "reasoning control not enabled for this completion"})
-    live[1].request()
+    bridge.force_end(live[1])
     return json_response({"success": True})

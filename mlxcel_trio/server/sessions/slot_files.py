@@ -32,7 +32,7 @@ import trio
 from quart import request
 
 from ...bridge import Bridge
-from ...engine.records import Failed, SlotTokens
+from ...protocol.records import Failed, SlotTokens
 from ..http.body import read_json_body
 from ..request.jobs import namespace, namespace_kind
 from ..http.errors import ApiError, json_response, json_type_name
@@ -110,7 +110,10 @@ def identity(model_path: str) -> dict[str, str]:
 
 # -- file I/O (worker thread) ---------------------------------------------------------
 
-def _write_atomic(root: str, path: str, data: bytes) -> None:
+def write_atomic(root: str, path: str, data: bytes) -> None:
+    """Write `data` to `path` through a temporary file in `root` and a rename:
+    a reader sees the old file or the whole new one, and a symlink planted
+    under the name is replaced, never written through."""
     fd, tmp = tempfile.mkstemp(dir=root, prefix=".slot-", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -126,7 +129,7 @@ def _write_atomic(root: str, path: str, data: bytes) -> None:
         raise
 
 
-def _read(path: str) -> bytes | None:
+def read_file(path: str) -> bytes | None:
     """The file's bytes, or None for anything but a regular file within the
     size bound (O_NONBLOCK: opening a FIFO planted under the name must not
     block the worker thread; fstat then refuses it, or a directory)."""
@@ -145,7 +148,7 @@ def _read(path: str) -> bytes | None:
 
 
 def _read_decoded(path: str, ident: dict[str, str]):
-    data = _read(path)
+    data = read_file(path)
     return data, _decode(data, ident)
 
 
@@ -203,7 +206,7 @@ async def handle(bridge: Bridge, root: str):
     """post_slots: id, then action, then the action's own checks."""
     raw_id = request.view_args.get("id_slot", "")
     try:
-        id_slot = _stoi(raw_id)
+        id_slot = stoi(raw_id)
     except ValueError:
         raise ApiError("Invalid slot ID") from None
     action = request.args.get("action", "")
@@ -222,7 +225,7 @@ async def handle(bridge: Bridge, root: str):
                            "prompt_kind": namespace_kind(ev.cache_ns),
                            "tokens": list(ev.tokens)}, separators=(",", ":")).encode()
         try:
-            await trio.to_thread.run_sync(_write_atomic, root, path, data)
+            await trio.to_thread.run_sync(write_atomic, root, path, data)
         except OSError:
             raise ApiError("Unable to save slot", "server_error") from None
         return json_response({"id_slot": id_slot, "filename": name, "n_saved": len(ev.tokens),
@@ -243,7 +246,7 @@ async def handle(bridge: Bridge, root: str):
                           "timings": {"restore_ms": (time.perf_counter() - t0) * 1e3}})
 
 
-def _stoi(text: str) -> int:
+def stoi(text: str) -> int:
     """std::stoi: optional leading whitespace and sign, then digits; the rest
     of the string is ignored; out of int range throws."""
     s = text.lstrip(" \t\n\r\f\v")

@@ -26,7 +26,7 @@ from typing import Any, AsyncIterator
 from quart import Response
 
 from ...chat.parser import ChatMsg, ChatStream
-from ...engine.records import Finished, TokenPiece
+from ...protocol.records import Finished, TokenPiece
 from .openai_chat import chat_plan, final_message, plan_jobs, random_string
 from ..request.chat import failed
 from ..request.jobs import Served, run_all
@@ -234,7 +234,7 @@ async def messages(served: Served, config, body: Any) -> Response:
     handle = served.bridge.open(job)
     first = await first_event(handle)
     return sse_response(handle, _anthropic_errors(event_stream(
-        handle, first, _Renderer(served, chat, job, mid).render, values["sse_ping_interval"])))
+        handle, first, _Renderer(served, chat, job, mid).render, values.sse_ping_interval)))
 
 
 class _Renderer:

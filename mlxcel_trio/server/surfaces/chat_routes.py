@@ -23,7 +23,7 @@ def handlers(ctx: Callable[[], Any], config) -> dict[str, Callable]:
 
     return {
         "chat_completions": lambda body: chat_completions.complete(ctx(), config, body, scope()),
-        "chat_control": lambda body: control.control(body, scope()),
+        "chat_control": lambda body: control.control(body, scope(), ctx().bridge),
         "apply_template": lambda body: chat_completions.apply_template(ctx(), config, body),
         "chat_input_tokens": lambda body: chat_completions.input_tokens(ctx(), config, body),
         "anthropic_messages": lambda body: anthropic.messages(ctx(), config, body),

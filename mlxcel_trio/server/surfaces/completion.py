@@ -14,16 +14,17 @@ from typing import Any
 import numpy as np
 from quart import Response
 
-from ...engine.records import Finished, PromptProgress, TokenPiece
+from ...protocol.records import Finished, PromptProgress, TokenPiece
 from ..request.jobs import (
     Served,
-    generation_settings,
     make_jobs,
     resolve,
     run_all,
     tokenize_prompts,
 )
 from ..request import grammar_fields as grammar
+from ..request.schema import NativeRequest
+from ..request.settings import generation_settings
 from ..http.errors import json_response
 from ..sessions.streams import sse_response
 from ..http.sse import event_stream, first_event, frame
@@ -101,10 +102,10 @@ class ProbsRenderer:
         return [self.entry(tp) for tp in probs]
 
 
-def final_probs(served: Served, values: dict, fin: Finished) -> list[dict] | None:
+def final_probs(served: Served, values: NativeRequest, fin: Finished) -> list[dict] | None:
     """The non-streamed report: a stop word's own tokens are left out."""
     probs = list(fin.probs)
-    if values["n_probs"] <= 0 or not probs:
+    if values.n_probs <= 0 or not probs:
         return None
     if fin.stop_type == "word":
         n = len(served.bridge.vocab.tokenize(fin.stopping_word, add_special=False,
@@ -112,16 +113,16 @@ def final_probs(served: Served, values: dict, fin: Finished) -> list[dict] | Non
         probs = probs[:len(probs) - min(n, len(probs))]
     if not probs:
         return None
-    return ProbsRenderer(served, values["post_sampling_probs"]).entries(probs)
+    return ProbsRenderer(served, values.post_sampling_probs).entries(probs)
 
 
-def final_object(served: Served, values: dict, fin: Finished, prompt: list[int],
+def final_object(served: Served, values: NativeRequest, fin: Finished, prompt: list[int],
                  index: int, streamed: bool) -> dict:
     n = len(fin.tokens)
     obj = {
         "index": index,
         "content": "" if streamed else fin.content,
-        "tokens": list(fin.tokens) if values["return_tokens"] and not streamed else [],
+        "tokens": list(fin.tokens) if values.return_tokens and not streamed else [],
         "id_slot": fin.id_slot,
         "stop": True,
         "model": served.model_name,
@@ -145,26 +146,26 @@ def final_object(served: Served, values: dict, fin: Finished, prompt: list[int],
 
 async def complete(served: Served, body: Any) -> Response:
     values = resolve(body, served)
-    await grammar.prepare(served, values)
+    values = await grammar.prepare(served, values)
     prompts = tokenize_prompts(body, served.bridge.vocab)
     jobs = make_jobs(served, values, prompts, body)
-    if values["stream"]:
+    if values.stream:
         return await _stream(served, values, jobs)
     results = [
         _project(final_object(served, values, fin, list(job.prompt), i, streamed=False),
-                 values["response_fields"])
+                 values.response_fields)
         for i, (job, fin) in enumerate(zip(jobs, await run_all(served, jobs)))
     ]
     # one result answers an object; several (prompts x n_cmpl) an array
     return json_response(results[0] if len(results) == 1 else results)
 
 
-async def _stream(served: Served, values: dict, jobs: list) -> Response:
+async def _stream(served: Served, values: NativeRequest, jobs: list) -> Response:
     """Frames of every job interleaved as they come, told apart by index."""
     handle = served.bridge.open(*jobs)
     first = await first_event(handle)
-    per_token_timings = values["timings_per_token"]
-    probs = ProbsRenderer(served, values["post_sampling_probs"])
+    per_token_timings = values.timings_per_token
+    probs = ProbsRenderer(served, values.post_sampling_probs)
     index = {job.id: i for i, job in enumerate(jobs)}
     prompt = {job.id: job.prompt for job in jobs}
 
@@ -190,8 +191,8 @@ async def _stream(served: Served, values: dict, jobs: list) -> Response:
                                                "time_ms": ev.time_ms}}),)
         if isinstance(ev, Finished):
             obj = final_object(served, values, ev, list(prompt[ev.job_id]), i, streamed=True)
-            return (frame(_project(obj, values["response_fields"])),)
+            return (frame(_project(obj, values.response_fields)),)
         return ()  # Started
 
     return sse_response(handle, event_stream(handle, first, render,
-                                             values["sse_ping_interval"]))
+                                             values.sse_ping_interval))

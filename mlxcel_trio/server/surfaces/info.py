@@ -12,9 +12,10 @@ import time
 
 from ...bridge import Bridge
 from ...monitor import SlotView
-from ..request.jobs import Served, generation_settings, reduced_settings
+from ..request.jobs import Served
+from ..request.schema import NativeRequest
+from ..request.settings import generation_settings, reduced_settings
 from ..http.errors import ApiError, json_response, not_supported
-from ..request.fields import parse_fields
 
 VOCAB_TYPE = {"byte_level": 2, "sentencepiece": 1}  # llama.cpp's BPE / SPM ids
 
@@ -23,8 +24,9 @@ def health():
     return json_response({"status": "ok"})
 
 
-def _default_values(served: Served) -> dict:
-    return parse_fields({}, served.defaults)
+def _default_values(served: Served) -> NativeRequest:
+    """What an empty request resolves to: the server's defaults record."""
+    return served.defaults
 
 
 FTYPE_NAMES = {"float32": "all F32", "float16": "F16", "bfloat16": "BF16"}

@@ -14,8 +14,9 @@ throughput gauges are averaged over the window since the previous scrape
 (each scrape resets it, as upstream's does); requests_processing and
 requests_deferred are live; n_busy_slots_per_decode is the busy-slot sum over
 engine steps divided by the steps.  Speculative counters are 0: no draft
-model runs here.  Every value is read from AppState (the monitor and two
-engine ints), so a sleeping server answers without waking.
+model runs here.  Every value is read from the bridge's monitor (the engine's
+own counters included, as its EngineStats events left them), so a sleeping
+server answers without waking and nothing is read across threads.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ UPSTREAM_FAMILIES = tuple(f"llamacpp:{name}" for name, _ in COUNTERS + GAUGES)
 def _upstream_values(bridge: Bridge) -> dict[str, float]:
     monitor = bridge.monitor
     c = monitor.counters
-    n_decode, n_busy = bridge.engine_counters
+    n_decode, n_busy = c.n_decode, c.n_busy_slots
     prompt_rate, predict_rate = monitor.take_windows()
     return {
         "prompt_tokens_total": c.prompt.count,

@@ -18,16 +18,17 @@ import secrets
 import string
 from typing import Any, Callable, Iterable
 
+import attrs
 from quart import Response
 
 from ...chat import settings as chat_settings
-from ...chat.budget import ForceEnd
 from ...grammar.compile import GrammarSpec
 from ...chat.parser import ChatMsg, ChatStream, Diff
-from ...engine.records import Finished, PromptProgress, TokenPiece
+from ...protocol.records import Finished, PromptProgress, TokenPiece
 from ..sessions import control
 from ..request import grammar_fields as grammar, budget_fields as reasoning_budget
 from ..request.chat import ChatPlan, plan
+from ..request.schema import NativeRequest
 from ..request.jobs import Served, make_jobs, now_s, resolve, run_all
 from ..http.errors import json_response
 from .completion import ProbsRenderer, final_object, final_probs
@@ -56,19 +57,19 @@ def chat_plan(served: Served, config, body: Any, generating: bool = True) -> Cha
     return plan(body, settings_for(served, config), served.bridge.vocab, generating)
 
 
-def chat_jobs(served: Served, config, chat: ChatPlan, values: dict,
-              force_end: ForceEnd | None = None) -> list:
+def chat_jobs(served: Served, config, chat: ChatPlan, values: NativeRequest,
+              control: bool = False) -> list:
     """The plan's engine jobs; a reasoning budget (or armed realtime control)
     wraps each job's grammar in the forced close of chat/budget.py."""
     jobs = make_jobs(served, values, [chat.tokens], chat.native,
                      template=settings_for(served, config).template.source)
-    if chat.budget < 0 and force_end is None:
+    if chat.budget < 0 and not control:
         return jobs
     settings = settings_for(served, config)
     return reasoning_budget.wrap(
         jobs, served.bridge.vocab, budget=chat.budget, start=settings.think_start,
         ends=[settings.think_end], message=chat.budget_message,
-        open_at_start=chat.thinking_open, force_end=force_end)
+        open_at_start=chat.thinking_open, control=control)
 
 
 # -- shapes ---------------------------------------------------------------------------------
@@ -133,34 +134,33 @@ def final_message(chat: ChatPlan, text: str) -> ChatMsg:
 
 
 async def plan_jobs(served: Served, config, body: Any,
-                    force_end: ForceEnd | None = None) -> tuple[ChatPlan, dict, list]:
+                    control: bool = False) -> tuple[ChatPlan, NativeRequest, list]:
     """A chat-shaped body to its plan, resolved native values (grammar
     compiled) and engine jobs: the start every generating chat route shares.
-    `force_end` is used when the request arms reasoning control."""
+    `control`: the route offers realtime reasoning control (the request
+    still has to arm it)."""
     chat = chat_plan(served, config, body)
     values = resolve(chat.native, served)
-    if chat.tool_grammar is not None and values["grammar_spec"] is None:
+    if chat.tool_grammar is not None and values.grammar_spec is None:
         # a forced call's arguments follow the tool's schema (a request's own
         # grammar or response_format, when it has one, is kept instead)
-        values["grammar_spec"] = GrammarSpec("lark", chat.tool_grammar)
-    await grammar.prepare(served, values)
-    return chat, values, chat_jobs(served, config, chat, values,
-                                   force_end if chat.control else None)
+        values = attrs.evolve(values, grammar_spec=GrammarSpec("lark", chat.tool_grammar))
+    values = await grammar.prepare(served, values)
+    return chat, values, chat_jobs(served, config, chat, values, control and chat.control)
 
 
 # -- the route ------------------------------------------------------------------------------
 
 async def complete(served: Served, config, body: Any, scope: str) -> Response:
-    force_end = ForceEnd()
-    chat, values, jobs = await plan_jobs(served, config, body, force_end)
+    chat, values, jobs = await plan_jobs(served, config, body, control=True)
     cid, created = "chatcmpl-" + random_string(), now_s()
     alias = settings_for(served, config).reasoning_alias
     # controllable by id while this request runs; armed only when asked for
-    # (a template without thinking markers arms a flag nothing reads, as upstream)
-    armed = chat.control or values["reasoning_control"]
-    force_end = force_end if armed else None
+    # (a template without thinking markers arms jobs nothing closes, as upstream)
+    armed = chat.control or values.reasoning_control
+    controlled = tuple(job.id for job in jobs) if armed else None
     if not chat.stream:
-        control.register(cid, scope, force_end)
+        control.register(cid, scope, controlled)
         finished = await run_all(served, jobs)
         choices = []
         for i, fin in enumerate(finished):
@@ -175,11 +175,11 @@ async def complete(served: Served, config, body: Any, scope: str) -> Response:
         res = {"choices": choices, "created": created, "model": served.model_name,
                "system_fingerprint": served.build_info, "object": "chat.completion",
                "usage": usage_json(first), "id": cid}
-        if values["verbose"]:
+        if values.verbose:
             res["__verbose"] = final_object(served, values, first, chat.tokens, 0, False)
         res["timings"] = first.timings.to_json()
         return json_response(res)
-    return await _stream(served, chat, values, jobs, cid, created, alias, scope, force_end)
+    return await _stream(served, chat, values, jobs, cid, created, alias, scope, controlled)
 
 
 def _chunk(served: Served, cid: str, created: int, choices: list) -> dict[str, Any]:
@@ -188,15 +188,15 @@ def _chunk(served: Served, cid: str, created: int, choices: list) -> dict[str, A
 
 
 async def _stream(served, chat: ChatPlan, values, jobs, cid, created, alias, scope,
-                  force_end) -> Response:
+                  controlled) -> Response:
     handle = served.bridge.open(*jobs)
-    control.register(cid, scope, force_end, handle)
+    control.register(cid, scope, controlled, handle)
     first = await first_event(handle)
     index = {job.id: i for i, job in enumerate(jobs)}
     streams = {job.id: ChatStream(chat.syntax, chat.prefill, chat.echo) for job in jobs}
     role_sent: set[int] = set()
-    per_token_timings = values["timings_per_token"]
-    probs = ProbsRenderer(served, values["post_sampling_probs"])
+    per_token_timings = values.timings_per_token
+    probs = ProbsRenderer(served, values.post_sampling_probs)
 
     def chunk(i: int, delta: dict, reason=None) -> dict:
         return _chunk(served, cid, created,
@@ -228,7 +228,7 @@ async def _stream(served, chat: ChatPlan, values, jobs, cid, created, alias, sco
         return [frame(obj) for obj in out]
 
     return sse_response(handle, event_stream(handle, first, render,
-                                             values["sse_ping_interval"], DONE))
+                                             values.sse_ping_interval, DONE))
 
 
 # -- prompt-only routes -------------------------------------------------------------------------

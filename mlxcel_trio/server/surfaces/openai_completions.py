@@ -14,12 +14,11 @@ from typing import Any
 
 from quart import Response
 
-from ...chat.budget import ForceEnd
-
-from ...engine.records import Finished, PromptProgress, TokenPiece
+from ...protocol.records import Finished, PromptProgress, TokenPiece
 from ..request.jobs import Served, make_jobs, now_s, resolve, run_all, tokenize_prompts
 from ..sessions import control
 from ..request import grammar_fields as grammar
+from ..request.schema import NativeRequest
 from ..http.errors import json_response
 from .completion import ProbsRenderer, final_object, final_probs
 from ..sessions.streams import sse_response
@@ -48,7 +47,7 @@ def _choice(text: str, index: int, finish_reason: str | None, probs=None) -> dic
 class _Render:
     """The envelope shared by a request's results."""
 
-    def __init__(self, served: Served, values: dict) -> None:
+    def __init__(self, served: Served, values: NativeRequest) -> None:
         self.served, self.values = served, values
         self.id = "cmpl-" + secrets.token_hex(16)
         self.created = now_s()
@@ -68,7 +67,7 @@ class _Render:
                              for job, f in fins],
                             _usage([f for _, f in fins]))
         res["timings"] = fins[0][1].timings.to_json()
-        if self.values["verbose"]:
+        if self.values.verbose:
             job, fin = fins[0]
             res["__verbose"] = final_object(self.served, self.values, fin, list(job.prompt),
                                             jobs.index(job), streamed)
@@ -77,25 +76,25 @@ class _Render:
 
 async def complete_v1(served: Served, body: Any, scope: str) -> Response:
     values = resolve(body, served)
-    await grammar.prepare(served, values)
+    values = await grammar.prepare(served, values)
     prompts = tokenize_prompts(body, served.bridge.vocab)
-    force_end = ForceEnd() if values["reasoning_control"] else None
-    jobs = make_jobs(served, values, prompts, body, force_end)
+    jobs = make_jobs(served, values, prompts, body, control=True)
+    controlled = tuple(job.id for job in jobs) if values.reasoning_control else None
     out = _Render(served, values)
     # POST /v1/chat/completions/control addresses it by its id while it runs
-    if not values["stream"]:
-        control.register(out.id, scope, force_end)
+    if not values.stream:
+        control.register(out.id, scope, controlled)
         finished = await run_all(served, jobs)
         # several results come back as the choices of one object, as upstream
         return json_response(out.final(list(zip(jobs, finished)), jobs, streamed=False))
 
     handle = served.bridge.open(*jobs)
-    control.register(out.id, scope, force_end, handle)
+    control.register(out.id, scope, controlled, handle)
     first = await first_event(handle)
     by_id = {job.id: job for job in jobs}
     index = {job.id: i for i, job in enumerate(jobs)}
-    per_token_timings = values["timings_per_token"]
-    probs = ProbsRenderer(served, values["post_sampling_probs"])
+    per_token_timings = values.timings_per_token
+    probs = ProbsRenderer(served, values.post_sampling_probs)
 
     def render(ev):
         if isinstance(ev, TokenPiece):
@@ -116,4 +115,4 @@ async def complete_v1(served: Served, body: Any, scope: str) -> Response:
         return ()
 
     return sse_response(handle, event_stream(handle, first, render,
-                                             values["sse_ping_interval"], DONE))
+                                             values.sse_ping_interval, DONE))

@@ -29,7 +29,7 @@ import trio
 from quart import Response, current_app
 
 from ...chat.parser import ChatMsg, ChatStream
-from ...engine.records import Finished, PromptProgress, TokenPiece
+from ...protocol.records import Finished, PromptProgress, TokenPiece
 from .openai_chat import chat_plan, final_message, plan_jobs, random_string
 from ..request.chat import bad
 from ...bridge import REQUEST_CLEANUPS
@@ -310,10 +310,10 @@ async def create(served: Served, config, body: Any, store: ResponseStore,
         return json_response(obj)
     handle = served.bridge.open(job)
     first = await first_event(handle)
-    renderer = _Renderer(served, chat, rid, values["timings_per_token"], created, extra,
+    renderer = _Renderer(served, chat, rid, values.timings_per_token, created, extra,
                          finished)
     return sse_response(handle, event_stream(handle, first, renderer.render,
-                                             values["sse_ping_interval"]))
+                                             values.sse_ping_interval))
 
 
 def _start_background(served: Served, chat, job, store: ResponseStore, scope: str, rid: str,

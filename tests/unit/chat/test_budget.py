@@ -1,34 +1,37 @@
 """chat/budget.py: thinking tokens are counted from the opener (or from the
 start when the prompt left the block open); at the budget the message and
 the closing marker are forced one token at a time; a block the model closes
-itself is left alone; an inner grammar's mask applies otherwise."""
+itself is left alone; an inner grammar's mask applies otherwise.
+Realtime control arrives as the constraint's force_end(), which the engine
+calls between steps when a ForceEnd command names the job."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from mlxcel_trio.chat.budget import BudgetGrammar, ForceEnd, utf8_complete
+from mlxcel_trio.chat.budget import BudgetGrammar, utf8_complete
 
 START, END, MSG = 10, 11, (20, 21)
 N_PROMPT = 3
 
 
-def grammar(budget, open_at_start=False, inner=None, forced=MSG + (END,), force_end=None,
+def grammar(budget, open_at_start=False, inner=None, forced=MSG + (END,), control=False,
             ends=((END,),), piece=None):
     return BudgetGrammar(inner, n_vocab=32, budget=budget, start_ids=(START,), end_seqs=ends,
-                         forced=forced, open_at_start=open_at_start, force_end=force_end,
+                         forced=forced, open_at_start=open_at_start, control=control,
                          piece=piece)
 
 
 def run(g, generated, at=None):
     """The mask before each draw, as the engine asks: history = prompt + drawn.
-    `at`: {draw index: callable} run just before that draw's mask is asked."""
+    `at`: {draw index: callable(constraint)} run just before that draw's mask
+    is asked (the engine applies commands between steps)."""
     c = g.start(N_PROMPT)
     history = [1, 2, 3]
     masks = []
     for i, tok in enumerate(generated):
         if at and i in at:
-            at[i]()
+            at[i](c)
         masks.append(c.mask_for(history))
         history.append(tok)
     masks.append(c.mask_for(history))
@@ -84,20 +87,40 @@ def test_any_end_sequence_closes_the_block():
     assert run(g, [START, 12, 13, 5, 6, 7, 8]) == [None] * 8
 
 
+def force(constraint):
+    constraint.force_end()
+
+
 def test_force_end_while_thinking_enters_the_forced_run():
-    flag = ForceEnd()
-    masks = run(grammar(-1, open_at_start=True, force_end=flag), [5, 6, 20, 21, END, 7],
-                at={2: flag.request})
+    masks = run(grammar(-1, open_at_start=True, control=True), [5, 6, 20, 21, END, 7],
+                at={2: force})
     assert masks == [None, None, (20,), (21,), (END,), None, None]
 
 
 def test_force_end_outside_the_block_changes_nothing():
-    flag = ForceEnd()
     # before the opener, and after the close: both are no-ops, and a later
     # opener is not closed by a request that arrived before it
-    masks = run(grammar(-1, force_end=flag), [5, START, 6, END, 7],
-                at={0: flag.request, 4: flag.request})
+    masks = run(grammar(-1, control=True), [5, START, 6, END, 7], at={0: force, 4: force})
     assert masks == [None] * 6
+
+
+def test_force_end_applies_after_the_tokens_drawn_since():
+    # the command lands before the mask that first sees the opener: the
+    # block is open by then, so it closes at once
+    masks = run(grammar(-1, control=True), [START, 20, 21, END, 7], at={1: force})
+    assert masks == [None, (20,), (21,), (END,), None, None]
+
+
+def test_force_end_needs_armed_control():
+    # a budget without reasoning_control is never closed early
+    masks = run(grammar(5, open_at_start=True), [5, 6, 7], at={1: force})
+    assert masks == [None] * 4
+
+
+def test_two_force_ends_before_a_draw_close_once():
+    masks = run(grammar(-1, open_at_start=True, control=True), [5, 20, 21, END, 7],
+                at={1: lambda c: (c.force_end(), c.force_end())})
+    assert masks == [None, (20,), (21,), (END,), None, None]
 
 
 def test_utf8_completeness_of_a_piece():

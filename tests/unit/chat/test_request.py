@@ -213,16 +213,16 @@ def test_forced_call_grammars_compile_and_accept_a_call():
     arguments, then the close; a name needing JSON escapes stays one literal."""
     import llguidance as llg
 
-    from mlxcel_trio.server.request.chat import _tool_call_grammar
+    from mlxcel_trio.server.request.chat import tool_call_grammar
 
     tools = [{"type": "function", "function": {"name": 'odd"name', "parameters": {
         "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}},
         {"type": "function", "function": {"name": "plain"}}]
     for choice, name, fmt in (("required", None, "hermes"), ("named", "plain", "hermes"),
                               ("required", None, "llama3"), ("named", 'odd"name', "llama3")):
-        lark = _tool_call_grammar(choice, name, tools, fmt)
+        lark = tool_call_grammar(choice, name, tools, fmt)
         assert llg.LLMatcher.validate_grammar(llg.LLMatcher.grammar_from_lark(lark)) in ("", None)
-    assert _tool_call_grammar("auto", None, tools, "hermes") is None
-    assert _tool_call_grammar("required", None, tools, None) is None
+    assert tool_call_grammar("auto", None, tools, "hermes") is None
+    assert tool_call_grammar("required", None, tools, None) is None
     assert '"{\\"name\\": \\"odd\\\\\\"name\\", \\"arguments\\": "' in \
-        _tool_call_grammar("required", None, tools, "hermes")
+        tool_call_grammar("required", None, tools, "hermes")

@@ -11,7 +11,6 @@ import pytest
 from mlxcel_trio.chat.template import (
     ChatTemplate,
     TemplateError,
-    checkpoint_templates,
 )
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -151,12 +150,3 @@ def test_generation_blocks_render_their_body():
 def test_tool_use_template_is_used_with_tools():
     t = ChatTemplate("plain", tool_use_source="tools:{{ tools | length }}")
     assert t.render([]) == "plain" and t.render([], tools=TOOLS) == "tools:1"
-
-
-def test_checkpoint_template_sources():
-    assert checkpoint_templates({"chat_template": "a"}, None) == ("a", None)
-    assert checkpoint_templates({"chat_template": "a"}, "file") == ("file", None)
-    named = [{"name": "default", "template": "d"}, {"name": "tool_use", "template": "t"}]
-    assert checkpoint_templates({"chat_template": named}, None) == ("d", "t")
-    assert checkpoint_templates({}, None) == (None, None)
-

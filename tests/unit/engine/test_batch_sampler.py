@@ -10,7 +10,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlxcel_trio.engine.records import DEFAULT_CHAIN, SamplingParams
+from mlxcel_trio.protocol.records import DEFAULT_CHAIN, SamplingParams
 from mlxcel_trio.engine.samplers.batch import BatchSampler, Row
 from mlxcel_trio.engine.sampling import GREEDY, is_greedy, plan
 

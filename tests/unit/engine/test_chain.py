@@ -11,7 +11,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlxcel_trio.engine.records import DEFAULT_CHAIN, SamplingParams
+from mlxcel_trio.protocol.records import DEFAULT_CHAIN, SamplingParams
 from mlxcel_trio.engine.samplers import chain, mirostat
 
 from . import _reference as ref

@@ -8,7 +8,7 @@ import pytest
 
 from mlxcel_trio.engine import context_shift
 from mlxcel_trio.engine.context_shift import retained, window
-from mlxcel_trio.engine.records import Finished, Job, SamplingParams, TokenPiece
+from mlxcel_trio.protocol.records import Finished, Job, SamplingParams, TokenPiece
 
 
 # (n_tokens, n_ctx, n_keep, n_discard, n_prompt, add_bos) -> (keep, discard),
@@ -36,6 +36,16 @@ def test_retained_drops_the_discarded_span():
 
 
 GREEDY = SamplingParams(temperature=0.0)
+MAX_STEPS = 200   # far more than any job here needs: a stalled scheduler fails, never hangs
+
+
+def step_until(s, out: list, done, what: str) -> None:
+    """Step the scheduler until `done()`; fail naming `what` after MAX_STEPS."""
+    for _ in range(MAX_STEPS):
+        if done():
+            return
+        s.step(out)
+    raise AssertionError(f"{what}: not reached within {MAX_STEPS} scheduler steps")
 
 
 @pytest.fixture(scope="module")
@@ -145,8 +155,7 @@ def _interleaving(loaded, cont_batching: bool) -> tuple[list, list]:
                   cont_batching=cont_batching)
     out: list = []
     s.submit(Job(1, (5, 6, 7), n_predict=12, sampling=GREEDY, ignore_eos=True), out)
-    while not [e for e in out if isinstance(e, TokenPiece)]:
-        s.step(out)
+    step_until(s, out, lambda: any(isinstance(e, TokenPiece) for e in out), "job 1's first token")
     s.submit(Job(2, (8, 9, 10, 11), n_predict=3, sampling=GREEDY, ignore_eos=True), out)
     for _ in range(200):
         if not s.busy:
@@ -162,7 +171,7 @@ def test_no_cont_batching_holds_new_prompts_while_a_slot_decodes(loaded):
     first_2 = order.index((2, "TokenPiece"))
     assert order.index((1, "Finished")) < first_2, order
     # the slot is still taken at once (upstream assigns it at launch)
-    from mlxcel_trio.engine.records import Started
+    from mlxcel_trio.protocol.records import Started
     assert [e.id_slot for e in out if isinstance(e, Started)] == [0, 1]
     fins = {e.job_id: e for e in out if isinstance(e, Finished)}
     assert len(fins[1].tokens) == 12 and len(fins[2].tokens) == 3
@@ -191,15 +200,14 @@ def test_no_cont_batching_still_batches_prompts_that_arrive_together(loaded):
 
 
 def test_a_held_prompt_cancelled_never_runs(loaded):
-    from mlxcel_trio.engine.records import SlotFreed
+    from mlxcel_trio.protocol.records import SlotFreed
     from mlxcel_trio.engine.scheduler import Scheduler
 
     model, vocab = loaded
     s = Scheduler(model, vocab, n_slots=2, n_ctx_slot=128, batch_size=16, cont_batching=False)
     out: list = []
     s.submit(Job(1, (5, 6, 7), n_predict=10, sampling=GREEDY, ignore_eos=True), out)
-    while not [e for e in out if isinstance(e, TokenPiece)]:
-        s.step(out)
+    step_until(s, out, lambda: any(isinstance(e, TokenPiece) for e in out), "job 1's first token")
     s.submit(Job(2, (8, 9), n_predict=10, sampling=GREEDY, ignore_eos=True), out)
     s.step(out)
     s.cancel(2, out)
@@ -212,7 +220,7 @@ def test_a_held_prompt_cancelled_never_runs(loaded):
 
 
 def test_a_shared_prompt_is_never_shifted(loaded):
-    from mlxcel_trio.engine.records import Failed, SlotFreed
+    from mlxcel_trio.protocol.records import Failed, SlotFreed
     from mlxcel_trio.engine.scheduler import Scheduler
 
     model, vocab = loaded
@@ -276,8 +284,7 @@ def test_a_stop_word_on_the_last_cell_reports_limit(loaded, monkeypatch):
     out2: list = []
     s.submit(Job(1, prompt, n_predict=-1, sampling=GREEDY, ignore_eos=True,
                  stop=(last,)), out2)
-    while s.busy:
-        s.step(out2)
+    step_until(s, out2, lambda: not s.busy, "the job's end")
     (fin2,) = [e for e in out2 if isinstance(e, Finished)]
     assert fin2.tokens == fin.tokens
     assert (fin2.stop_type, fin2.truncated, fin2.stopping_word) == ("limit", True, last)

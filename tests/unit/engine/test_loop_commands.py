@@ -1,15 +1,21 @@
-"""The engine loop survives a command that throws, as it survives a failed
-step: the command's own request gets its answer and later ones are served."""
+"""The engine loop's commands: one that throws fails its own job, not the
+engine (as a failed step does), and later ones are served; a ForceEnd
+reaches the running job's constraint before its next draw; the loop's
+counters leave with the steps' events (EngineStats)."""
 
 from __future__ import annotations
 
 import queue
 import threading
 
+import numpy as np
+
 from mlxcel_trio.engine.loop import EngineLoop
-from mlxcel_trio.engine.records import (
+from mlxcel_trio.protocol.records import (
+    EngineStats,
     Failed,
     Finished,
+    ForceEnd,
     Job,
     Loaded,
     SamplingParams,
@@ -17,6 +23,7 @@ from mlxcel_trio.engine.records import (
     SlotAction,
     SlotFreed,
     Submit,
+    TokenPiece,
 )
 from mlxcel_trio.engine.scheduler import Scheduler
 
@@ -67,6 +74,68 @@ def test_a_throwing_command_fails_its_job_not_the_engine(tiny_model, monkeypatch
         engine.post(Submit(Job(4, (5, 6, 7), n_predict=4, sampling=GREEDY, ignore_eos=True)))
         done = until(lambda ev: isinstance(ev, Finished))[-1]
         assert done.job_id == 4 and len(done.tokens) == 4, "the slot was freed and reused"
+    finally:
+        engine.post(Shutdown())
+        thread.join(WAIT_S)
+    assert not thread.is_alive()
+
+
+class _Switch:
+    """A constraint that bans end-of-generation until force_end(), then
+    allows nothing else: the job can only end by the forced close."""
+
+    def __init__(self, n_vocab: int, eos: int) -> None:
+        self.free = np.ones((1, n_vocab), dtype=bool)
+        self.free[0, eos] = False
+        self.end = ~self.free
+        self.calls = 0
+
+    def start(self, n_prompt: int) -> "_Switch":
+        return self
+
+    def mask_for(self, history):
+        return self.end if self.calls else self.free
+
+    def force_end(self) -> None:
+        self.calls += 1
+
+
+def test_force_end_reaches_the_running_jobs_constraint_and_stats_follow_the_steps(tiny_model):
+    events: queue.SimpleQueue = queue.SimpleQueue()
+
+    def emit(batch):
+        for ev in batch.events:
+            events.put(ev)
+
+    def until(pred):
+        seen = []
+        while True:
+            ev = events.get(timeout=WAIT_S)
+            seen.append(ev)
+            if pred(ev):
+                return seen
+
+    engine = EngineLoop(str(tiny_model), n_slots=1, ctx_size=512, batch_size=64,
+                        warmup=False, emit=emit)
+    thread = threading.Thread(target=engine.run, daemon=True)
+    thread.start()
+    try:
+        until(lambda ev: isinstance(ev, Loaded))
+        vocab = engine.vocab
+        switch = _Switch(vocab.n_vocab, min(vocab.eos_ids))
+        engine.post(Submit(Job(5, (5, 6, 7), n_predict=-1, sampling=GREEDY, grammar=switch)))
+        seen = until(lambda ev: isinstance(ev, TokenPiece))
+        engine.post(ForceEnd((5, 99)))   # 99: no such job, ignored
+        seen += until(lambda ev: isinstance(ev, SlotFreed))
+        seen += until(lambda ev: isinstance(ev, EngineStats))  # closes the same batch
+        (fin,) = [ev for ev in seen if isinstance(ev, Finished)]
+        assert switch.calls == 1
+        assert fin.stop_type == "eos" and fin.tokens[-1] in vocab.eos_ids
+        assert len(fin.tokens) < 512 - 3, "closed by the command, not by the context bound"
+        stats = [ev for ev in seen if isinstance(ev, EngineStats)]
+        assert [s.n_decode for s in stats] == list(range(1, len(stats) + 1))
+        assert stats[-1] == EngineStats(engine.n_decode, engine.n_busy_slots)
+        assert stats[-1].n_busy_slots == stats[-1].n_decode   # one slot, busy every step
     finally:
         engine.post(Shutdown())
         thread.join(WAIT_S)

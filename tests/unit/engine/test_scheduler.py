@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mlxcel_trio.engine.records import (
+from mlxcel_trio.protocol.records import (
     Failed,
     Finished,
     Job,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mlxcel_trio.engine.prompt_cache import PromptCache
-from mlxcel_trio.engine.records import (
+from mlxcel_trio.protocol.records import (
     Finished,
     Job,
     PromptProgress,
@@ -183,7 +183,7 @@ def test_penalties_see_the_adopted_prefix_as_history(loaded):
 
 
 def test_clear_prompt_cache_drops_every_entry(loaded):
-    from mlxcel_trio.engine.records import CacheStats
+    from mlxcel_trio.protocol.records import CacheStats
 
     cache = PromptCache(None)
     s = make(loaded, cache)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from mlxcel_trio.engine.prompt_cache import PromptCache
-from mlxcel_trio.engine.records import (
+from mlxcel_trio.protocol.records import (
     Finished,
     Job,
     SamplingParams,

@@ -8,7 +8,7 @@ import queue
 import threading
 
 from mlxcel_trio.engine.loop import EngineLoop
-from mlxcel_trio.engine.records import (
+from mlxcel_trio.protocol.records import (
     Finished,
     Job,
     Loaded,

@@ -26,7 +26,7 @@ def accepts(compiler):
 
     def check(src: str, text=None, tokens=None, kind="gbnf") -> bool:
         g = compiler.compile(GrammarSpec(kind, src))
-        m = g._proto.deep_copy()
+        m = g.matcher()
         ids = list(tokens) if tokens is not None else compiler.tokenizer.tokenize_str(
             text, parse_special=True)
         return m.try_consume_tokens(ids) == len(ids) and m.is_accepting()

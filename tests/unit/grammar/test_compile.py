@@ -40,10 +40,14 @@ def test_boolean_schemas(accepts):
     assert accepts("true", '{"a": [1]}', kind="json_schema")
 
 
-def test_compiled_grammars_are_cached(compiler):
-    a = compiler.compile(GrammarSpec("gbnf", 'root ::= "x"'))
-    b = compiler.compile(GrammarSpec("gbnf", 'root ::= "x"', lazy=True))
-    assert a._proto is b._proto and b.spec.lazy
+def test_compiled_grammars_are_cached(compiler, monkeypatch):
+    lowered: list[GrammarSpec] = []
+    lower = compiler.lower
+    monkeypatch.setattr(compiler, "lower", lambda spec: lowered.append(spec) or lower(spec))
+    a = compiler.compile(GrammarSpec("gbnf", 'root ::= "cached"'))
+    b = compiler.compile(GrammarSpec("gbnf", 'root ::= "cached"', lazy=True))
+    assert lowered == [a.spec], "the second compile lowered (and compiled) the grammar again"
+    assert b.lark is a.lark and b.spec.lazy
 
 
 def test_surrogate_only_sets(accepts):

@@ -9,7 +9,7 @@ import re
 import jsonschema
 import pytest
 
-from mlxcel_trio.engine.records import Finished, Job, SamplingParams
+from mlxcel_trio.protocol.records import Finished, Job, SamplingParams
 from mlxcel_trio.grammar.compile import GrammarSpec
 
 SCHEMA = {"type": "object", "properties": {

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from mlxcel_trio.server.sessions.slot_files import _stoi, confined, valid_filename
+from mlxcel_trio.server.sessions.slot_files import confined, stoi, valid_filename
 
 
 @pytest.mark.parametrize("name", ["a", "slot-0.bin", "café", "日本語.slot", "a b", ".hidden",
@@ -44,13 +44,13 @@ def test_confinement(tmp_path):
 @pytest.mark.parametrize(("text", "value"), [("0", 0), ("  7", 7), ("+3", 3), ("-1", -1),
                                              ("12abc", 12), ("2147483647", 2147483647)])
 def test_stoi(text, value):
-    assert _stoi(text) == value
+    assert stoi(text) == value
 
 
 @pytest.mark.parametrize("text", ["", "abc", " ", "+", "2147483648", "-2147483649", "٣"])
 def test_stoi_refuses(text):
     with pytest.raises(ValueError):
-        _stoi(text)
+        stoi(text)
 
 
 def test_read_refuses_what_is_not_a_regular_file(tmp_path):
@@ -58,13 +58,13 @@ def test_read_refuses_what_is_not_a_regular_file(tmp_path):
     never an unhandled error or a worker thread blocked opening a FIFO."""
     import threading
 
-    from mlxcel_trio.server.sessions.slot_files import _read
+    from mlxcel_trio.server.sessions.slot_files import read_file
 
     os.mkdir(tmp_path / "dir.slot")
-    assert _read(str(tmp_path / "dir.slot")) is None
+    assert read_file(str(tmp_path / "dir.slot")) is None
     os.mkfifo(tmp_path / "fifo.slot")
     result: list = []
-    t = threading.Thread(target=lambda: result.append(_read(str(tmp_path / "fifo.slot"))),
+    t = threading.Thread(target=lambda: result.append(read_file(str(tmp_path / "fifo.slot"))),
                          daemon=True)
     t.start()
     t.join(5.0)
@@ -72,17 +72,17 @@ def test_read_refuses_what_is_not_a_regular_file(tmp_path):
         with open(tmp_path / "fifo.slot", "wb"):
             pass
         t.join(5.0)
-        raise AssertionError("_read blocked opening a FIFO")
+        raise AssertionError("read_file blocked opening a FIFO")
     assert result == [None]
     (tmp_path / "ok.slot").write_bytes(b"{}")
-    assert _read(str(tmp_path / "ok.slot")) == b"{}"
+    assert read_file(str(tmp_path / "ok.slot")) == b"{}"
 
 
 def test_a_symlink_planted_after_validation_is_neither_read_nor_written_through(tmp_path):
     """The TOCTOU window between confined() and the I/O: a symlink swapped in
     under the validated name is refused on read (O_NOFOLLOW) and replaced,
     never written through, on save (rename over the link)."""
-    from mlxcel_trio.server.sessions.slot_files import _read, _write_atomic
+    from mlxcel_trio.server.sessions.slot_files import read_file, write_atomic
 
     root = os.path.realpath(tmp_path / "root")
     os.mkdir(root)
@@ -90,8 +90,8 @@ def test_a_symlink_planted_after_validation_is_neither_read_nor_written_through(
     outside.write_bytes(b"precious")
     path = confined(root, "a.slot")
     os.symlink(outside, path)              # planted after the check
-    assert _read(path) is None
-    _write_atomic(root, path, b"slot")
+    assert read_file(path) is None
+    write_atomic(root, path, b"slot")
     assert outside.read_bytes() == b"precious"
     assert not os.path.islink(path) and open(path, "rb").read() == b"slot"
     assert [n for n in os.listdir(root) if n.startswith(".slot-")] == []

@@ -12,7 +12,7 @@ in place of the final draw).  Light: imported by the command line too.
 
 from __future__ import annotations
 
-from ..records import DEFAULT_CHAIN
+from .records import DEFAULT_CHAIN
 
 CANONICAL = ("dry", "top_k", "top_p", "top_n_sigma", "typ_p", "min_p", "temperature", "xtc",
              "infill", "penalties", "adaptive_p")

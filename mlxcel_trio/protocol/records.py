@@ -1,15 +1,27 @@
-"""Frozen records that cross the engine boundary.
+"""Frozen records that cross the engine boundary: the server <-> engine protocol.
 
-Commands go into the engine (`Submit`, `Cancel`, `Shutdown`); events come out,
-one `StepEvents` batch per engine step (`Loaded`, `Started`, `PromptProgress`,
-`TokenPiece`, `Finished`, `Failed`, and `Sleeping` / `Woke` around an idle
-sleep).  All of them are immutable so that the
-trio side can read them without locks once they have been handed over.
+Commands go into the engine (`Submit`, `Cancel`, `ForceEnd`, `SlotAction`,
+`ClearPromptCache`, `Shutdown`); events come out, one `StepEvents` batch per
+engine step (`Loaded`, `Started`, `PromptProgress`, `TokenPiece`,
+`Finished`, `Failed`, `SlotFreed`, `CacheStats`, `EngineStats`, and
+`Sleeping` / `Woke` around an idle sleep).  All of them are immutable so
+that the trio side can read them without locks once they have been handed
+over; what the engine counts reaches trio only as such events.
+
+Two things ride on a `Job` without being records: its grammar (shared,
+read-only; `start` gives the engine a per-sequence `Constraint` that only
+the engine thread touches) and its settings (the server's own record of the
+request, which the engine carries but never reads).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Protocol
+
 import attrs
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 DEFAULT_CHAIN = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p",
@@ -60,6 +72,37 @@ class SamplingParams:
     post_sampling_probs: bool = False
 
 
+class Constraint(Protocol):
+    """One sequence's constrained-decoding state (engine thread only)."""
+
+    def mask_for(self, history: list[int]) -> np.ndarray | None:
+        """The tokens allowed for the next draw (a [1, n_vocab] bool array),
+        or None for no restriction.  `history` is the sequence's whole
+        context (prompt + drawn tokens); what follows the previous call's
+        history is new."""
+
+    def force_end(self) -> None:
+        """The job's `ForceEnd` command, applied before the next draw: close
+        an open reasoning block (a no-op for a constraint without one)."""
+
+
+class Grammar(Protocol):
+    """What `Job.grammar` holds: shared by the job's copies, read-only."""
+
+    def start(self, n_prompt: int) -> Constraint:
+        """A fresh constraint for one sequence whose prompt is n_prompt long."""
+
+
+class JobSettings(Protocol):
+    """The request's resolved field values (the server's frozen request
+    record), carried for /slots' per-slot params; the engine never reads
+    them.  Named here by a few of the attributes every such record has."""
+
+    n_predict: int
+    stream: bool
+    samplers: tuple[str, ...]
+
+
 @attrs.frozen
 class Job:
     """One generation request, already tokenized and validated."""
@@ -80,12 +123,12 @@ class Job:
     # prompt-cache namespace (engine/prompt_cache.py); None = cache_prompt
     # false: no lookup and no donate-back
     cache_ns: str | None = None
-    # a compiled grammar (grammar/compile.CompiledGrammar): its start(n_prompt)
-    # gives the sequence's constraint; None = unconstrained
-    grammar: object = attrs.field(default=None, eq=False, repr=False)
+    # a compiled grammar (grammar/compile.CompiledGrammar), possibly wrapped
+    # in a reasoning budget (chat/budget.BudgetGrammar); None = unconstrained
+    grammar: Grammar | None = attrs.field(default=None, eq=False, repr=False)
     # the request's resolved field values (server/request/fields.py), which /slots
-    # reports as the slot's params; the engine never reads it
-    settings: object = attrs.field(default=None, eq=False, repr=False)
+    # reports as the slot's params
+    settings: JobSettings | None = attrs.field(default=None, eq=False, repr=False)
 
 
 # --- commands ---------------------------------------------------------------
@@ -98,6 +141,16 @@ class Submit:
 @attrs.frozen
 class Cancel:
     job_id: int
+
+
+@attrs.frozen
+class ForceEnd:
+    """Realtime reasoning control: each listed job that is still running
+    closes its thinking block before its next draw (its constraint's
+    `force_end`), as an exhausted reasoning budget would.  Jobs that ended,
+    or whose constraint has no block open, are left alone."""
+
+    job_ids: tuple[int, ...]
 
 
 @attrs.frozen
@@ -284,6 +337,15 @@ class CacheStats:
     budget_bytes: int     # -1 = no limit
     hits: int
     misses: int
+
+
+@attrs.frozen
+class EngineStats:
+    """The engine loop's cumulative counters (they survive an idle sleep),
+    emitted with the events of every step that computed for a slot."""
+
+    n_decode: int         # steps that computed for >= 1 slot
+    n_busy_slots: int     # sum over those steps of the slots computed
 
 
 @attrs.frozen

@@ -1,0 +1,170 @@
+"""The house's layering, read off the import statements of every module.
+
+The rule (docs/architecture.md): the engine never imports trio nor chat
+rendering, and everything that crosses the thread boundary goes through the
+bridge.  The records both sides speak live in protocol/, which imports
+neither side.  Imports are parsed (ast), not executed, so a function-level
+import counts as much as a top-level one; only protocol/'s "light at
+runtime" check ignores `if TYPE_CHECKING:` blocks, which never run.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "mlxcel_trio"
+WEB = ("trio", "quart", "quart_trio", "hypercorn")
+# Where the engine thread's object is built: the only modules outside engine/
+# that may import it, and only its loop.  (If construction moves, say to the
+# runner, the new place is named here and nowhere else.)
+ENGINE_BUILDERS = frozenset({"mlxcel_trio.bridge"})
+ENGINE_ENTRY = "mlxcel_trio.engine.loop.EngineLoop"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(tree: ast.AST, package: str, guarded: bool = False):
+    """(imported module, only under TYPE_CHECKING) for every import below `tree`;
+    `from pkg import name` yields pkg.name (a submodule or an attribute: a
+    prefix test covers both)."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, guarded
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            for alias in node.names:
+                yield f"{module}.{alias.name}", guarded
+        else:
+            yield from _imports(node, package,
+                                guarded or (isinstance(node, ast.If) and _type_checking(node)))
+
+
+@lru_cache(maxsize=1)
+def modules() -> dict[str, tuple[tuple[str, bool], ...]]:
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = _module_name(path)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        out[name] = tuple(_imports(tree, package))
+    return out
+
+
+def _under(module: str, *prefixes: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def _in(room: str) -> list[str]:
+    return [m for m in modules() if _under(m, f"mlxcel_trio.{room}")]
+
+
+def _engine_import_allowed(module: str, imp: str) -> bool:
+    return module in ENGINE_BUILDERS and imp == ENGINE_ENTRY
+
+
+def _offenders(rooms: list[str], forbidden: tuple[str, ...]) -> dict[str, list[str]]:
+    bad = {}
+    for m in rooms:
+        hits = sorted({imp for imp, _ in modules()[m]
+                       if _under(imp, *forbidden) and not _engine_import_allowed(m, imp)})
+        if hits:
+            bad[m] = hits
+    return bad
+
+
+def test_the_parser_sees_the_package():
+    mods = modules()
+    assert "mlxcel_trio.engine.loop" in mods and "mlxcel_trio.protocol.records" in mods
+    # a relative import resolves: bridge.py imports the engine loop
+    assert any(imp == "mlxcel_trio.engine.loop.EngineLoop" for imp, _ in mods["mlxcel_trio.bridge"])
+
+
+def test_the_engine_knows_neither_trio_nor_the_server_nor_chat():
+    forbidden = WEB + tuple(f"mlxcel_trio.{r}" for r in
+                            ("server", "chat", "cli", "bridge", "monitor"))
+    assert _offenders(_in("engine"), forbidden) == {}
+
+
+def test_the_engine_builds_on_protocol_and_config_alone():
+    """Within the package the engine reads only the seam's records and the
+    resolved configuration (RoPE overrides)."""
+    outside = {m: sorted({imp for imp, _ in modules()[m]
+                          if _under(imp, "mlxcel_trio")
+                          and not _under(imp, "mlxcel_trio.engine", "mlxcel_trio.protocol",
+                                         "mlxcel_trio.config")})
+               for m in _in("engine")}
+    assert {m: hits for m, hits in outside.items() if hits} == {}
+
+
+@pytest.mark.parametrize("room", ["server", "cli", "chat", "grammar", "monitor"])
+def test_the_trio_side_reaches_the_engine_only_through_protocol_and_bridge(room):
+    assert _offenders(_in(room), ("mlxcel_trio.engine",)) == {}
+
+
+def test_only_the_bridge_reaches_into_the_engine():
+    """Everything that crosses the thread boundary goes through the bridge:
+    outside engine/, only the place that builds the engine imports it, and
+    only its loop."""
+    reach = {m: sorted({imp for imp, _ in imps if _under(imp, "mlxcel_trio.engine")})
+             for m, imps in modules().items() if not _under(m, "mlxcel_trio.engine")}
+    assert {m: hits for m, hits in reach.items() if hits} == \
+        {m: [ENGINE_ENTRY] for m in ENGINE_BUILDERS}
+
+
+def test_protocol_imports_neither_side():
+    """protocol/ depends on nothing of the package but itself."""
+    outside = {m: sorted({imp for imp, _ in modules()[m]
+                          if _under(imp, "mlxcel_trio") and not _under(imp, "mlxcel_trio.protocol")})
+               for m in _in("protocol")}
+    assert {m: hits for m, hits in outside.items() if hits} == {}
+
+
+def test_protocol_is_light_at_runtime():
+    """The command line imports protocol/ before anything heavy: the standard
+    library and attrs only (imports under TYPE_CHECKING never run)."""
+    allowed = set(sys.stdlib_module_names) | {"attrs", "mlxcel_trio"}
+    heavy = {m: sorted({imp for imp, guarded in modules()[m]
+                        if not guarded and imp.split(".")[0] not in allowed})
+             for m in _in("protocol")}
+    assert {m: hits for m, hits in heavy.items() if hits} == {}
+
+
+def test_only_the_bridge_and_the_server_touch_trio():
+    """The bridge is the only module in both worlds; the HTTP side (server/,
+    its runner included) is trio's own."""
+    users = sorted(m for m, imps in modules().items()
+                   if any(_under(imp, "trio") for imp, _ in imps))
+    assert [m for m in users if m != "mlxcel_trio.bridge" and not _under(m, "mlxcel_trio.server")] \
+        == []
+
+
+def test_only_the_server_speaks_http():
+    users = sorted(m for m, imps in modules().items()
+                   if any(_under(imp, "quart", "quart_trio", "hypercorn") for imp, _ in imps))
+    assert [m for m in users if not _under(m, "mlxcel_trio.server")] == []
+
+
+def test_pure_libraries_stay_pure():
+    """chat/ and grammar/ run without a server (DESIGN.md): no trio, no HTTP,
+    no bridge, no server."""
+    forbidden = WEB + tuple(f"mlxcel_trio.{r}" for r in ("server", "bridge", "cli", "monitor"))
+    assert _offenders(_in("chat") + _in("grammar"), forbidden) == {}
