@@ -14,6 +14,15 @@ checkpoint's tokenizer files.
 * What the output looks like: the thinking markers the template spells and
   the tool-call format it teaches (Hermes/Qwen `<tool_call>` JSON, or
   Llama 3.x JSON), read from the template source.
+* The path: Jinja, or llama-server's legacy one (chat/legacy.py).  The
+  legacy path is in force with --no-jinja (the format detected from the
+  template text, as upstream), and with --jinja when --chat-template names a
+  built-in format other than chatml: upstream would render such a name as
+  a one-word Jinja template, answering every chat with that word, so the
+  name is read as the format it names (a recorded divergence).  "chatml"
+  is upstream's ChatML Jinja template on either path, as upstream swaps it
+  in.  On the legacy path the output is content only (no reasoning or tool
+  parsing), as upstream's pure-content parser.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from typing import Any
 
 import attrs
 
+from . import legacy
 from .parser import THINK_MARKERS
 from .template import CHATML, ChatTemplate
 
@@ -47,6 +57,9 @@ class ChatSettings:
     reasoning_budget: int = -1        # --reasoning-budget (-1: none)
     budget_message: str = ""          # --reasoning-budget-message
     reasoning_alias: str | None = "reasoning"  # --reasoning-alias-field (None: none)
+    jinja: bool = True                # False: the legacy path formats the prompt
+    legacy: str | None = None         # its format; None there: no format fits the template
+    named: bool = False               # the legacy path came from a built-in name under --jinja
 
 
 def think_markers(source: str) -> tuple[str, str]:
@@ -100,7 +113,13 @@ def template_kwargs(config) -> dict[str, Any]:
 
 
 def template_source(config, vocab) -> tuple[str, str | None]:
-    """(default, tool_use) sources in force."""
+    """(default, tool_use) sources in force; the name "chatml" is upstream's
+    ChatML template, as upstream swaps it in."""
+    source, tool_use = _given_source(config, vocab)
+    return (CHATML if source == "chatml" else source), tool_use
+
+
+def _given_source(config, vocab) -> tuple[str, str | None]:
     if config.chat_template:
         if config.chat_template_file:
             log.warning("both --chat-template and --chat-template-file given: the inline "
@@ -114,8 +133,37 @@ def template_source(config, vocab) -> tuple[str, str | None]:
     return CHATML, None
 
 
+def _legacy(config, source: str, tool_use: str | None, special_tokens) -> ChatSettings:
+    """The legacy path: the prompt in a built-in format, output as content.
+    The template is still compiled, as upstream parses it either way, for
+    /props: its source, and caps read off the tool-use variant when there is
+    one (upstream's choice), which itself is not reported."""
+    name = legacy.detect(source)
+    if name is None:
+        log.warning("--no-jinja: the chat template matches none of the built-in formats; "
+                    "chat requests will fail until the server runs with --jinja or a "
+                    "--chat-template name")
+    else:
+        log.info("chat prompts are formatted with the built-in %s format", name)
+    template = ChatTemplate(source, special_tokens)
+    caps = template_caps(ChatTemplate(source, special_tokens, tool_use)) if tool_use \
+        else template_caps(template)
+    return ChatSettings(
+        template=template, kwargs=template_kwargs(config),
+        reasoning_format=config.chat_reasoning_format,
+        prefill_assistant=config.chat_prefill_assistant, skip_parsing=True,
+        think_start="", think_end="", caps=caps,
+        reasoning_budget=config.chat_reasoning_budget,
+        budget_message=config.chat_reasoning_budget_message or "",
+        reasoning_alias=None if config.chat_reasoning_alias_field == "none"
+        else config.chat_reasoning_alias_field,
+        jinja=False, legacy=name, named=config.chat_jinja)
+
+
 def build(config, vocab) -> ChatSettings:
     source, tool_use = template_source(config, vocab)
+    if not config.chat_jinja or legacy.builtin_name(source):
+        return _legacy(config, source, tool_use, vocab.special_tokens_map)
     template = ChatTemplate(source, vocab.special_tokens_map, tool_use)
     start, end = think_markers(source)
     return ChatSettings(

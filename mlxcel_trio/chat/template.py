@@ -36,20 +36,6 @@ import jinja2.nodes
 import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-# llama-server's built-in template identifiers (its --chat-template help).
-# mlxcel-trio has no built-in template library: given as a template, such a
-# name would render every prompt as the literal word, so it is refused.
-BUILTIN_TEMPLATE_NAMES = frozenset((
-    "bailing", "bailing-think", "bailing2", "chatglm3", "chatglm4", "chatml", "command-r",
-    "deepseek", "deepseek-ocr", "deepseek2", "deepseek3", "exaone-moe", "exaone3", "exaone4",
-    "falcon3", "gemma", "gigachat", "glmedge", "gpt-oss", "granite", "granite-4.0",
-    "granite-4.1", "grok-2", "hunyuan-dense", "hunyuan-moe", "hunyuan-vl", "kimi-k2", "llama2",
-    "llama2-sys", "llama2-sys-bos", "llama2-sys-strip", "llama3", "llama4", "megrez", "minicpm",
-    "mistral-v1", "mistral-v3", "mistral-v3-tekken", "mistral-v7", "mistral-v7-tekken",
-    "monarch", "openchat", "orion", "pangu-embedded", "phi3", "phi4", "rwkv-world", "seed_oss",
-    "smolvlm", "solar-open", "vicuna", "vicuna-orca", "yandex", "zephyr",
-))
-
 # What llama-server renders with when the checkpoint carries no template.
 CHATML = (
     "{%- for message in messages -%}\n"
@@ -70,12 +56,6 @@ _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
 class TemplateError(Exception):
     """The template failed to compile or to render."""
-
-
-def builtin_name(text: str) -> str | None:
-    """The built-in identifier `text` spells (surrounding blanks ignored)."""
-    name = text.strip()
-    return name if name in BUILTIN_TEMPLATE_NAMES else None
 
 
 # -- the environment ---------------------------------------------------------------

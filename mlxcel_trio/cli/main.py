@@ -27,6 +27,7 @@ import attrs
 
 from mlxcel_trio.cli import actions, model_ref, sinks
 from mlxcel_trio.cli.options import BY_DEST, OPTIONS, Option
+from mlxcel_trio.cli.options_chat import check_legacy_template
 from mlxcel_trio.cli.options_context import rope_reciprocal_refusal
 from mlxcel_trio.cli.parser import (
     CliError,
@@ -98,13 +99,22 @@ def check_rope(parsed: Parsed) -> None:
         raise CliError(f"{describe(BY_DEST['rope.freq_scale'], parsed)}: {reason}")
 
 
+def check_chat_template(parsed: Parsed) -> None:
+    """With --no-jinja the template must select a built-in format."""
+    reason = check_legacy_template(parsed.values)
+    if reason is not None:
+        dest = "chat_template" if parsed.values.get("chat_template") else "chat_template_file"
+        raise CliError(f"{describe(BY_DEST[dest], parsed)}: {reason}")
+
+
 def _checked(parsed: Parsed, env: Mapping[str, str]) -> dict[str, Any]:
     """Every check that needs no model: refusals, option pairs, the files
     the server will use (log, keys, TLS) and the AIP_* environment.  All
     problems are reported together, so one run shows everything to fix."""
     problems: list[CliError] = [CliError(*parsed.problems)]
     io: dict[str, Any] = {}
-    for check in (validate, check_rope, lambda p: io.update(sinks.resolve(p, env)),
+    for check in (validate, check_rope, check_chat_template,
+                  lambda p: io.update(sinks.resolve(p, env)),
                   lambda p: io.update(_vertex(p, env))):
         try:
             check(parsed)

@@ -5,10 +5,12 @@ order: issue #2).
 The chat options feed `ServerConfig.chat_*`; chat/ and server/chat_*.py act
 on them.  --reasoning, --reasoning-effort and --reasoning-preserve are, as
 upstream, entries of the template kwargs (see `chat/settings.py`).
-Template text is checked here, before any model is resolved: a built-in
-template name is refused (we have no built-in template library), a
-template that does not compile, an unreadable template file, or kwargs
-that are not a JSON object stop startup with the reason.
+Template text is checked here, before any model is resolved: a template
+that does not compile, an unreadable template file, or kwargs that are not
+a JSON object stop startup with the reason.  A built-in format name
+(chatml, llama3, ...) is accepted; with --no-jinja the template given must
+be one of those names or text whose format llama-server's legacy path
+recognises (`check_legacy_template`), as upstream checks it.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from typing import Any
 
 import attrs
 
+from mlxcel_trio.chat.legacy import BUILTIN_NAMES, detect
 from mlxcel_trio.cli.record import Option
-from mlxcel_trio.cli.refusals import Refuser, deferred, equals
+from mlxcel_trio.cli.refusals import deferred
 from mlxcel_trio.cli.values import BadValue, Choice, Int, Text
 
 CHAT_ISSUE = 4
@@ -42,8 +45,8 @@ def _compiles(text: str) -> None:
 
 @attrs.frozen
 class TemplateText:
-    """Jinja template text that compiles (a built-in name is the refuse
-    hook's business, so that it can say what to do instead)."""
+    """Jinja template text that compiles, or a built-in format name (a
+    plain word, so it compiles too)."""
 
     @property
     def domain(self) -> str:
@@ -111,26 +114,24 @@ class ReasoningMode:
         raise BadValue("not a known value")
 
 
-def _builtin_refusal(text_of):
-    from mlxcel_trio.chat.template import builtin_name
-
-    def inert(value: Any) -> bool:
-        return builtin_name(text_of(value)) is None
-
-    def why(value: Any) -> str:
-        return (f"{builtin_name(text_of(value))!r} names one of llama-server's built-in "
-                "templates, and mlxcel-trio has no built-in template library (the "
-                "checkpoint's own template is rendered by default)")
-
-    return Refuser(inert, why, "omit the option to use the checkpoint's template, or pass "
-                   "the template's Jinja text", accepts="Jinja template text")
-
-
-def _file_text(path: Any) -> str:
-    try:
-        return read_template_file(path)
-    except BadValue:
-        return ""
+def check_legacy_template(values: dict[str, Any]) -> str | None:
+    """With --no-jinja, the template given (inline text wins over the file)
+    must select a built-in format; None when it does or Jinja is on.  The
+    reason names what to do instead."""
+    if values.get("chat_jinja", True):
+        return None
+    text = values.get("chat_template")
+    if text is None and values.get("chat_template_file"):
+        try:
+            text = read_template_file(values["chat_template_file"])
+        except BadValue:
+            return None  # the file's own check reports it
+    if text is None or detect(text) is not None:
+        return None
+    return ("the supplied chat template is not supported: with --no-jinja only "
+            "llama-server's built-in formats are, and this template matches none of them; "
+            "drop --no-jinja to render it with Jinja, or name a built-in format (chatml, "
+            "llama3, ... as --help lists)")
 
 
 def _opt(spellings, dest, help, **kw) -> Option:
@@ -140,12 +141,10 @@ def _opt(spellings, dest, help, **kw) -> Option:
 
 
 CHAT: tuple[Option, ...] = (
-    _opt(("--jinja",), "chat_jinja", "render chat prompts with the Jinja template engine "
-         "(always on: --no-jinja is refused)", kind="bool", negations=("--no-jinja",),
-         default=True, env="LLAMA_ARG_JINJA", status="by_design",
-         refuse=Refuser(equals(True), "mlxcel-trio renders every chat prompt with the "
-                        "checkpoint's Jinja template and has no legacy (non-Jinja) formatter",
-                        "omit --no-jinja", accepts="--jinja")),
+    _opt(("--jinja",), "chat_jinja", "render chat prompts with the Jinja template engine; "
+         "--no-jinja formats them with the built-in format the template is recognised as "
+         "(no tools, output as content)", kind="bool", negations=("--no-jinja",),
+         default=True, env="LLAMA_ARG_JINJA"),
     _opt(("--reasoning-format",), "chat_reasoning_format",
          "where the model's thoughts go: none (left in content), deepseek (in "
          "reasoning_content), deepseek-legacy (in both), auto (as deepseek)",
@@ -177,15 +176,15 @@ CHAT: tuple[Option, ...] = (
          "preserve_reasoning)", kind="bool", negations=("--no-reasoning-preserve",),
          default_text="template default", env="LLAMA_ARG_REASONING_PRESERVE"),
     _opt(("--chat-template",), "chat_template", "a Jinja chat template to render instead of "
-         "the checkpoint's (wins over --chat-template-file)", value=TemplateText(),
+         "the checkpoint's (wins over --chat-template-file), or a built-in format name: "
+         + ", ".join(BUILTIN_NAMES), value=TemplateText(),
          metavar="JINJA_TEMPLATE", default_text="template taken from model's metadata",
-         env="LLAMA_ARG_CHAT_TEMPLATE", status="by_design",
-         refuse=_builtin_refusal(lambda v: v)),
+         env="LLAMA_ARG_CHAT_TEMPLATE", status="by_design"),
     _opt(("--chat-template-file",), "chat_template_file",
-         "read the Jinja chat template from a file", value=TemplateFile(),
-         metavar="JINJA_TEMPLATE_FILE", default_text="template taken from model's metadata",
-         env="LLAMA_ARG_CHAT_TEMPLATE_FILE", status="by_design",
-         refuse=_builtin_refusal(_file_text)),
+         "read the Jinja chat template (or a built-in format name) from a file",
+         value=TemplateFile(), metavar="JINJA_TEMPLATE_FILE",
+         default_text="template taken from model's metadata",
+         env="LLAMA_ARG_CHAT_TEMPLATE_FILE", status="by_design"),
     _opt(("--chat-template-kwargs",), "chat_template_kwargs",
          "extra template variables as a JSON object (a request's chat_template_kwargs "
          "override them key by key)", value=JsonObject(), metavar="STRING",

@@ -272,17 +272,6 @@ def test_skip_chat_parsing_and_server_kwargs(tiny_model, start_server):
         srv.stop()
 
 
-def test_builtin_template_name_is_refused_before_loading(tiny_model):
-    import subprocess
-    import sys
-    proc = subprocess.run([sys.executable, "-m", "mlxcel_trio", "-m", str(tiny_model),
-                           "--chat-template", "chatml"], capture_output=True, text=True,
-                          timeout=60)
-    assert proc.returncode == 1
-    assert proc.stderr.startswith("error: --chat-template 'chatml': ")
-    assert "main: model loaded" not in proc.stdout
-
-
 def test_chat_routes_need_the_key(tiny_model, start_server):
     srv = start_server(tiny_model, "-np", "1", "-c", "512", "--api-key", "k")
     try:

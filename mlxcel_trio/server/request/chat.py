@@ -386,6 +386,9 @@ def plan(body: Any, settings: ChatSettings, vocab, generating: bool = True) -> C
     counts), so fields that only shape decoding are not refused."""
     if not isinstance(body, dict):
         raise bad("'messages' is required")
+    if not settings.jinja:  # --no-jinja, or a built-in format named
+        from .chat_legacy import legacy_plan
+        return legacy_plan(body, settings, vocab)
     tools_value = body.get("tools")
     has_tools = isinstance(tools_value, list) and bool(tools_value)
     stream = body.get("stream") if isinstance(body.get("stream"), bool) else False
@@ -395,13 +398,7 @@ def plan(body: Any, settings: ChatSettings, vocab, generating: bool = True) -> C
     _parse_messages(messages)
     tools = _parse_tools(tools_value)
     mode, add_gen = _continuation(body, settings, messages)
-    fmt = settings.reasoning_format
-    if "reasoning_format" in body:
-        fmt = body["reasoning_format"]
-        if not isinstance(fmt, str):
-            raise failed(_type_error("string", fmt))
-        if fmt not in REASONING_FORMATS:
-            raise failed(f"Unknown reasoning format: {fmt}")
+    fmt = _reasoning_format(body, settings)
     kwargs = _kwargs(body, settings)
     echo = body.get("echo") is True
 
@@ -462,6 +459,17 @@ def plan(body: Any, settings: ChatSettings, vocab, generating: bool = True) -> C
                     tool_grammar=tool_grammar,
                     thinking_open=_thinking_open(gen + prefill, settings) or (
                         primed and settings.think_end not in prefill))
+
+
+def _reasoning_format(body: dict, settings: ChatSettings) -> str:
+    if "reasoning_format" not in body:
+        return settings.reasoning_format
+    fmt = body["reasoning_format"]
+    if not isinstance(fmt, str):
+        raise failed(_type_error("string", fmt))
+    if fmt not in REASONING_FORMATS:
+        raise failed(f"Unknown reasoning format: {fmt}")
+    return fmt
 
 
 _CHAT_BUDGET_FIELDS = ("reasoning_budget_tokens", "reasoning_budget_start_tag",

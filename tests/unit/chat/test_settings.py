@@ -32,17 +32,33 @@ def config(argv, env=None):
     return build_config(parse(argv, env=env or {}), "/ckpt")
 
 
-@pytest.mark.parametrize("name", ["chatml", "llama3", " deepseek3\n"])
-def test_builtin_template_names_are_refused(name, ckpt, tmp_path):
-    line = refusal(["--chat-template", name], ckpt)
-    assert line.startswith("--chat-template") and "built-in" in line
-    assert "no built-in template library" in line
+@pytest.mark.parametrize("name", ["chatml", "llama3", "deepseek3", "mistral-v7-tekken"])
+def test_builtin_template_names_are_accepted(name, ckpt, tmp_path):
     f = tmp_path / "t.jinja"
     f.write_text(name)
-    line = refusal(["--chat-template-file", str(f)], ckpt)
-    assert line.startswith("--chat-template-file") and "built-in" in line
-    env_line = refusal([], ckpt, env={"LLAMA_ARG_CHAT_TEMPLATE": name})
-    assert "(from LLAMA_ARG_CHAT_TEMPLATE)" in env_line
+    for jinja in ([], ["--jinja"], ["--no-jinja"]):
+        assert refusal([*jinja, "--chat-template", name], ckpt) is None
+        assert refusal([*jinja, "--chat-template-file", str(f)], ckpt) is None
+        assert refusal(jinja, ckpt, env={"LLAMA_ARG_CHAT_TEMPLATE": name}) is None
+    assert config(["--no-jinja", "--chat-template", name]).chat_template == name
+
+
+def test_no_jinja_needs_a_template_it_recognises(ckpt, tmp_path):
+    line = refusal(["--no-jinja", "--chat-template", "{{ messages }}"], ckpt)
+    assert line.startswith("--chat-template '{{ messages }}': the supplied chat template is "
+                           "not supported")
+    assert "drop --no-jinja" in line
+    f = tmp_path / "t.jinja"
+    f.write_text("{{ messages }}")
+    assert refusal(["--chat-template-file", str(f), "--no-jinja"], ckpt).startswith(
+        "--chat-template-file")
+    assert refusal(["--chat-template", "{{ messages }}"], ckpt) is None  # Jinja renders it
+    # a name must match whole, as upstream's table lookup
+    assert refusal(["--no-jinja", "--chat-template", " llama3"], ckpt) is not None
+    # recognised template text passes
+    assert refusal(["--no-jinja", "--chat-template", "{{ '<|im_start|>' }}"], ckpt) is None
+    env = {"LLAMA_ARG_JINJA": "0", "LLAMA_ARG_CHAT_TEMPLATE": "hello"}
+    assert "(from LLAMA_ARG_CHAT_TEMPLATE)" in refusal([], ckpt, env=env)
 
 
 def test_bad_templates_stop_startup(ckpt, tmp_path):
@@ -68,11 +84,13 @@ def test_kwargs_must_be_a_json_object(value, ckpt):
     assert line.startswith("invalid value") and "--chat-template-kwargs" in line
 
 
-def test_no_jinja_is_refused_and_jinja_accepted(ckpt):
+def test_jinja_and_no_jinja_are_accepted(ckpt):
     assert refusal(["--jinja"], ckpt) is None
-    line = refusal(["--no-jinja"], ckpt)
-    assert line.startswith("--no-jinja") and "Jinja" in line
-    assert refusal([], ckpt, env={"LLAMA_ARG_NO_JINJA": "1"}).startswith("--no-jinja")
+    assert refusal(["--no-jinja"], ckpt) is None
+    assert refusal([], ckpt, env={"LLAMA_ARG_NO_JINJA": "1"}) is None
+    assert config(["--no-jinja"]).chat_jinja is False
+    assert config([], {"LLAMA_ARG_JINJA": "0"}).chat_jinja is False
+    assert config([]).chat_jinja is True
 
 
 @pytest.mark.parametrize("text, want", [("on", "on"), ("enabled", "on"), ("1", "on"),
@@ -175,3 +193,50 @@ def test_template_caps_probe_real_families():
     assert not caps["google-gemma-2-2b-it"]["supports_system_role"]
     assert not caps["google-gemma-2-2b-it"]["supports_tools"]
     assert caps["openai-gpt-oss-120b"]["supports_reasoning_effort"]
+
+
+# -- the path in force ---------------------------------------------------------------------
+
+_QWENISH = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n" \
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n<think>{% endif %}"
+
+
+def _vocab(template, tool_use=None):
+    return type("V", (), {"chat_template": template, "chat_template_tool_use": tool_use,
+                          "special_tokens_map": {"eos_token": "</s>"}})
+
+
+def test_the_jinja_path_by_default():
+    chat = settings.build(config([]), _vocab(_QWENISH, "tool use"))
+    assert chat.jinja and chat.legacy is None and chat.thinks
+    assert chat.template.tool_use_source == "tool use"
+
+
+def test_no_jinja_detects_the_format_from_the_checkpoint_template():
+    chat = settings.build(config(["--no-jinja"]), _vocab(_QWENISH, "tool use"))
+    assert (chat.jinja, chat.legacy, chat.named) == (False, "chatml", False)
+    assert chat.skip_parsing and not chat.thinks and chat.tool_format is None
+    # /props reports the template text, and no tool-use variant off Jinja (as upstream)
+    assert chat.template.source == _QWENISH and chat.template.tool_use_source is None
+
+
+def test_no_jinja_with_an_unrecognised_template_still_starts(caplog):
+    with caplog.at_level(logging.WARNING, logger="mlxcel.chat"):
+        chat = settings.build(config(["--no-jinja"]), _vocab("{{ messages }}"))
+    assert (chat.jinja, chat.legacy) == (False, None)
+    assert "--jinja" in caplog.text
+
+
+def test_a_builtin_name_under_jinja_selects_its_format():
+    chat = settings.build(config(["--chat-template", "llama3"]), _vocab(_QWENISH))
+    assert (chat.jinja, chat.legacy, chat.named) == (False, "llama3", True)
+    assert chat.template.source == "llama3"  # what /props reports, as upstream
+
+
+def test_chatml_is_upstreams_chatml_template_on_both_paths():
+    from mlxcel_trio.chat.template import CHATML
+    jinja = settings.build(config(["--chat-template", "chatml"]), _vocab(_QWENISH))
+    assert jinja.jinja and jinja.template.source == CHATML
+    legacy = settings.build(config(["--no-jinja", "--chat-template", "chatml"]), _vocab(None))
+    assert (legacy.jinja, legacy.legacy) == (False, "chatml")
+    assert legacy.template.source == CHATML

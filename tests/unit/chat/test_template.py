@@ -9,10 +9,8 @@ from pathlib import Path
 import pytest
 
 from mlxcel_trio.chat.template import (
-    BUILTIN_TEMPLATE_NAMES,
     ChatTemplate,
     TemplateError,
-    builtin_name,
 )
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -152,8 +150,3 @@ def test_generation_blocks_render_their_body():
 def test_tool_use_template_is_used_with_tools():
     t = ChatTemplate("plain", tool_use_source="tools:{{ tools | length }}")
     assert t.render([]) == "plain" and t.render([], tools=TOOLS) == "tools:1"
-
-
-def test_builtin_names():
-    assert len(BUILTIN_TEMPLATE_NAMES) == 54
-    assert builtin_name(" chatml\n") == "chatml" and builtin_name("{{ x }}") is None

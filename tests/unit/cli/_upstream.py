@@ -110,8 +110,6 @@ def plausible(rec: dict[str, Any], some_file: Path, model: Path) -> list[str]:
     hint = rec["value_hint"]
     if opt.kind in ("flag", "action"):
         return [opt.name]
-    if opt.dest == "chat_jinja":
-        return [opt.name]  # by_design: --no-jinja is refused (tests/unit/chat/test_settings.py)
     if opt.kind == "bool":
         return [opt.negation_name if opt.default else opt.name]
     default = rec["default"]

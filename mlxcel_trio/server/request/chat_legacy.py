@@ -1,0 +1,76 @@
+"""The legacy chat path (llama-server's --no-jinja) for a chat body.
+
+upstream's `oaicompat_chat_params_parse` takes the same steps with or
+without Jinja, except that without it a request with tools (or a
+tool_choice other than "auto") is refused first, and the prompt comes from
+the built-in format (chat/legacy.py) fed each message's role and text:
+no tools, no reasoning, and no continuation (a trailing assistant message
+is written whole, add_generation_prompt off).  The output is read as
+content only.  The checks shared with the Jinja path are chat.py's.
+"""
+
+from __future__ import annotations
+
+from ...chat import legacy
+from ...chat.parser import Syntax
+from ...chat.settings import ChatSettings
+from ..http.errors import ApiError
+from .chat import (
+    ChatPlan,
+    _check_constraints,
+    _check_messages,
+    _continuation,
+    _kwargs,
+    _parse_messages,
+    _parse_tools,
+    _reasoning_format,
+)
+
+
+def _needs_jinja(param: str, settings: ChatSettings) -> ApiError:
+    """upstream's refusal on its legacy path (a 500 server_error there, and
+    here: the server's configuration, not the body, is what falls short)."""
+    if settings.named:  # --jinja is on; the built-in name is what has no tools
+        return ApiError(f"{param} param requires a Jinja chat template: --chat-template "
+                        f"{settings.legacy} selects llama-server's built-in format, which "
+                        f"renders no tools; pass the template's Jinja text with "
+                        f"--chat-template-file to use {param}", type="server_error")
+    return ApiError(f"{param} param requires --jinja flag", type="server_error")
+
+
+def legacy_plan(body: dict, settings: ChatSettings, vocab) -> ChatPlan:
+    """upstream's legacy path: the same checks in the same order, then the
+    prompt in the built-in format from each message's role and text.  No
+    tools, and nothing is continued: a trailing assistant message is
+    written whole, with add_generation_prompt off; the output is content."""
+    tools_value = body.get("tools")
+    if isinstance(tools_value, list) and tools_value:
+        raise _needs_jinja("tools", settings)
+    choice = body.get("tool_choice")
+    if isinstance(choice, str) and choice != "auto":
+        raise _needs_jinja("tool_choice", settings)
+    stream = body.get("stream") if isinstance(body.get("stream"), bool) else False
+    schema = _check_constraints(body, False, stream)
+    messages = _check_messages(body)
+    _parse_messages(messages)
+    _parse_tools(tools_value)
+    _, add_gen = _continuation(body, settings, messages)
+    fmt = _reasoning_format(body, settings)
+    _kwargs(body, settings)  # its refusals hold on this path too
+    if settings.legacy is None:
+        raise ApiError("this custom template is not supported, try using --jinja",
+                       type="server_error")
+    prompt = legacy.render(settings.legacy, legacy.turns(messages), add_gen)
+    native = {k: v for k, v in body.items() if k not in ("logprobs", "top_logprobs")}
+    if body.get("logprobs") is True:
+        top = body.get("top_logprobs")
+        native["n_probs"] = top if isinstance(top, int) and not isinstance(top, bool) else 20
+    if schema is not None:
+        native["json_schema"] = schema
+    options = body.get("stream_options")
+    return ChatPlan(prompt=prompt, tokens=vocab.tokenize(prompt, False, True),
+                    syntax=Syntax(reasoning_format=fmt, think_start="", think_end="",
+                                  skip=True),
+                    prefill="", echo=False, tools=(), native=native, stream=stream,
+                    include_usage=isinstance(options, dict)
+                    and options.get("include_usage") is True)
