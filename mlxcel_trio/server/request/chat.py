@@ -381,6 +381,20 @@ def _generation_prompt(settings: ChatSettings, messages, tools, kwargs, rendered
     return rendered[len(bare):] if rendered.startswith(bare) else rendered[-256:]
 
 
+def native_body(body: dict, schema: Any, dropped: tuple[str, ...] = ()) -> dict:
+    """The body the native field table reads: OpenAI's logprobs / top_logprobs
+    become n_probs (20 when top_logprobs is absent), a response_format's
+    schema becomes json_schema, and `dropped` fields are left out."""
+    native = {k: v for k, v in body.items()
+              if k not in ("logprobs", "top_logprobs") and k not in dropped}
+    if body.get("logprobs") is True:
+        top = body.get("top_logprobs")
+        native["n_probs"] = top if isinstance(top, int) and not isinstance(top, bool) else 20
+    if schema is not None:
+        native["json_schema"] = schema
+    return native
+
+
 def plan(body: Any, settings: ChatSettings, vocab, generating: bool = True) -> ChatPlan:
     """`generating` False: the prompt only (/apply-template, input-token
     counts), so fields that only shape decoding are not refused."""
@@ -441,13 +455,7 @@ def plan(body: Any, settings: ChatSettings, vocab, generating: bool = True) -> C
     )
     # a thinking template's markers decide the budget (upstream overwrites the
     # native reasoning_budget_* fields); otherwise the body's own pass through
-    dropped = ("logprobs", "top_logprobs") + (_CHAT_BUDGET_FIELDS if settings.thinks else ())
-    native = {k: v for k, v in body.items() if k not in dropped}
-    if body.get("logprobs") is True:
-        top = body.get("top_logprobs")
-        native["n_probs"] = top if isinstance(top, int) and not isinstance(top, bool) else 20
-    if schema is not None:
-        native["json_schema"] = schema
+    native = native_body(body, schema, _CHAT_BUDGET_FIELDS if settings.thinks else ())
     options = body.get("stream_options")
     include_usage = isinstance(options, dict) and options.get("include_usage") is True
     budget, message = _budget(body, settings)

@@ -16,6 +16,7 @@ from ...chat.parser import Syntax
 from ...chat.settings import ChatSettings
 from ..http.errors import ApiError
 from .chat import (
+    native_body,
     ChatPlan,
     _check_constraints,
     _check_messages,
@@ -61,12 +62,7 @@ def legacy_plan(body: dict, settings: ChatSettings, vocab) -> ChatPlan:
         raise ApiError("this custom template is not supported, try using --jinja",
                        type="server_error")
     prompt = legacy.render(settings.legacy, legacy.turns(messages), add_gen)
-    native = {k: v for k, v in body.items() if k not in ("logprobs", "top_logprobs")}
-    if body.get("logprobs") is True:
-        top = body.get("top_logprobs")
-        native["n_probs"] = top if isinstance(top, int) and not isinstance(top, bool) else 20
-    if schema is not None:
-        native["json_schema"] = schema
+    native = native_body(body, schema)
     options = body.get("stream_options")
     return ChatPlan(prompt=prompt, tokens=vocab.tokenize(prompt, False, True),
                     syntax=Syntax(reasoning_format=fmt, think_start="", think_end="",
