@@ -18,7 +18,8 @@ Rules:
 The engine is a parameter: `Bridge(config, engine_factory)` calls the
 factory from `run` with the `emit` callback and runs what it returns on the
 engine thread.  The server passes one that builds engine/loop.py's
-`EngineLoop` (server/runner.py); the fast test tier passes a scripted fake.
+`EngineLoop` (`engine_loop` below, bound by server/runner.py); the fast test
+tier passes a scripted fake.
 `Engine` below is everything the bridge asks of either.
 """
 
