@@ -77,6 +77,11 @@ def checkpoint_templates(tokenizer_config: Mapping[str, Any], template_file: str
     return default, tool_use
 
 
+# Texts at least this long are tokenized with the GIL released (see tokenize):
+# below it the batch call's thread hand-off costs more than it frees.
+GIL_FREE_CHARS = 16 * 1024
+
+
 class Vocab:
     def __init__(self, checkpoint: Path, n_vocab_model: int | None = None) -> None:
         self._tok = Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
@@ -136,7 +141,13 @@ class Vocab:
 
     def tokenize(self, text: str, add_special: bool = False, parse_special: bool = True) -> list[int]:
         tok = self._tok if parse_special else self._tok_literal
-        return tok.encode(text, add_special_tokens=add_special).ids
+        if len(text) < GIL_FREE_CHARS:
+            return tok.encode(text, add_special_tokens=add_special).ids
+        # tokenizers' `encode` holds the GIL for the whole call (seconds for a
+        # megabyte), freezing every other thread, the event loop included;
+        # `encode_batch_fast` releases it while the work runs and skips the
+        # offsets nobody reads.  Same ids.
+        return tok.encode_batch_fast([text], add_special_tokens=add_special)[0].ids
 
     def tokenize_mixed(self, content, add_special: bool, parse_special: bool = True) -> list[int]:
         """A string, or a list mixing strings and token ids (upstream's

@@ -10,11 +10,13 @@ through `app.mlxcel_state` (it runs the two tasks below in its root nursery).
     control     completions POST /v1/chat/completions/control can reach
     responses   stored Responses (background runs are detached work)
     slot_identities   slot-file identity digests, by model path
+    heavy_work  bounds the worker threads tokenizing and rendering requests
 """
 
 from __future__ import annotations
 
 import attrs
+import trio
 
 from ..bridge import Bridge
 from ..chat import settings as chat_settings
@@ -34,6 +36,10 @@ class AppState:
     control: ControlRegistry
     responses: ResponseStore = attrs.field(factory=ResponseStore)
     slot_identities: dict[str, dict[str, str]] = attrs.field(factory=dict)
+    # Tokenizing and template rendering run on worker threads (request/jobs.py
+    # off_loop): two at once, so a flood of huge bodies queues instead of
+    # taking every core from the engine thread.
+    heavy_work: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(2))
     _chat: chat_settings.ChatSettings | None = None
 
     @classmethod

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import time
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import attrs
 import cattrs
+import trio
 
 from ...bridge import Bridge
 from ...protocol.records import Failed, Finished, Job
@@ -58,6 +60,20 @@ def server_defaults(config, vocab) -> NativeRequest:
     return attrs.evolve(TABLE_DEFAULTS, **sampling.server_defaults(config, vocab),
                         grammar_spec=grammar.default_spec(config),
                         cache_prompt=config.cache_prompt, n_keep=config.n_keep)
+
+
+# -- work off the event loop ------------------------------------------------------
+
+T = TypeVar("T")
+
+
+async def off_loop(served: Served, fn: Callable[..., T], *args: Any) -> T:
+    """CPU-heavy request work (tokenizing, chat template rendering) on a
+    worker thread, a few at once per app (AppState.heavy_work): a 15 MB
+    prompt takes seconds to tokenize, and meanwhile the event loop keeps
+    answering /health and feeding every other stream.  (engine/vocab.py
+    tokenizes long texts with the GIL released, so the loop really runs.)"""
+    return await trio.to_thread.run_sync(partial(fn, *args), limiter=served.state.heavy_work)
 
 
 # -- prompts --------------------------------------------------------------------

@@ -315,6 +315,6 @@ async def _anthropic_errors(frames: AsyncIterator[bytes]) -> AsyncIterator[bytes
             yield chunk
 
 
-def count_tokens(served: Served, config, body: Any) -> Response:
-    chat = chat_plan(served, config, to_chat_body(body), generating=False)
+async def count_tokens(served: Served, config, body: Any) -> Response:
+    chat = await chat_plan(served, config, to_chat_body(body), generating=False)
     return json_response({"input_tokens": len(chat.tokens)})

@@ -18,6 +18,7 @@ from ...protocol.records import Finished, PromptProgress, TokenPiece
 from ..request.jobs import (
     Served,
     make_jobs,
+    off_loop,
     resolve,
     run_all,
     tokenize_prompts,
@@ -147,7 +148,7 @@ def final_object(served: Served, values: NativeRequest, fin: Finished, prompt: l
 async def complete(served: Served, body: Any) -> Response:
     values = resolve(body, served)
     values = await grammar.prepare(served, values)
-    prompts = tokenize_prompts(body, served.bridge.vocab)
+    prompts = await off_loop(served, tokenize_prompts, body, served.bridge.vocab)
     jobs = make_jobs(served, values, prompts, body)
     if values.stream:
         return await _stream(served, values, jobs)

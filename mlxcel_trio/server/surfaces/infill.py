@@ -12,12 +12,14 @@ prompt), and the extra context fills what the slot has left, as upstream.
 
 from __future__ import annotations
 
+from functools import partial
+
 from typing import Any
 
 from quart import Response
 
 from . import completion as native
-from ..request.jobs import Served
+from ..request.jobs import Served, off_loop
 from ..http.errors import ApiError, json_type_name
 
 SNIPPET_SEPARATOR = "\n\n--- snippet ---\n\n"
@@ -92,7 +94,8 @@ def build_prompt(vocab, body: dict, extra: list[dict], *, n_batch: int, n_predic
 async def infill(served: Served, body: Any) -> Response:
     vocab = served.bridge.vocab
     extra = _check(body, vocab)
-    prompt = build_prompt(vocab, body, extra, n_batch=served.batch_size,
-                          n_predict=served.n_predict_cap, n_ctx=served.bridge.info.n_ctx_slot,
-                          spm=served.spm_infill)
+    prompt = await off_loop(served, partial(
+        build_prompt, vocab, body, extra, n_batch=served.batch_size,
+        n_predict=served.n_predict_cap, n_ctx=served.bridge.info.n_ctx_slot,
+        spm=served.spm_infill))
     return await native.complete(served, {**body, "prompt": prompt})

@@ -27,7 +27,7 @@ from ...protocol.records import Finished, PromptProgress, TokenPiece
 from ..request import grammar_fields as grammar, budget_fields as reasoning_budget
 from ..request.chat import ChatPlan, plan
 from ..request.schema import NativeRequest
-from ..request.jobs import Served, make_jobs, now_s, resolve, run_all
+from ..request.jobs import Served, make_jobs, now_s, off_loop, resolve, run_all
 from ..http.errors import json_response
 from .completion import ProbsRenderer, final_object, final_probs
 from ..http.resources import request_resources
@@ -41,8 +41,11 @@ def random_string() -> str:
     return "".join(secrets.choice(_ALNUM) for _ in range(32))
 
 
-def chat_plan(served: Served, config, body: Any, generating: bool = True) -> ChatPlan:
-    return plan(body, served.state.chat_settings(), served.bridge.vocab, generating)
+async def chat_plan(served: Served, config, body: Any, generating: bool = True) -> ChatPlan:
+    """The chat plan, rendered and tokenized on a worker thread (a 5 MB
+    message must not stall the event loop)."""
+    settings = served.state.chat_settings()   # built on the loop: it logs
+    return await off_loop(served, plan, body, settings, served.bridge.vocab, generating)
 
 
 def chat_jobs(served: Served, config, chat: ChatPlan, values: NativeRequest,
@@ -127,7 +130,7 @@ async def plan_jobs(served: Served, config, body: Any,
     compiled) and engine jobs: the start every generating chat route shares.
     `control`: the route offers realtime reasoning control (the request
     still has to arm it)."""
-    chat = chat_plan(served, config, body)
+    chat = await chat_plan(served, config, body)
     values = resolve(chat.native, served)
     if chat.tool_grammar is not None and values.grammar_spec is None:
         # a forced call's arguments follow the tool's schema (a request's own
@@ -220,16 +223,17 @@ async def _stream(served, chat: ChatPlan, values, jobs, cid, created, alias, sco
 
 # -- prompt-only routes -------------------------------------------------------------------------
 
-def apply_template(served: Served, config, body: Any) -> Response:
-    return json_response({"prompt": chat_plan(served, config, body, False).prompt})
+async def apply_template(served: Served, config, body: Any) -> Response:
+    return json_response({"prompt": (await chat_plan(served, config, body, False)).prompt})
 
 
-def input_tokens(served: Served, config, body: Any,
+async def input_tokens(served: Served, config, body: Any,
                  convert: Callable[[Any], Any] | None = None, oai: bool = True) -> Response:
     """{"input_tokens": N} from the render and encode generation would run."""
     if convert is not None:
         body = convert(body)
-    res: dict[str, Any] = {"input_tokens": len(chat_plan(served, config, body, False).tokens)}
+    chat = await chat_plan(served, config, body, False)
+    res: dict[str, Any] = {"input_tokens": len(chat.tokens)}
     if oai:
         res["object"] = "response.input_tokens"
     return json_response(res)

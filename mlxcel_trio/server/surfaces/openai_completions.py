@@ -15,7 +15,15 @@ from typing import Any
 from quart import Response
 
 from ...protocol.records import Finished, PromptProgress, TokenPiece
-from ..request.jobs import Served, make_jobs, now_s, resolve, run_all, tokenize_prompts
+from ..request.jobs import (
+    Served,
+    make_jobs,
+    now_s,
+    off_loop,
+    resolve,
+    run_all,
+    tokenize_prompts,
+)
 from ..request import grammar_fields as grammar
 from ..request.schema import NativeRequest
 from ..http.errors import json_response
@@ -77,7 +85,7 @@ class _Render:
 async def complete_v1(served: Served, body: Any, scope: str) -> Response:
     values = resolve(body, served)
     values = await grammar.prepare(served, values)
-    prompts = tokenize_prompts(body, served.bridge.vocab)
+    prompts = await off_loop(served, tokenize_prompts, body, served.bridge.vocab)
     jobs = make_jobs(served, values, prompts, body, control=True)
     controlled = tuple(job.id for job in jobs) if values.reasoning_control else None
     out = _Render(served, values)

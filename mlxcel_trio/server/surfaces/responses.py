@@ -474,9 +474,9 @@ class _Renderer:
         return out
 
 
-def input_tokens(served: Served, config, body: Any, store: ResponseStore,
+async def input_tokens(served: Served, config, body: Any, store: ResponseStore,
                  scope: str) -> Response:
     prev = _previous(body, store, scope)
-    chat = chat_plan(served, config, to_chat_body(body, prev.history if prev else None),
+    chat = await chat_plan(served, config, to_chat_body(body, prev.history if prev else None),
                      generating=False)
     return json_response({"input_tokens": len(chat.tokens), "object": "response.input_tokens"})

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from typing import Any
+
+import trio
 
 from ..http.errors import json_response, type_error
 
@@ -36,14 +40,17 @@ def _check_content(content) -> None:
         raise type_error("string", content)
 
 
-def tokenize(vocab, body: Any):
+async def tokenize(vocab, body: Any, limiter: trio.CapacityLimiter):
+    """POST /tokenize; the tokenizing runs on a worker thread (`limiter`:
+    the app's heavy-work bound), so a huge body never stalls the loop."""
     body = body if isinstance(body, dict) else {}
     content = body.get("content")
     if content is None:
         return json_response({"tokens": []})
     _check_content(content)
-    ids = vocab.tokenize_mixed(content, add_special=_flag(body, "add_special", False),
-                               parse_special=_flag(body, "parse_special", True))
+    ids = await trio.to_thread.run_sync(partial(
+        vocab.tokenize_mixed, content, add_special=_flag(body, "add_special", False),
+        parse_special=_flag(body, "parse_special", True)), limiter=limiter)
     if _flag(body, "with_pieces", False):
         return json_response({"tokens": [{"id": t, "piece": _piece(vocab, t)} for t in ids]})
     return json_response({"tokens": ids})
