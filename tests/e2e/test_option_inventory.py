@@ -24,6 +24,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -63,6 +64,9 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
+RUN_BOUND_S = 60.0
+
+
 def _run(argv: list[str], env: dict[str, str]) -> dict[str, Any]:
     """Run one process; `seconds` is the CPU time it used (user + sys), which
     parallel runs on a small machine cannot inflate the way wall time is."""
@@ -70,8 +74,15 @@ def _run(argv: list[str], env: dict[str, str]) -> dict[str, Any]:
     proc = subprocess.Popen([str(SERVER), *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env,
                             stdin=subprocess.DEVNULL)
-    out, err = proc.stdout.read(), proc.stderr.read()  # stderr is one short line
-    _, status, usage = os.wait4(proc.pid, 0)
+    # a process that starts serving instead of refusing would never exit:
+    # bounded, it is killed and fails its test on its exit status
+    killer = threading.Timer(RUN_BOUND_S, proc.kill)
+    killer.start()
+    try:
+        out, err = proc.stdout.read(), proc.stderr.read()  # stderr is one short line
+        _, status, usage = os.wait4(proc.pid, 0)
+    finally:
+        killer.cancel()
     proc.returncode = os.waitstatus_to_exitcode(status)
     return {"rc": proc.returncode, "stdout": out, "stderr": err,
             "seconds": usage.ru_utime + usage.ru_stime,
