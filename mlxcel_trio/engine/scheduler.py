@@ -182,14 +182,8 @@ class Scheduler:
         if not self._in_vocab(job.prompt):
             out.append(Failed(job.id, "invalid_request_error", "Prompt contains invalid tokens"))
             return
-        n = len(job.prompt)
-        if n >= self.n_ctx_slot:
-            out.append(Failed(
-                job.id, "exceed_context_size_error",
-                f"request ({n} tokens) exceeds the available context size "
-                f"({self.n_ctx_slot} tokens), try increasing it",
-                (("n_prompt_tokens", n), ("n_ctx", self.n_ctx_slot)),
-            ))
+        if len(job.prompt) >= self.n_ctx_slot:
+            out.append(Failed.exceeds_context(job.id, len(job.prompt), self.n_ctx_slot))
             return
         self._pending.append(job)
         self._admit(out)

@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 from tokenizers import Tokenizer
 
+from ..protocol.records import PromptTooLong
 from .detokenizer import TokenTable
 
 
@@ -139,15 +140,26 @@ class Vocab:
 
     # -- text -> ids ---------------------------------------------------------
 
-    def tokenize(self, text: str, add_special: bool = False, parse_special: bool = True) -> list[int]:
+    def tokenize(self, text: str, add_special: bool = False, parse_special: bool = True,
+                 limit: int | None = None) -> list[int]:
+        """The ids of `text`; with `limit`, a text of at least that many
+        tokens raises PromptTooLong instead (its ids are never built)."""
         tok = self._tok if parse_special else self._tok_literal
         if len(text) < GIL_FREE_CHARS:
-            return tok.encode(text, add_special_tokens=add_special).ids
+            ids = tok.encode(text, add_special_tokens=add_special).ids
+            if limit is not None and len(ids) >= limit:
+                raise PromptTooLong(len(ids))
+            return ids
         # tokenizers' `encode` holds the GIL for the whole call (seconds for a
         # megabyte), freezing every other thread, the event loop included;
         # `encode_batch_fast` releases it while the work runs and skips the
-        # offsets nobody reads.  Same ids.
-        return tok.encode_batch_fast([text], add_special_tokens=add_special)[0].ids
+        # offsets nobody reads.  Same ids.  Building the Python list of ids
+        # holds the GIL again (a third of a second for ten million), so a
+        # text over the limit is refused on its count alone.
+        encoding = tok.encode_batch_fast([text], add_special_tokens=add_special)[0]
+        if limit is not None and len(encoding) >= limit:
+            raise PromptTooLong(len(encoding))
+        return encoding.ids
 
     def tokenize_mixed(self, content, add_special: bool, parse_special: bool = True) -> list[int]:
         """A string, or a list mixing strings and token ids (upstream's

@@ -355,6 +355,24 @@ class Failed:
     message: str
     extra: tuple[tuple[str, int], ...] = ()
 
+    @classmethod
+    def exceeds_context(cls, job_id: int, n_prompt: int, n_ctx: int) -> "Failed":
+        """Upstream's refusal of a prompt its slot cannot hold."""
+        return cls(job_id, "exceed_context_size_error",
+                   f"request ({n_prompt} tokens) exceeds the available context size "
+                   f"({n_ctx} tokens), try increasing it",
+                   (("n_prompt_tokens", n_prompt), ("n_ctx", n_ctx)))
+
+
+class PromptTooLong(Exception):
+    """Raised by a tokenizer given a `limit` (engine/vocab.py) when the text
+    has at least that many tokens: the ids are never built, so a prompt no
+    slot could hold costs no more than counting its tokens."""
+
+    def __init__(self, n_tokens: int) -> None:
+        super().__init__(n_tokens)
+        self.n_tokens = n_tokens
+
 
 @attrs.frozen
 class StepEvents:

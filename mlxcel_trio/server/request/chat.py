@@ -28,6 +28,7 @@ from ...chat.settings import ChatSettings
 from ...chat.template import TemplateError
 from ...grammar.compile import JSON_WHITESPACE
 from ..http.errors import ApiError, dumps, json_type_name
+from .jobs import tokenize_within
 
 
 
@@ -395,14 +396,17 @@ def native_body(body: dict, schema: Any, dropped: tuple[str, ...] = ()) -> dict:
     return native
 
 
-def plan(body: Any, settings: ChatSettings, vocab, generating: bool = True) -> ChatPlan:
+def plan(body: Any, settings: ChatSettings, vocab, generating: bool = True,
+         limit: int | None = None) -> ChatPlan:
     """`generating` False: the prompt only (/apply-template, input-token
-    counts), so fields that only shape decoding are not refused."""
+    counts), so fields that only shape decoding are not refused.  `limit`:
+    the slot's context, past which the prompt is refused on its token count
+    (request/jobs.py tokenize_within)."""
     if not isinstance(body, dict):
         raise bad("'messages' is required")
     if not settings.jinja:  # --no-jinja, or a built-in format named
         from .chat_legacy import legacy_plan
-        return legacy_plan(body, settings, vocab)
+        return legacy_plan(body, settings, vocab, limit)
     tools_value = body.get("tools")
     has_tools = isinstance(tools_value, list) and bool(tools_value)
     stream = body.get("stream") if isinstance(body.get("stream"), bool) else False
@@ -459,7 +463,8 @@ def plan(body: Any, settings: ChatSettings, vocab, generating: bool = True) -> C
     options = body.get("stream_options")
     include_usage = isinstance(options, dict) and options.get("include_usage") is True
     budget, message = _budget(body, settings)
-    return ChatPlan(prompt=prompt, tokens=vocab.tokenize(prompt, False, True), syntax=syntax,
+    return ChatPlan(prompt=prompt, tokens=tokenize_within(vocab, prompt, False, limit),
+                    syntax=syntax,
                     prefill=prefill, echo=echo, tools=rendered_tools, native=native,
                     stream=stream, include_usage=include_usage, budget=budget,
                     budget_message=message,

@@ -15,6 +15,7 @@ from ...chat import legacy
 from ...chat.parser import Syntax
 from ...chat.settings import ChatSettings
 from ..http.errors import ApiError
+from .jobs import tokenize_within
 from .chat import (
     native_body,
     ChatPlan,
@@ -39,7 +40,7 @@ def _needs_jinja(param: str, settings: ChatSettings) -> ApiError:
     return ApiError(f"{param} param requires --jinja flag", type="server_error")
 
 
-def legacy_plan(body: dict, settings: ChatSettings, vocab) -> ChatPlan:
+def legacy_plan(body: dict, settings: ChatSettings, vocab, limit: int | None = None) -> ChatPlan:
     """upstream's legacy path: the same checks in the same order, then the
     prompt in the built-in format from each message's role and text.  No
     tools, and nothing is continued: a trailing assistant message is
@@ -64,7 +65,7 @@ def legacy_plan(body: dict, settings: ChatSettings, vocab) -> ChatPlan:
     prompt = legacy.render(settings.legacy, legacy.turns(messages), add_gen)
     native = native_body(body, schema)
     options = body.get("stream_options")
-    return ChatPlan(prompt=prompt, tokens=vocab.tokenize(prompt, False, True),
+    return ChatPlan(prompt=prompt, tokens=tokenize_within(vocab, prompt, False, limit),
                     syntax=Syntax(reasoning_format=fmt, think_start="", think_end="",
                                   skip=True),
                     prefill="", echo=False, tools=(), native=native, stream=stream,

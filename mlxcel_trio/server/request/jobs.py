@@ -19,7 +19,7 @@ import cattrs
 import trio
 
 from ...bridge import Bridge
-from ...protocol.records import Failed, Finished, Job
+from ...protocol.records import Failed, Finished, Job, PromptTooLong
 from . import (
     grammar_fields as grammar,
     budget_fields as reasoning_budget,
@@ -95,7 +95,7 @@ _BAD_PROMPT = ('"prompt" elements must be a string, a list of tokens, a JSON obj
                'containing a prompt string, or a list of mixed strings & tokens.')
 
 
-def _tokenize_one(p, vocab) -> list[int]:
+def _tokenize_one(p, vocab, limit: int | None = None) -> list[int]:
     if isinstance(p, dict):
         text = p.get("prompt_string")
         if not isinstance(text, str):
@@ -105,19 +105,33 @@ def _tokenize_one(p, vocab) -> list[int]:
         p = text
     if not _single_prompt(p):
         raise ApiError(_BAD_PROMPT)
+    if isinstance(p, str):  # text only: its ids are in the vocabulary by construction
+        return tokenize_within(vocab, p, True, limit)
     return vocab.tokenize_mixed(p, add_special=True, parse_special=True)
 
 
-def tokenize_prompts(body: dict, vocab) -> list[list[int]]:
+def tokenize_within(vocab, text: str, add_special: bool, limit: int | None) -> list[int]:
+    """`text`'s ids, or the engine's refusal of a prompt its slot cannot hold
+    (`limit`: the slot's context) given on the count alone, before a list of
+    millions of ids is built."""
+    try:
+        return vocab.tokenize(text, add_special, True, limit=limit)
+    except PromptTooLong as exc:
+        raise ApiError.from_failed(Failed.exceeds_context(0, exc.n_tokens, limit or 0)) from None
+
+
+def tokenize_prompts(body: dict, vocab, limit: int | None = None) -> list[list[int]]:
+    """Every prompt of a completion body; `limit` (the slot's context):
+    see tokenize_within."""
     if "prompt" not in body:
         raise ApiError("[json.exception.out_of_range.403] key 'prompt' not found")
     prompt = body["prompt"]
     if isinstance(prompt, list) and not prompt:
         raise ApiError('"prompt" must not be empty')
     if _single_prompt(prompt) or isinstance(prompt, dict):
-        return [_tokenize_one(prompt, vocab)]
+        return [_tokenize_one(prompt, vocab, limit)]
     if isinstance(prompt, list):
-        return [_tokenize_one(p, vocab) for p in prompt]
+        return [_tokenize_one(p, vocab, limit) for p in prompt]
     raise ApiError(_BAD_PROMPT)
 
 

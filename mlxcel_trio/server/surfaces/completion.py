@@ -148,7 +148,8 @@ def final_object(served: Served, values: NativeRequest, fin: Finished, prompt: l
 async def complete(served: Served, body: Any) -> Response:
     values = resolve(body, served)
     values = await grammar.prepare(served, values)
-    prompts = await off_loop(served, tokenize_prompts, body, served.bridge.vocab)
+    prompts = await off_loop(served, tokenize_prompts, body, served.bridge.vocab,
+                             served.bridge.info.n_ctx_slot)
     jobs = make_jobs(served, values, prompts, body)
     if values.stream:
         return await _stream(served, values, jobs)

@@ -45,7 +45,8 @@ async def chat_plan(served: Served, config, body: Any, generating: bool = True) 
     """The chat plan, rendered and tokenized on a worker thread (a 5 MB
     message must not stall the event loop)."""
     settings = served.state.chat_settings()   # built on the loop: it logs
-    return await off_loop(served, plan, body, settings, served.bridge.vocab, generating)
+    limit = served.bridge.info.n_ctx_slot if generating else None
+    return await off_loop(served, plan, body, settings, served.bridge.vocab, generating, limit)
 
 
 def chat_jobs(served: Served, config, chat: ChatPlan, values: NativeRequest,
