@@ -30,7 +30,7 @@ from .. import __version__
 from ..logging_setup import TRACE
 from ..bridge import Bridge
 from ..config import ServerConfig
-from .surfaces import info, infill, completion as native, openai_completions, tokens
+from .surfaces import info, infill, completion as native, openai_completions, tokens, unserved
 from .http import limits
 from .sessions import slot_files, streams
 from .state import AppState
@@ -167,6 +167,9 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
         "no_embeddings": lambda: not_supported("embeddings", "--embeddings"),
         "no_reranking": lambda: not_supported("reranking", "--reranking"),
         "feature_disabled": feature_disabled,
+        "lora_adapters": unserved.lora_adapters,
+        "set_lora_adapters": unserved.set_lora_adapters,
+        "transcriptions": unserved.transcriptions,
         "stream_get": lambda: streams.get_stream(state.streams),
         "stream_delete": lambda: streams.delete_stream(state.streams),
         "streams_lookup": lambda: streams.lookup_streams(state.streams),

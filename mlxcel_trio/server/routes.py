@@ -78,6 +78,12 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/reranking", "no_reranking"),
     Route("POST", "/v1/rerank", "no_reranking"),
     Route("POST", "/v1/reranking", "no_reranking"),
+    # always mounted upstream; answered as a server without the feature
+    # answers (server/surfaces/unserved.py)
+    Route("GET", "/lora-adapters", "lora_adapters"),
+    Route("POST", "/lora-adapters", "set_lora_adapters", body=True),
+    Route("POST", "/v1/audio/transcriptions", "transcriptions"),
+    Route("POST", "/audio/transcriptions", "transcriptions"),
     Route("GET", "/tools", "feature_disabled"),
     Route("POST", "/tools", "feature_disabled"),
     Route("GET", "/cors-proxy", "feature_disabled"),

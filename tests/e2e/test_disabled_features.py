@@ -40,6 +40,23 @@ def test_features_started_without_answer_501(server, method, path, message):
     assert r.json() == {"error": {"code": 501, "message": message, "type": "not_supported_error"}}
 
 
+@pytest.mark.parametrize("path", ["/v1/audio/transcriptions", "/audio/transcriptions"])
+def test_transcriptions_answer_a_text_only_models_501(server, path):
+    r = httpx.post(server.url + path, files={"file": ("a.wav", b"RIFF....WAVE")},
+                   data={"model": "whisper-1"})
+    assert r.status_code == 501
+    assert r.json() == {"error": {"code": 501, "type": "not_supported_error",
+                                  "message": "The current model does not support audio input."}}
+
+
+def test_lora_adapters_without_adapters_are_upstreams_answers(server):
+    assert httpx.get(server.url + "/lora-adapters").json() == []
+    r = httpx.post(server.url + "/lora-adapters", json=[{"id": 0, "scale": 1.0}])
+    assert r.status_code == 200 and r.json() == {"success": True}
+    r = httpx.post(server.url + "/lora-adapters", json={"id": 0})
+    assert r.status_code == 400 and r.json()["error"]["message"] == "Request body must be an array"
+
+
 def test_props_key_set_follows_upstream(server):
     props = httpx.get(server.url + "/props").json()
     keys = list(props)

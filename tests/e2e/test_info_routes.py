@@ -93,7 +93,7 @@ def test_models_single_model_shape(server, tiny_model, tiny_facts, path):
     assert list(model) == MODEL_KEYS
     assert model["object"] == "model" and model["owned_by"] == "llamacpp"
     assert model["id"] == tiny_model.name  # no alias: the directory name
-    assert model["aliases"] == [] and model["tags"] == []
+    assert model["aliases"] == [model["id"]] and model["tags"] == []  # the name, as upstream
     assert isinstance(model["created"], int) and model["created"] > 0
     meta = model["meta"]
     assert list(meta) == META_KEYS

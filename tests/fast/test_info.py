@@ -85,6 +85,13 @@ async def test_models_shape(serve, vocab, path):
     assert res["models"][0]["details"]["format"] == "safetensors"
 
 
+@route("GET /v1/models")
+async def test_without_an_alias_the_models_name_is_its_alias(serve):
+    s = await serve()
+    (model,) = (await (await s.get("/v1/models")).get_json())["data"]
+    assert model["aliases"] == [model["id"]]
+
+
 @route("GET /slots", "POST /completion")
 async def test_slots_shape_before_and_after_a_job(serve):
     s = await serve("-c", "1024", "-np", "2")

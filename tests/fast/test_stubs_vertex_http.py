@@ -45,6 +45,29 @@ async def test_disabled_features_are_upstreams_403(serve, spec):
                                             "type": "feature_disabled"}}
 
 
+@route("GET /lora-adapters", "POST /lora-adapters")
+async def test_lora_adapters_answer_as_upstream_without_adapters(serve):
+    s = await serve()
+    r = await s.get("/lora-adapters")
+    assert r.status_code == 200 and r.content_type == JSON_TYPE and await r.get_json() == []
+    r = await s.post("/lora-adapters", [{"id": 0, "scale": 0.5}, {"nonsense": 1}])
+    assert r.status_code == 200 and await r.get_json() == {"success": True}
+    r = await s.post("/lora-adapters", {"id": 0, "scale": 0.5})
+    assert error_of(await r.get_json(), 400, "invalid_request_error") == (
+        "Request body must be an array")
+
+
+@pytest.mark.parametrize("spec", [pytest.param(spec, marks=route(spec), id=spec)
+                                  for spec in _specs("transcriptions")])
+async def test_transcriptions_answer_a_text_only_models_501(serve, spec):
+    s = await serve()
+    method, path = spec.split(" ", 1)
+    r = await s.open(path, method=method, data=b"--x\r\nnot a form")
+    assert r.content_type == JSON_TYPE
+    assert error_of(await r.get_json(), 501, "not_supported_error") == (
+        "The current model does not support audio input.")
+
+
 # -- Vertex AI -----------------------------------------------------------------------------
 
 @route("GET $AIP_HEALTH_ROUTE")

@@ -121,7 +121,8 @@ def models(served: Served, aliases: tuple[str, ...], tags: tuple[str, ...] = ())
         "object": "list",
         "data": [{
             "id": name,
-            "aliases": sorted(aliases),
+            # upstream makes the model's name its alias when none is given
+            "aliases": sorted(aliases) or [name],
             "tags": list(tags),
             "object": "model",
             "created": _created(info.path),
