@@ -236,6 +236,12 @@ class PromptProgress:
     processed: int
     time_ms: float
 
+    def to_json(self) -> dict:
+        """result_prompt_progress::to_json; time_ms is whole milliseconds
+        (an int64 of elapsed microseconds / 1000 upstream)."""
+        return {"total": self.total, "cache": self.cache, "processed": self.processed,
+                "time_ms": int(self.time_ms)}
+
 
 @attrs.frozen
 class Timings:

@@ -92,6 +92,9 @@ def test_return_progress_frames(server, tiny_facts):
     assert all(set(p) == {"total", "cache", "processed", "time_ms"} for p in progress)
     assert [p["processed"] for p in progress] == sorted(p["processed"] for p in progress)
     assert all(f["content"] == "" for f in frames if "prompt_progress" in f)
+    # upstream's shape: a value-initialized token (id 0), whole milliseconds
+    assert all(f["tokens"] == [0] for f in frames if "prompt_progress" in f)
+    assert all(type(p["time_ms"]) is int for p in progress)
     # inert without stream
     res = complete(server, prompt="Hi", n_predict=2, return_progress=True, **GREEDY)
     assert "prompt_progress" not in res

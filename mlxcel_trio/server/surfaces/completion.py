@@ -184,11 +184,10 @@ async def _stream(served: Served, values: NativeRequest, jobs: list) -> Response
                 obj["completion_probabilities"] = [probs.entry(ev.probs)]
             return (frame(obj),)
         if isinstance(ev, PromptProgress):
-            return (frame({"index": i, "content": "", "tokens": [], "stop": False,
+            # upstream sends a progress frame with a value-initialized token: id 0
+            return (frame({"index": i, "content": "", "tokens": [0], "stop": False,
                            "id_slot": -1, "tokens_predicted": 0, "tokens_evaluated": n_prompt,
-                           "prompt_progress": {"total": ev.total, "cache": ev.cache,
-                                               "processed": ev.processed,
-                                               "time_ms": ev.time_ms}}),)
+                           "prompt_progress": ev.to_json()}),)
         if isinstance(ev, Finished):
             obj = final_object(served, values, ev, list(prompt[ev.job_id]), i, streamed=True)
             return (frame(_project(obj, values.response_fields)),)

@@ -205,8 +205,7 @@ async def _stream(served, chat: ChatPlan, values, jobs, cid, created, alias, sco
             if out and (per_token_timings or ev.last):
                 out[-1]["timings"] = ev.timings.to_json()
         elif isinstance(ev, PromptProgress):
-            out[-1]["prompt_progress"] = {"total": ev.total, "cache": ev.cache,
-                                          "processed": ev.processed, "time_ms": ev.time_ms}
+            out[-1]["prompt_progress"] = ev.to_json()
         elif isinstance(ev, Finished):
             stream = streams[ev.job_id]
             out += [chunk(i, delta_json(d, alias)) for d in stream.finish()]

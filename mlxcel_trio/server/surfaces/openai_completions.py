@@ -113,8 +113,7 @@ async def complete_v1(served: Served, body: Any, scope: str) -> Response:
             return (frame(res),)
         if isinstance(ev, PromptProgress):
             res = out.envelope([_choice("", index[ev.job_id], None)])
-            res["prompt_progress"] = {"total": ev.total, "cache": ev.cache,
-                                      "processed": ev.processed, "time_ms": ev.time_ms}
+            res["prompt_progress"] = ev.to_json()
             return (frame(res),)
         if isinstance(ev, Finished):
             return (frame(out.final([(by_id[ev.job_id], ev)], jobs, streamed=True)),)

@@ -432,9 +432,7 @@ class _Renderer:
             if events and (self.per_token_timings or ev.last):
                 events[-1][1]["timings"] = ev.timings.to_json()
         elif isinstance(ev, PromptProgress):
-            events[-1][1]["prompt_progress"] = {"total": ev.total, "cache": ev.cache,
-                                                "processed": ev.processed,
-                                                "time_ms": ev.time_ms}
+            events[-1][1]["prompt_progress"] = ev.to_json()
         elif isinstance(ev, Finished):
             events += self._diffs(self.stream.finish())
             events += self._done(ev)
