@@ -31,6 +31,31 @@ WAIT_S = 60
 GREEDY = SamplingParams(temperature=0.0)
 
 
+class _Events:
+    """The engine's events as its emit callback delivers them, read with a
+    bounded wait that names what never came."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+
+    def emit(self, batch) -> None:
+        for ev in batch.events:
+            self._queue.put(ev)
+
+    def until(self, pred) -> list:
+        """Every event up to and including the first matching `pred`."""
+        seen: list = []
+        while True:
+            try:
+                ev = self._queue.get(timeout=WAIT_S)
+            except queue.Empty:
+                raise AssertionError(f"no matching engine event within {WAIT_S} s; "
+                                     f"saw {seen[-5:]}") from None
+            seen.append(ev)
+            if pred(ev):
+                return seen
+
+
 def test_a_throwing_command_fails_its_job_not_the_engine(tiny_model, monkeypatch):
     real_plan = Scheduler._sampling_plan
 
@@ -44,22 +69,10 @@ def test_a_throwing_command_fails_its_job_not_the_engine(tiny_model, monkeypatch
 
     monkeypatch.setattr(Scheduler, "_sampling_plan", plan)
     monkeypatch.setattr(Scheduler, "slot_action", slot_action)
-    events: queue.SimpleQueue = queue.SimpleQueue()
-
-    def emit(batch):
-        for ev in batch.events:
-            events.put(ev)
-
-    def until(pred):
-        seen = []
-        while True:
-            ev = events.get(timeout=WAIT_S)
-            seen.append(ev)
-            if pred(ev):
-                return seen
-
+    events = _Events()
+    until = events.until
     engine = EngineLoop(str(tiny_model), n_slots=1, ctx_size=256, batch_size=64,
-                        warmup=False, emit=emit)
+                        warmup=False, emit=events.emit)
     thread = threading.Thread(target=engine.run, daemon=True)
     thread.start()
     try:
@@ -101,22 +114,10 @@ class _Switch:
 
 
 def test_force_end_reaches_the_running_jobs_constraint_and_stats_follow_the_steps(tiny_model):
-    events: queue.SimpleQueue = queue.SimpleQueue()
-
-    def emit(batch):
-        for ev in batch.events:
-            events.put(ev)
-
-    def until(pred):
-        seen = []
-        while True:
-            ev = events.get(timeout=WAIT_S)
-            seen.append(ev)
-            if pred(ev):
-                return seen
-
+    events = _Events()
+    until = events.until
     engine = EngineLoop(str(tiny_model), n_slots=1, ctx_size=512, batch_size=64,
-                        warmup=False, emit=emit)
+                        warmup=False, emit=events.emit)
     thread = threading.Thread(target=engine.run, daemon=True)
     thread.start()
     try:
