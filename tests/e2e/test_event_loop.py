@@ -62,12 +62,15 @@ def test_a_huge_prompt_stalls_neither_health_nor_other_streams(tiny_model, start
     stream = _Stream(srv.url)
     stream.start()
     assert stream.started.wait(WAIT_S) and stream.error is None, stream.error
-    prompt = _huge_prompt(15 * 1024 * 1024)
+    # encoded up front: 15 MB of json.dumps in this process would hold its GIL
+    # and stall the stream reader here, not the server
+    payload = json.dumps({"prompt": _huge_prompt(15 * 1024 * 1024), "n_predict": 1}).encode()
     answer: dict = {}
 
     def huge() -> None:
         with httpx.Client(timeout=WAIT_S) as c:
-            answer["r"] = c.post(srv.url + "/completion", json={"prompt": prompt, "n_predict": 1})
+            answer["r"] = c.post(srv.url + "/completion", content=payload,
+                                 headers={"Content-Type": "application/json"})
             answer["t"] = time.perf_counter()
 
     refused = threading.Thread(target=huge, daemon=True)
