@@ -44,7 +44,6 @@ log = logging.getLogger("mlxcel.server")
 
 GRACE_S = 5.0
 KEEP_ALIVE_S = 5.0        # upstream's (cpp-httplib's) keep-alive; also bounds a request head
-_TO_FILE = False          # the log goes to a file: lifecycle lines are logged too
 
 
 def _model_name(config: ServerConfig) -> str:
@@ -56,12 +55,18 @@ def _model_name(config: ServerConfig) -> str:
     return path.name if path.exists() else ref
 
 
-def _say(line: str) -> None:
+class Lifecycle:
     """Lifecycle lines on stdout (tests and operators wait for these),
-    whatever the log configuration; copied into a log file."""
-    print(line, flush=True)
-    if _TO_FILE:
-        log.info("%s", line)
+    whatever the log configuration; copied into the log when it goes to a
+    file."""
+
+    def __init__(self, to_file: bool) -> None:
+        self.to_file = to_file
+
+    def say(self, line: str) -> None:
+        print(line, flush=True)
+        if self.to_file:
+            log.info("%s", line)
 
 
 async def _signals(signals, shutdown: trio.Event) -> None:
@@ -71,7 +76,8 @@ async def _signals(signals, shutdown: trio.Event) -> None:
         return
 
 
-async def _watch_load(bridge: Bridge, shutdown: trio.Event, status: dict) -> None:
+async def _watch_load(bridge: Bridge, shutdown: trio.Event, status: dict,
+                      lifecycle: Lifecycle) -> None:
     await bridge.loaded.wait()
     if bridge.load_error:
         print(f"error: failed to load model '{bridge.config.model}': {bridge.load_error}",
@@ -81,10 +87,10 @@ async def _watch_load(bridge: Bridge, shutdown: trio.Event, status: dict) -> Non
     else:
         info = bridge.info
         # the server grammar is compiled once now; a broken one is logged and
-        # refused per request (issue #5)
+        # refused per request
         await trio.to_thread.run_sync(server_grammar.startup, bridge.config, bridge.vocab)
-        _say(f"main: model loaded ({info.model_type}, {info.dtype}, n_ctx {info.n_ctx}, "
-             f"{info.n_slots} slots of {info.n_ctx_slot})")
+        lifecycle.say(f"main: model loaded ({info.model_type}, {info.dtype}, "
+                      f"n_ctx {info.n_ctx}, {info.n_slots} slots of {info.n_ctx_slot})")
         cfg = bridge.config
         # where upstream reports them too: its context setup logs the batch sizes
         log.info("n_ctx_slot = %d, n_batch = %d (prefill chunk), n_ubatch = %d (no MLX "
@@ -118,7 +124,7 @@ def _warn_open_cors(config: ServerConfig) -> None:
                     "--cors-origins localhost")
 
 
-async def _main(config: ServerConfig, sock) -> int:
+async def _main(config: ServerConfig, sock, lifecycle: Lifecycle) -> int:
     status = {"code": 0}
     bridge = Bridge(config, partial(engine_loop, config))
     app = create_app(bridge, config, _model_name(config))
@@ -126,10 +132,11 @@ async def _main(config: ServerConfig, sock) -> int:
     # Catch signals before anything starts, so a signal during model load is
     # a graceful shutdown too, never a KeyboardInterrupt traceback.
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        return await _serve(config, bridge, app, shutdown, signals, status, sock)
+        return await _serve(config, bridge, app, shutdown, signals, status, sock, lifecycle)
 
 
-async def _serve(config, bridge, app, shutdown, signals, status, sock) -> int:
+async def _serve(config, bridge, app, shutdown, signals, status, sock,
+                 lifecycle: Lifecycle) -> int:
     from .http import listen  # after hypercorn_internals.check(), in run()
 
     hc = _hypercorn_config(config)
@@ -144,15 +151,15 @@ async def _serve(config, bridge, app, shutdown, signals, status, sock) -> int:
                                      # silent body gets its 408 before the socket closes
                                      read_timeout=config.timeout + 1,
                                      shutdown_trigger=shutdown.wait))
-            _say(f"main: server is listening on {listen.listening_address(sock, hc.ssl_enabled)}")
+            address = listen.listening_address(sock, hc.ssl_enabled)
+            lifecycle.say(f"main: server is listening on {address}")
             _warn_open_cors(config)
-            root.start_soon(_watch_load, bridge, shutdown, status)
+            root.start_soon(_watch_load, bridge, shutdown, status, lifecycle)
         root.cancel_scope.cancel()
     return status["code"]
 
 
 def run(config: ServerConfig) -> int:
-    global _TO_FILE
     try:
         hypercorn_internals.check()
     except hypercorn_internals.HypercornUnsupported as exc:
@@ -168,7 +175,7 @@ def run(config: ServerConfig) -> int:
     except logging_setup.LogFileError as exc:
         print(f"error: --log-file {config.log_file!r}: {exc}", file=sys.stderr, flush=True)
         return 1
-    _TO_FILE = sinks.to_file
+    lifecycle = Lifecycle(sinks.to_file)
     if config.aip_replaced_port is not None:
         log.warning("Google Cloud Platform compat: overriding server port %d with AIP_HTTP_PORT %d",
                     config.aip_replaced_port, config.port)
@@ -187,7 +194,7 @@ def run(config: ServerConfig) -> int:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         sinks.close()
         return 1
-    code = trio.run(_main, config, sock)
+    code = trio.run(_main, config, sock, lifecycle)
     # Everything is shut down by now (sockets closed, engine thread joined).
     # Skip interpreter finalization: MLX aborts in its static destructors
     # ("terminate called without an active exception") once a model forward
