@@ -140,3 +140,21 @@ async def test_control_refusals(serve, body, message):
     s = await serve()
     r = await s.post("/v1/chat/completions/control", body)
     assert error_of(await r.get_json(), 400, "invalid_request_error") == message
+
+
+@route("POST /v1/chat/completions", "POST /v1/completions")
+async def test_verbose_servers_add_upstreams_debug_object(serve):
+    """-v (upstream: verbosity > 9) makes `verbose` default on: the OpenAI
+    shapes carry __verbose, the native object of the same result; a request's
+    own `verbose: false` turns it off."""
+    s = await serve("-v")
+    chat = await (await s.post("/v1/chat/completions", {"messages": [USER]})).get_json()
+    assert chat["__verbose"]["content"] == chat["choices"][0]["message"]["content"]
+    done = await (await s.post("/v1/completions", {"prompt": "hi", "max_tokens": 3})).get_json()
+    assert done["__verbose"]["tokens_predicted"] == done["usage"]["completion_tokens"]
+    quiet = await (await s.post("/v1/chat/completions",
+                                {"messages": [USER], "verbose": False})).get_json()
+    assert "__verbose" not in quiet
+    plain = await serve()
+    res = await (await plain.post("/v1/chat/completions", {"messages": [USER]})).get_json()
+    assert "__verbose" not in res

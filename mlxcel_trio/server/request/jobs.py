@@ -56,10 +56,13 @@ class Served:
 def server_defaults(config, vocab) -> NativeRequest:
     """The record of an empty request: every server-wide field default (see
     server/request/sampler_fields.py), plus the server's grammar (--grammar /
-    --json-schema); the table's default where the server sets nothing."""
+    --json-schema); the table's default where the server sets nothing.
+    `verbose` (the OpenAI shapes' __verbose) defaults on with upstream's
+    verbosity above 9: -v, or -lv 10 and up."""
     return attrs.evolve(TABLE_DEFAULTS, **sampling.server_defaults(config, vocab),
                         grammar_spec=grammar.default_spec(config),
-                        cache_prompt=config.cache_prompt, n_keep=config.n_keep)
+                        cache_prompt=config.cache_prompt, n_keep=config.n_keep,
+                        verbose=config.verbose or config.log_verbosity > 9)
 
 
 # -- work off the event loop ------------------------------------------------------
