@@ -46,7 +46,7 @@ class SamplingDefaults:
     min_p: float = _row("min_p")
     seed: int = _row("seed")          # RANDOM_SEED
     n_predict: int = _row("n_predict")
-    # the rest of upstream's chain (issue #5), upstream's defaults
+    # the rest of upstream's chain, upstream's defaults
     top_n_sigma: float = _row("top_n_sigma")
     xtc_probability: float = _row("xtc_probability")
     xtc_threshold: float = _row("xtc_threshold")
@@ -108,7 +108,7 @@ class ServerConfig:
     ctx_size: int = 0            # 0 = the checkpoint's trained context
     n_parallel: int = -1         # -1 = auto (4 slots, as upstream)
     batch_size: int = 2048       # logical prefill chunk
-    # -- context and batching (issue #8) --
+    # -- context and batching --
     ubatch_size: int = 512       # accepted and reported; no MLX micro-batch
     context_shift: bool = False  # --context-shift: shift instead of stopping at the bound
     n_keep: int = _row("n_keep")  # --keep: the default n_keep (-1 = the whole prompt)
@@ -123,7 +123,7 @@ class ServerConfig:
     spm_infill: bool = False     # --spm-infill: /infill puts the suffix block first
     verbose: bool = False
     timeout: int = 3600          # HTTP socket read/write timeout, seconds
-    # -- transport, CORS, keys (issue #7) --
+    # -- transport, CORS, keys --
     reuse_port: bool = False
     ssl_key_file: str | None = None
     ssl_cert_file: str | None = None
@@ -133,7 +133,7 @@ class ServerConfig:
     cors_methods: str = "GET, POST, DELETE, OPTIONS"
     cors_headers: str = "*"
     cors_credentials: bool = True
-    # -- logging (issue #7); log_file is the resolved destination, None = stdout --
+    # -- logging; log_file is the resolved destination, None = stdout --
     log_disable: bool = False
     log_file: str | None = None
     log_colors: str = "auto"
@@ -143,11 +143,11 @@ class ServerConfig:
     # every value the log sinks redact (keys, key-file lines, HF tokens)
     secrets: tuple[str, ...] = attrs.field(default=(), repr=False)
     sse_ping_interval: int = _row("sse_ping_interval")  # seconds; <= 0 disables
-    # -- prompt cache and slot files (issue #8) --
+    # -- prompt cache and slot files --
     cache_prompt: bool = _row("cache_prompt")  # the per-request cache_prompt default
     cache_ram: int = 8192            # MiB; -1 = no limit, 0 = no prompt cache
     slot_save_path: str | None = None  # canonical directory; None = slot actions 501
-    # -- monitoring endpoints and idle sleep (issue #6) --
+    # -- monitoring endpoints and idle sleep --
     endpoint_metrics: bool = False   # --metrics: GET /metrics
     endpoint_props: bool = False     # --props: POST /props
     endpoint_slots: bool = True      # --slots / --no-slots: GET /slots
@@ -157,7 +157,7 @@ class ServerConfig:
     aip_health_route: str | None = None
     aip_replaced_port: int | None = None   # the --port AIP_HTTP_PORT replaced (warned)
     sampling: SamplingDefaults = SamplingDefaults()
-    # -- chat (issue #4): templates, reasoning, parsing --
+    # -- chat: templates, reasoning, parsing --
     chat_jinja: bool = True                  # --no-jinja is refused at startup
     chat_template: str | None = None         # --chat-template text (wins over the file)
     chat_template_file: str | None = None    # --chat-template-file path

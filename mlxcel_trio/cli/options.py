@@ -10,12 +10,12 @@ Adding an upstream option means adding one record to its area module,
 whatever its classification:
 
     options_basic     actions, the model, socket, slots, auth (acted on)
-    options_sampling  the sampler chain and grammar (#5)
+    options_sampling  the sampler chain and grammar
     options_model     model sources, LoRA, control vectors, multimodal
     options_ggml      the GGML runtime group (not applicable)
-    options_context   context, batching, prompt cache, RoPE (#8)
-    options_chat      chat templates and reasoning (#4), endpoint modes (#2)
-    options_server    transport/auth/logging (#7), endpoints/slots/router (#6)
+    options_context   context, batching, prompt cache, RoPE
+    options_chat      chat templates and reasoning, endpoint modes
+    options_server    transport/auth/logging, endpoints/slots/router
     options_spec      speculative decoding (not applicable)
     options_ui        web UI, tools, MCP, presets, --log-prompts-dir
 """

@@ -1,6 +1,6 @@
-"""Chat templates and reasoning (issue #4), and the endpoint-mode options
+"""Chat templates and reasoning, and the endpoint-mode options
 of the native routes (embeddings, reranking, special-token output, infill
-order: issue #2).
+order).
 
 The chat options feed `ServerConfig.chat_*`; chat/ and server/chat_*.py act
 on them.  --reasoning, --reasoning-effort and --reasoning-preserve are, as
@@ -200,8 +200,8 @@ CHAT: tuple[Option, ...] = (
 )
 
 def _unserved(spellings: tuple[str, ...], dest: str, help: str, **kw) -> Option:
-    """Embedding / reranking: no implementation issue yet, so owned by the
-    compatibility issue (#3) until one is filed."""
+    """Embedding / reranking: deferred (refused as not implemented yet); the
+    compatibility boundary owns them until they are implemented."""
     kw.setdefault("section", "server")
     return deferred(spellings, dest, help, issue=3, **kw)
 

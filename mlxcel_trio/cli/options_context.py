@@ -1,4 +1,4 @@
-"""Context, batching, the prompt cache and RoPE overrides (issue #8).
+"""Context, batching, the prompt cache and RoPE overrides.
 
 --context-shift, --keep, --cont-batching and the RoPE / YaRN overrides act
 (engine/scheduler.py, engine/rope.py); values no MLX rotation can express

@@ -1,5 +1,5 @@
 """Sampling options: upstream's whole sampler chain, its penalties, logit
-bias, -r/--reverse-prompt and -e/--escape, every one acted on (issue #5).
+bias, -r/--reverse-prompt and -e/--escape, every one acted on.
 
 Each value lands in `ServerConfig.sampling` (config.SamplingDefaults) and
 from there in the server-wide defaults of the native request fields

@@ -1,10 +1,10 @@
-"""Server options: logging, transport, CORS and API-key files (issue #7,
-acted on: see logging_setup.py, server/http/listen.py, server/http/cors.py); the
-monitoring endpoints and idle sleep (issue #6, acted on: server/surfaces/info.py,
-server/surfaces/metrics.py, engine/loop.py); slot files (issue #6, acted on:
-server/sessions/slot_files.py); the router (deferred: upstream's default, or the
-value asking for nothing, is accepted, anything else is refused naming the
-issue).
+"""Server options: logging, transport, CORS and API-key files (acted on:
+see logging_setup.py, server/http/listen.py, server/http/cors.py); the
+monitoring endpoints and idle sleep (acted on: server/surfaces/info.py,
+server/surfaces/metrics.py, engine/loop.py); slot files (acted on:
+server/sessions/slot_files.py); the router (deferred: upstream's default, or
+the value asking for nothing, is accepted, anything else is refused as not
+implemented yet).
 
 --threads-http is not applicable: requests are served by one Trio event
 loop, and upstream's fixed pool never bounded concurrency either (it grows

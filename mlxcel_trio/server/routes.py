@@ -47,7 +47,7 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/infill", "infill", body=True),
     Route("POST", "/tokenize", "tokenize", body=True),
     Route("POST", "/detokenize", "detokenize", body=True),
-    # chat surfaces (issue #4; handlers in server/surfaces/chat_routes.py)
+    # chat surfaces (handlers in server/surfaces/chat_routes.py)
     Route("POST", "/chat/completions", "chat_completions", body=True),
     Route("POST", "/v1/chat/completions", "chat_completions", body=True),
     Route("POST", "/apply-template", "apply_template", body=True),
@@ -66,7 +66,7 @@ ROUTES: tuple[Route, ...] = (
     # mlxcel-only: OpenAI's stored-response routes (manifest: mlxcel-extensions.json)
     Route("GET", "/v1/responses/:response_id", "responses_retrieve"),
     Route("POST", "/v1/responses/:response_id/cancel", "responses_cancel"),
-    # realtime reasoning control (issue #6)
+    # realtime reasoning control
     Route("POST", "/v1/chat/completions/control", "chat_control", body=True),
     Route("POST", "/slots/:id_slot", "slot_actions"),
     # Features this server runs without, answered exactly as llama-server

@@ -37,7 +37,7 @@ def _check(body: Any, vocab) -> list[dict]:
     for key in ("input_prefix", "input_suffix"):
         if key not in body:
             # upstream means this 400 but does not return after setting it, so
-            # its client gets a 500 out_of_range; we send the 400 (issue #7)
+            # its client gets a 500 out_of_range; we send the 400
             raise ApiError(f'"{key}" is required')
     for key in ("input_prefix", "input_suffix"):
         # upstream's tokenize_mixed: a string, or an array of strings and ids
