@@ -158,7 +158,7 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
         "v1_completions": lambda body: openai_completions.complete_v1(
             ctx(), body, caller_scope()),
         "infill": lambda body: infill.infill(ctx(), body),
-        "tokenize": lambda body: tokens.tokenize(bridge.vocab, body, state.heavy_work),
+        "tokenize": lambda body: tokens.tokenize(ctx(), body),
         "detokenize": lambda body: tokens.detokenize(bridge.vocab, body),
         "slot_actions": ((lambda id_slot: slot_files.handle(
                              bridge, config.slot_save_path, id_slot, state.slot_identities))

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 from functools import partial
-
 from typing import Any
 
-import trio
-
 from ..http.errors import json_response, type_error
+from ..request.jobs import Served, off_loop
 
 
 def _flag(body: dict, key: str, default: bool) -> bool:
@@ -40,17 +38,18 @@ def _check_content(content) -> None:
         raise type_error("string", content)
 
 
-async def tokenize(vocab, body: Any, limiter: trio.CapacityLimiter):
-    """POST /tokenize; the tokenizing runs on a worker thread (`limiter`:
-    the app's heavy-work bound), so a huge body never stalls the loop."""
+async def tokenize(served: Served, body: Any):
+    """POST /tokenize; the tokenizing runs off the event loop (off_loop), so
+    a huge body never stalls it."""
+    vocab = served.bridge.vocab
     body = body if isinstance(body, dict) else {}
     content = body.get("content")
     if content is None:
         return json_response({"tokens": []})
     _check_content(content)
-    ids = await trio.to_thread.run_sync(partial(
+    ids = await off_loop(served, partial(
         vocab.tokenize_mixed, content, add_special=_flag(body, "add_special", False),
-        parse_special=_flag(body, "parse_special", True)), limiter=limiter)
+        parse_special=_flag(body, "parse_special", True)))
     if _flag(body, "with_pieces", False):
         return json_response({"tokens": [{"id": t, "piece": _piece(vocab, t)} for t in ids]})
     return json_response({"tokens": ids})
