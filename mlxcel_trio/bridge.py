@@ -136,13 +136,15 @@ def engine_loop(cfg: ServerConfig, emit: Emit) -> Engine:
                       sleep_idle_s=(cfg.sleep_idle_seconds
                                     if cfg.sleep_idle_seconds >= 0 else None),
                       context_shift=cfg.context_shift,
-                      cont_batching=cfg.cont_batching, rope=cfg.rope)
+                      cont_batching=cfg.cont_batching, rope=cfg.rope,
+                      kv_types=(cfg.cache_type_k, cfg.cache_type_v))
 
 
-def checkpoint_problem(path: str) -> str | None:
-    """Why the engine could not build the checkpoint at `path` (one line), or
-    None; asked before the server listens, so nothing loads in vain."""
-    return EngineLoop.checkpoint_problem(path)
+def checkpoint_problem(cfg: ServerConfig) -> str | None:
+    """Why the engine could not build the configured checkpoint with its KV
+    cache types (one line), or None; asked before the server listens, so
+    nothing loads in vain."""
+    return EngineLoop.checkpoint_problem(cfg.model, (cfg.cache_type_k, cfg.cache_type_v))
 
 
 class Bridge:

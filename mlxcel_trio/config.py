@@ -146,6 +146,8 @@ class ServerConfig:
     # -- prompt cache and slot files --
     cache_prompt: bool = _row("cache_prompt")  # the per-request cache_prompt default
     cache_ram: int = 8192            # MiB; -1 = no limit, 0 = no prompt cache
+    cache_type_k: str = "f16"        # -ctk / -ctv: storage formats in kv_types.py
+    cache_type_v: str = "f16"
     slot_save_path: str | None = None  # canonical directory; None = slot actions 501
     # -- monitoring endpoints and idle sleep --
     endpoint_metrics: bool = False   # --metrics: GET /metrics

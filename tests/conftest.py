@@ -166,6 +166,13 @@ def tiny_model() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_wide_model(tiny_model) -> Path:
+    """`tiny` with 32-wide attention heads (what a quantized KV cache needs)."""
+    from fixtures.build import ensure
+    return ensure("tiny-wide")
+
+
+@pytest.fixture(scope="session")
 def tiny_facts(tiny_model) -> dict:
     import json
     return json.loads((tiny_model / "fixture_facts.json").read_text())

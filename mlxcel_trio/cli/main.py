@@ -40,6 +40,8 @@ from mlxcel_trio.cli.parser import (
 )
 from mlxcel_trio.cli.surface import dump_flag_surface
 from mlxcel_trio.config import RopeOverrides, SamplingDefaults, ServerConfig
+from mlxcel_trio.kv_types import DEFAULT as DEFAULT_KV
+from mlxcel_trio.kv_types import pair_problem
 
 SERVER_PROG = "mlxcel-server"
 # The inert classifications: such an option may have no ServerConfig field.
@@ -107,13 +109,23 @@ def check_chat_template(parsed: Parsed) -> None:
         raise CliError(f"{describe(BY_DEST[dest], parsed)}: {reason}")
 
 
+def check_kv_types(parsed: Parsed) -> None:
+    """-ctk and -ctv must be a pair MLX's attention can read."""
+    values = parsed.values
+    reason = pair_problem(values.get("cache_type_k", DEFAULT_KV),
+                          values.get("cache_type_v", DEFAULT_KV))
+    if reason is not None:
+        given = [BY_DEST[d] for d in ("cache_type_k", "cache_type_v") if d in parsed.given]
+        raise CliError(f"{', '.join(describe(opt, parsed) for opt in given)}: {reason}")
+
+
 def _checked(parsed: Parsed, env: Mapping[str, str]) -> dict[str, Any]:
     """Every check that needs no model: refusals, option pairs, the files
     the server will use (log, keys, TLS) and the AIP_* environment.  All
     problems are reported together, so one run shows everything to fix."""
     problems: list[CliError] = [CliError(*parsed.problems)]
     io: dict[str, Any] = {}
-    for check in (validate, check_rope, check_chat_template,
+    for check in (validate, check_rope, check_chat_template, check_kv_types,
                   lambda p: io.update(sinks.resolve(p, env)),
                   lambda p: io.update(_vertex(p, env))):
         try:

@@ -1,14 +1,15 @@
 """The GGML runtime group: thread pools, CPU placement, layer offload,
-device splits, GGUF loading modes, KV quantizer types, RPC.
+device splits, GGUF loading modes, KV cache types, RPC.
 
-None of it has an MLX meaning, so every option here is not_applicable and
-hidden.  One rule sorts them.  An option whose only effect upstream is on
+Nearly none of it has an MLX meaning, so those options are not_applicable
+and hidden.  One rule sorts them.  An option whose only effect upstream is on
 speed, memory or placement inside GGML (threads, CPU masks and priorities,
 memory locking and mapping, layer offload, device splits, flash attention)
 is a `tuning` option: any valid value is accepted, and one that asks for
 something is named in the startup line "has no effect on MLX".  An option
-that would change what the server computes or reads (KV quantizer types,
-GGUF metadata overrides, memory fitting, RPC) keeps its refusal.
+that would change what the server computes or reads (GGUF metadata
+overrides, memory fitting, RPC) keeps its refusal.  The KV cache types are
+the exception that MLX can honour: they are supported.
 """
 
 from __future__ import annotations
@@ -18,19 +19,12 @@ from typing import Any
 from mlxcel_trio.cli.record import Option
 from mlxcel_trio.cli.refusals import NO_GGML, at_most, equals, not_applicable, tuning
 from mlxcel_trio.cli.values import Choice, Float, GpuLayers, Int, Text
+from mlxcel_trio.kv_types import KV_CACHE_TYPES
 
-CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+CACHE_TYPES = tuple(KV_CACHE_TYPES)  # upstream's order
 LOAD_MODES = ("auto", "none", "mmap", "mlock", "mmap+mlock", "dio")
 LOADERS = ("load_mode",)  # the deprecated loader flags yield to --load-mode
 
-
-
-def _kv_type_why(value: str) -> str:
-    if value in ("f32", "bf16"):
-        return ("mlxcel-trio cannot choose a KV storage type: the cache stays "
-                "unquantized in the model's own dtype")
-    return (f"{value} is a GGML block quantizer with no MLX counterpart; the KV "
-            "cache stays unquantized")
 
 
 def _ggml(spellings: tuple[str, ...], dest: str, help: str, **kw: Any) -> Option:
@@ -106,14 +100,13 @@ GGML: tuple[Option, ...] = (
            env="LLAMA_ARG_REPACK", quiet=equals(True)),
     tuning(("--no-host",), "no_host", "bypass GGML host buffers", kind="flag",
            env="LLAMA_ARG_NO_HOST"),
-    _ggml(("-ctk", "--cache-type-k"), "cache_type_k", "KV cache type for K",
-          value=Choice(CACHE_TYPES), metavar="TYPE", default="f16",
-          env="LLAMA_ARG_CACHE_TYPE_K", why=_kv_type_why, inert=equals("f16"),
-          accepts="f16"),
-    _ggml(("-ctv", "--cache-type-v"), "cache_type_v", "KV cache type for V",
-          value=Choice(CACHE_TYPES), metavar="TYPE", default="f16",
-          env="LLAMA_ARG_CACHE_TYPE_V", why=_kv_type_why, inert=equals("f16"),
-          accepts="f16"),
+    # storage formats in mlxcel_trio/kv_types.py; the K/V pair is checked in cli/main.py
+    Option(("-ctk", "--cache-type-k"), "cache_type_k", "KV cache data type for K",
+           value=Choice(CACHE_TYPES), metavar="TYPE", default="f16",
+           env="LLAMA_ARG_CACHE_TYPE_K", status="by_design", owner=3),
+    Option(("-ctv", "--cache-type-v"), "cache_type_v", "KV cache data type for V",
+           value=Choice(CACHE_TYPES), metavar="TYPE", default="f16",
+           env="LLAMA_ARG_CACHE_TYPE_V", status="by_design", owner=3),
     tuning(("-dt", "--defrag-thold"), "defrag_thold",
            "KV defragmentation threshold (deprecated upstream, where it only warns)",
            value=Float(), metavar="N", env="LLAMA_ARG_DEFRAG_THOLD", quiet=lambda v: True),

@@ -56,15 +56,19 @@ def _spec_type_inert(value: tuple[str, ...]) -> bool:
     return all(item == "none" for item in value)
 
 
+# -ctkd / -ctvd name a draft model's KV types; no draft model loads, so any
+# of upstream's types is accepted and has nothing to store
+NO_DRAFT_CACHE = "any KV cache type (no draft model is loaded, so it has no cache)"
+
 SPECULATIVE: tuple[Option, ...] = (
     _spec(("--spec-draft-type-k", "-ctkd", "--cache-type-k-draft"), "cache_type_k",
           "KV cache type for K of the draft model", value=Choice(CACHE_TYPES),
           metavar="TYPE", default="f16", env="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_K",
-          inert=equals("f16"), accepts="f16", section="common"),
+          inert=ALWAYS, accepts=NO_DRAFT_CACHE, section="common"),
     _spec(("--spec-draft-type-v", "-ctvd", "--cache-type-v-draft"), "cache_type_v",
           "KV cache type for V of the draft model", value=Choice(CACHE_TYPES),
           metavar="TYPE", default="f16", env="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_V",
-          inert=equals("f16"), accepts="f16", section="common"),
+          inert=ALWAYS, accepts=NO_DRAFT_CACHE, section="common"),
     _spec(("--spec-draft-hf", "-hfd", "-hfrd", "--hf-repo-draft"), "hf_repo",
           "Hugging Face repo of the draft model", value=Text(),
           metavar="<user>/<model>[:quant]", env="LLAMA_ARG_SPEC_DRAFT_HF_REPO",

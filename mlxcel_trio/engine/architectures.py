@@ -43,8 +43,9 @@ def supported() -> list[str]:
     return sorted(names | set(MODEL_REMAPPING))
 
 
-def problem(path: str | Path) -> str | None:
-    """None when mlx-lm can build the checkpoint at `path`, else one line."""
+def problem(path: str | Path, kv_types: tuple[str, str] = ("f16", "f16")) -> str | None:
+    """None when mlx-lm can build the checkpoint at `path` and give it the
+    KV cache types `kv_types`, else one line."""
     try:
         config = json.loads((Path(path) / "config.json").read_text())
     except (OSError, ValueError) as exc:
@@ -53,6 +54,25 @@ def problem(path: str | Path) -> str | None:
         return "config.json names no model_type, so no mlx-lm architecture can be chosen"
     module = _resolved_type(config)
     if importlib.util.find_spec(f"mlx_lm.models.{module}") is not None:
-        return None
+        return kv_problem(config, *kv_types)
     return (f"unsupported model architecture '{config['model_type']}': mlx-lm "
             f"builds {', '.join(supported())}")
+
+
+def head_dim(config: dict) -> int | None:
+    """The attention head width config.json declares (or implies)."""
+    text = config.get("text_config")
+    cfg = text if isinstance(text, dict) else config
+    width = cfg.get("head_dim")
+    if not width and cfg.get("hidden_size") and cfg.get("num_attention_heads"):
+        width = int(cfg["hidden_size"]) // int(cfg["num_attention_heads"])
+    return int(width) if width else None
+
+
+def kv_problem(config: dict, k: str, v: str) -> str | None:
+    """Why this checkpoint's heads cannot hold a quantized KV cache, or None."""
+    from ..kv_types import head_problem
+
+    width = head_dim(config)
+    reason = head_problem(k, v, width) if width else None
+    return f"-ctk {k} -ctv {v}: {reason}" if reason else None

@@ -149,7 +149,8 @@ class EngineLoop:
                  emit: Callable[[StepEvents], None], special: bool = False,
                  cache_ram_mib: int = 0, sleep_idle_s: float | None = None,
                  context_shift: bool = False, cont_batching: bool = True,
-                 rope: RopeOverrides = RopeOverrides()) -> None:
+                 rope: RopeOverrides = RopeOverrides(),
+                 kv_types: tuple[str, str] = ("f16", "f16")) -> None:
         self._path = Path(model_path)
         self._n_slots = n_slots
         self._ctx_size = ctx_size
@@ -160,6 +161,7 @@ class EngineLoop:
         self._context_shift = context_shift
         self._cont_batching = cont_batching
         self._rope = rope
+        self._kv_types = kv_types
         self._emit = emit
         self._sleep_idle_s = sleep_idle_s  # None = never sleep
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
@@ -170,12 +172,13 @@ class EngineLoop:
         self.n_busy_slots = 0   # sum over those steps of the slots computed
 
     @staticmethod
-    def checkpoint_problem(path: str) -> str | None:
-        """Why mlx-lm could not build the checkpoint at `path`, or None
-        (asked before anything loads; see engine/architectures.py)."""
+    def checkpoint_problem(path: str, kv_types: tuple[str, str] = ("f16", "f16")) -> str | None:
+        """Why mlx-lm could not build the checkpoint at `path` with these KV
+        cache types, or None (asked before anything loads; see
+        engine/architectures.py)."""
         from .architectures import problem
 
-        return problem(path)
+        return problem(path, kv_types)
 
     def post(self, command) -> None:
         """Thread-safe, never blocks: callable from trio or from a cancel path."""
@@ -208,6 +211,12 @@ class EngineLoop:
         vocab = Vocab(self._path, int(config.get("vocab_size", 0)) or None)
         self.vocab = vocab
         scheduler = self._new_scheduler(model)
+        if self._kv_types != ("f16", "f16"):
+            from ..kv_types import KV_CACHE_TYPES
+
+            k, v = self._kv_types
+            log.info("KV cache: K as %s (%s), V as %s (%s)", k, KV_CACHE_TYPES[k].describe(),
+                     v, KV_CACHE_TYPES[v].describe())
         if self._warmup:
             self._run_warmup(scheduler, vocab)
         info = _model_facts(model, config, self._path, n_ctx, self._n_ctx_slot, self._n_slots)
@@ -231,6 +240,7 @@ class EngineLoop:
                          batch_size=self._batch_size, special=self._special,
                          context_shift=self._context_shift,
                          cont_batching=self._cont_batching,
+                         kv_types=self._kv_types,
                          prompt_cache=(PromptCache(budget_from_mib(self._cache_ram_mib))
                                        if self._cache_ram_mib != 0 else None))
 
@@ -369,6 +379,12 @@ class EngineLoop:
         t0 = time.perf_counter()
         model, _ = self._load_model()
         scheduler = self._new_scheduler(model)
+        if self._kv_types != ("f16", "f16"):
+            from ..kv_types import KV_CACHE_TYPES
+
+            k, v = self._kv_types
+            log.info("KV cache: K as %s (%s), V as %s (%s)", k, KV_CACHE_TYPES[k].describe(),
+                     v, KV_CACHE_TYPES[v].describe())
         load_ms = (time.perf_counter() - t0) * 1e3
         log.info("server is exiting sleeping state (model reloaded in %.0f ms)", load_ms)
         self._emit(StepEvents((Woke(load_ms),)))

@@ -18,7 +18,7 @@ leaves, by bytes, against the --cache-ram budget.
 
 Aliasing: mlx-lm's KVCache writes new tokens with slice assignment into its
 `keys` / `values` arrays.  A stored entry therefore never hands out its own
-array objects: adoption builds fresh `KVCache` objects over *sliced* arrays,
+array objects: adoption builds fresh cache objects over *sliced* arrays,
 so a write into an adopted cache can never reach the store (and donated
 arrays come from `extract`, which makes new ones).
 
@@ -39,11 +39,14 @@ MIB = 1024 * 1024
 
 
 def supported(layers: Sequence[Any]) -> bool:
-    """Only plain (trimmable, full-attention) KV caches can be stored and cut
-    to a prefix; rotating, recurrent and quantized caches are not cached."""
+    """Only full-attention KV caches (plain, or stored in a -ctk / -ctv
+    format) can be stored and cut to a prefix; rotating and recurrent
+    caches are not cached."""
     from mlx_lm.models.cache import KVCache
 
-    return bool(layers) and all(type(c) is KVCache for c in layers)
+    from .kv_cache import is_stored
+
+    return bool(layers) and all(type(c) is KVCache or is_stored(c) for c in layers)
 
 
 def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -169,18 +172,11 @@ class PromptCache:
 
 
 def adopt(layers: list, n: int) -> list:
-    """Fresh KVCache objects over the first n positions of `layers`: new
+    """Fresh cache objects over the first n positions of `layers`: new
     array objects (slices), so writes into them never reach the source."""
-    from mlx_lm.models.cache import KVCache
+    from .kv_cache import is_stored, plain_prefix
 
-    out = []
-    for c in layers:
-        fresh = KVCache()
-        fresh.keys = c.keys[..., :n, :]
-        fresh.values = c.values[..., :n, :]
-        fresh.offset = n
-        out.append(fresh)
-    return out
+    return [c.prefix(n) if is_stored(c) else plain_prefix(c, n) for c in layers]
 
 
 def budget_from_mib(mib: int) -> int | None:

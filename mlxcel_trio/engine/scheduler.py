@@ -34,8 +34,6 @@ from collections import deque
 
 import attrs
 from mlx_lm.generate import BatchGenerator
-from mlx_lm.models.cache import make_prompt_cache
-
 from ..protocol.records import (
     CacheStats,
     Failed,
@@ -53,6 +51,7 @@ from ..protocol.records import (
 )
 from . import context_shift
 from .detokenizer import IncrementalDetokenizer
+from .kv_cache import CacheFactory
 from .prompt_cache import PromptCache, supported
 from .samplers.batch import BatchSampler, dry_on
 from .samplers.history import breakers_for
@@ -127,7 +126,7 @@ class Scheduler:
     def __init__(self, model, vocab: Vocab, *, n_slots: int, n_ctx_slot: int,
                  batch_size: int, special: bool = False,
                  prompt_cache: PromptCache | None = None, context_shift: bool = False,
-                 cont_batching: bool = True) -> None:
+                 cont_batching: bool = True, kv_types: tuple[str, str] = ("f16", "f16")) -> None:
         self.vocab = vocab
         self.context_shift = context_shift
         self.cont_batching = cont_batching
@@ -137,6 +136,10 @@ class Scheduler:
         self.n_ctx_slot = n_ctx_slot
         self._model = model
         self._batch_size = batch_size
+        self._new_caches = CacheFactory(model, *kv_types)
+        problem = self._new_caches.check()
+        if problem is not None:
+            raise ValueError(problem)
         self._eos_bias = tuple((t, float("-inf")) for t in sorted(vocab.eos_ids))
         self._gen = self._new_generator()
         self._pending: deque[Job] = deque()
@@ -145,7 +148,7 @@ class Scheduler:
         self._by_job: dict[int, _Sequence] = {}
         self._held: deque[_Sequence] = deque()  # -nocb: slotted, prompt not inserted
         self._cache = prompt_cache
-        if prompt_cache is not None and not supported(make_prompt_cache(model)):
+        if prompt_cache is not None and not supported(self._new_caches.layers()):
             log.warning("prompt cache off: this model's KV cache cannot be cut to a prefix")
             self._cache = None
         # each slot's retained token stream (what slot save writes)
@@ -392,9 +395,10 @@ class Scheduler:
         gen_max = UNBOUNDED if self.context_shift else seq.max_tokens
         caches, seq.cached = seq.cached, None
         n = seq.n_cache if caches else 0
+        fresh = None if caches else self._new_caches()
         (uid,) = self._gen.insert(
             [list(seq.kv[n:])], max_tokens=[gen_max],
-            caches=[caches] if caches else None,
+            caches=[caches or fresh] if caches or fresh else None,
             all_tokens=[list(seq.kv[:n])] if caches else None,
             samplers=[seq.sampler],
             logits_processors=[seq.processors if processors is None else processors])

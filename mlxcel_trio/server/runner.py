@@ -182,7 +182,7 @@ def run(config: ServerConfig) -> int:
     if config.no_effect:  # copied llama-server tuning flags: accepted, said once
         log.warning("has no effect on MLX: %s", ", ".join(config.no_effect))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    problem = checkpoint_problem(config.model)
+    problem = checkpoint_problem(config)
     if problem is not None:  # before the socket listens and before any weight is read
         print(f"error: failed to load model '{config.model}': {problem}", file=sys.stderr,
               flush=True)

@@ -145,7 +145,8 @@ def test_a_tuned_llama_server_command_line_serves(tiny_model, start_server, argv
 
 def test_every_refused_option_is_reported_in_one_run(tiny_model):
     """Three refused options (two on the command line, one from the
-    environment): one run names all three, then exits 1 before loading."""
+    environment: a quantized K beside the default V): one run names all
+    three, then exits 1 before loading."""
     proc = subprocess.run(
         [sys.executable, "-m", "mlxcel_trio", "-m", str(tiny_model), "--perf", "--rpc", "h:1"],
         env={**os.environ, "LLAMA_ARG_CACHE_TYPE_K": "q4_0"}, capture_output=True, text=True,
@@ -153,6 +154,6 @@ def test_every_refused_option_is_reported_in_one_run(tiny_model):
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
     assert proc.returncode == 1, proc.stderr
     assert len(errors) == 3, proc.stderr
-    for shown in ("--perf", "--rpc 'h:1'", "--cache-type-k 'q4_0' (from LLAMA_ARG_CACHE_TYPE_K)"):
+    for shown in ("--perf", "--rpc 'h:1'", "--cache-type-k 'q4_0' (from LLAMA_ARG_CACHE_TYPE_K): K as q4_0"):
         assert sum(shown in ln for ln in errors) == 1, (shown, errors)
     assert "listening" not in proc.stdout and "model loaded" not in proc.stdout

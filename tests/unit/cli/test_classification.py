@@ -46,7 +46,8 @@ ACCEPTED = [
     ["--no-direct-io"], ["-ndio"], ["--repack"], ["--no-repack"], ["-nr"],
     ["--kv-offload"], ["-kvo"], ["--op-offload"], ["--no-perf"], ["--n-cpu-moe", "0"],
     ["--fit", "off"], ["-bs"], ["--backend-sampling"], ["-dt", "0.1"], ["-dt", "-1"],
-    ["-sm", "none"], ["-ctk", "f16"], ["-ctv", "f16"], ["-fitt", "1024"], ["-fitc", "4096"],
+    ["-sm", "none"], ["-ctk", "f16"], ["-ctv", "f16"], ["-ctv", "bf16"],
+    ["-ctk", "f32", "-ctv", "bf16"], ["-ctk", "q8_0", "-ctv", "q8_0"], ["-ctk", "q4_0", "-ctv", "iq4_nl"], ["-fitt", "1024"], ["-fitc", "4096"],
     # deprecated loaders yield to --load-mode
     ["--mlock", "-lm", "auto"], ["--no-mmap", "--load-mode", "mmap"],
     ["--direct-io", "-lm", "mmap"],
@@ -60,7 +61,7 @@ ACCEPTED = [
     # control vectors: a layer range alone configures nothing
     ["--control-vector-layer-range", "1", "10"],
     # speculative
-    ["--spec-type", "none"], ["-ctkd", "f16"], ["-ctvd", "f16"], ["-ngld", "all"],
+    ["--spec-type", "none"], ["-ctkd", "f16"], ["-ctvd", "f16"], ["-ctkd", "q4_0"], ["-ngld", "all"],
     ["-ngld", "auto"], ["--spec-draft-n-max", "3"], ["--draft", "3"], ["--draft-min", "0"],
     ["--spec-ngram-mod-n-min", "7"], ["--spec-ngram-size-n", "3"], ["-td", "0"],
     ["--spec-draft-backend-sampling"], ["-lcs", "cache.bin"], ["--spec-draft-p-min", "0"],
@@ -80,8 +81,9 @@ ACCEPTED = [
 
 REFUSED = [
     (["--rpc", "h:1"], "--rpc"), (["--perf"], "--perf"),
-    (["-fit", "on"], "--fit 'on'"), (["--check-tensors"], "--check-tensors"), (["-ctk", "q8_0"], "--cache-type-k 'q8_0'"),
-    (["-ctv", "bf16"], "--cache-type-v 'bf16'"), (["--override-kv", "a=int:1"], "--override-kv"),
+    (["-fit", "on"], "--fit 'on'"), (["--check-tensors"], "--check-tensors"), (["-ctk", "q8_0"], "--cache-type-k 'q8_0': K as q8_0"),
+    (["-ctk", "q8_0", "-ctv", "q4_0"], "--cache-type-k 'q8_0', --cache-type-v 'q4_0': K as q8_0"),
+    (["--override-kv", "a=int:1"], "--override-kv"),
     (["-mu", "https://example.com/m.gguf"], "--model-url"), (["-dr", "gemma3"], "--docker-repo"),
     (["-hff", "m-Q4_K_M.gguf"], "--hf-file"),
     (["--ui"], "--ui"), (["--webui"], "--ui"), (["--ui-config", "{}"], "--ui-config"),
@@ -100,7 +102,7 @@ REFUSED = [
     (["--spec-type", "draft-mtp"], "--spec-type"), (["--spec-type", "none,ngram-simple"],
                                                     "--spec-type"),
     (["-md", "draft"], "--spec-draft-model"), (["-hfd", "a/b"], "--spec-draft-hf"),
-    (["-ngld", "99"], "--spec-draft-ngl"), (["-ctkd", "q4_0"], "--spec-draft-type-k"),
+    (["-ngld", "99"], "--spec-draft-ngl"),
     (["--spec-draft-n-max", "8"], "--spec-draft-n-max"), (["--draft", "8"], "--draft"),
     (["--no-spec-draft-backend-sampling"], "--no-spec-draft-backend-sampling"),
     (["-devd", "x"], "--spec-draft-device"), (["-cmoed"], "--spec-draft-cpu-moe"),
@@ -175,14 +177,19 @@ def test_neutral_tuning_values_are_not_named(argv: list[str], ckpt: Path) -> Non
 
 def test_an_upstream_tuning_command_line_starts(ckpt: Path) -> None:
     argv = ["-c", "8192", "-ngl", "99", "-fa", "on", "--mlock", "-np", "4", "--jinja",
-            "-t", "8", "--no-mmap", "--numa", "distribute"]
-    assert noted(argv, ckpt) == ("--threads '8'", "--mlock", "--no-mmap", "--numa 'distribute'",
-                                 "--gpu-layers '99'")
+            "-t", "8", "--no-mmap", "--numa", "distribute", "-ctk", "q8_0", "-ctv", "q8_0"]
+    config = prepare([*argv, "-m", str(ckpt)], env={})
+    assert config.no_effect == ("--threads '8'", "--mlock", "--no-mmap", "--numa 'distribute'",
+                                "--gpu-layers '99'")
+    assert (config.cache_type_k, config.cache_type_v) == ("q8_0", "q8_0")
 
 
 def test_tuning_from_the_environment_names_the_variable(ckpt: Path) -> None:
     env = {"LLAMA_ARG_THREADS": "8", "LLAMA_ARG_N_GPU_LAYERS": "99", "LLAMA_ARG_MLOCK": "1",
-           "LLAMA_ARG_NO_MMAP": "1", "LLAMA_ARG_NUMA": "distribute", "LLAMA_ARG_FLASH_ATTN": "on"}
+           "LLAMA_ARG_NO_MMAP": "1", "LLAMA_ARG_NUMA": "distribute", "LLAMA_ARG_FLASH_ATTN": "on",
+           "LLAMA_ARG_CACHE_TYPE_K": "q8_0", "LLAMA_ARG_CACHE_TYPE_V": "q8_0"}
+    config = prepare(["-m", str(ckpt)], env=env)
+    assert (config.cache_type_k, config.cache_type_v) == ("q8_0", "q8_0")
     assert set(noted([], ckpt, env)) == {
         "--threads '8' (from LLAMA_ARG_THREADS)", "--mlock (from LLAMA_ARG_MLOCK)",
         "--no-mmap (from LLAMA_ARG_NO_MMAP)", "--numa 'distribute' (from LLAMA_ARG_NUMA)",
@@ -199,8 +206,8 @@ def test_every_problem_of_a_command_line_is_reported_in_one_run(ckpt: Path) -> N
         prepare(["-m", str(ckpt), "-ctk", "q8_0", "--perf", "--rpc", "h:1", "--bogus",
                  "--prio", "9"], env={"LLAMA_ARG_CACHE_TYPE_V": "q4_0"})
     lines = err.value.lines
-    for needle in ("--bogus", "--cache-type-k 'q8_0'", "--perf", "--rpc",
-                   "--cache-type-v 'q4_0' (from LLAMA_ARG_CACHE_TYPE_V)"):
+    for needle in ("--bogus", "--perf", "--rpc",
+                   "--cache-type-k 'q8_0', --cache-type-v 'q4_0' (from LLAMA_ARG_CACHE_TYPE_V)"):
         assert sum(needle in line for line in lines) == 1, (needle, lines)
 
 

@@ -62,6 +62,8 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "tags": ("a,b", ("a", "b")),
     # issue #8: the prompt cache and slot files
     "cache_ram": ("-1", -1),
+    "cache_type_k": ("q8_0", "q8_0"),
+    "cache_type_v": ("bf16", "bf16"),
     "slot_save_path": (str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent)),
     # issue #5: the sampler chain, logit bias, reverse prompts
     "sampling.samplers": ("penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature;"
