@@ -25,7 +25,8 @@ Engine thread only.  Nothing here is on the per-token path except
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache, _BaseCache, dynamic_roll
@@ -45,7 +46,7 @@ class Codec:
         self.fmt = fmt
         self.store = getattr(mx, fmt.dtype) if fmt.dtype else None
 
-    def __deepcopy__(self, memo) -> "Codec":
+    def __deepcopy__(self, memo) -> Codec:
         return self  # immutable; mlx-lm deep-copies batches when it splits them
 
     def encode(self, x: mx.array) -> Parts:
@@ -109,7 +110,7 @@ class StoredKVCache(_Formats, _BaseCache):
         self.offset = _positions(k)
         return self.k_codec.decode(k, keys.dtype), self.v_codec.decode(v, values.dtype)
 
-    def prefix(self, n: int) -> "StoredKVCache":
+    def prefix(self, n: int) -> StoredKVCache:
         """A fresh cache over the first n positions (new array objects)."""
         out = StoredKVCache(self.k_codec, self.v_codec)
         out.keys = _each(self.keys, lambda a: a[..., :n, :])
@@ -142,7 +143,7 @@ class StoredKVCache(_Formats, _BaseCache):
         return _nbytes(self.keys, self.values)
 
     @classmethod
-    def merge(cls, caches: Sequence["StoredKVCache"]) -> "BatchStoredKVCache":
+    def merge(cls, caches: Sequence[StoredKVCache]) -> BatchStoredKVCache:
         return BatchStoredKVCache.merge(caches)
 
 
@@ -201,7 +202,7 @@ class BatchStoredKVCache(_Formats, BatchKVCache):
             self._idx -= cut
             self.left_padding -= cut
 
-    def extend(self, other: "BatchStoredKVCache") -> None:
+    def extend(self, other: BatchStoredKVCache) -> None:
         if self.keys is None and other.keys is None:
             self.left_padding = mx.concatenate([self.left_padding, other.left_padding])
             self.offset = mx.concatenate([self.offset, other.offset])
@@ -245,7 +246,7 @@ class BatchStoredKVCache(_Formats, BatchKVCache):
         return out
 
     @classmethod
-    def merge(cls, caches: Sequence[StoredKVCache]) -> "BatchStoredKVCache":
+    def merge(cls, caches: Sequence[StoredKVCache]) -> BatchStoredKVCache:
         first = caches[0]
         lengths = [c.offset for c in caches]
         longest = max(lengths)
