@@ -10,6 +10,9 @@ import json
 import os
 import random
 import statistics
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
@@ -76,6 +79,53 @@ def blas_in_use(pid: int | str = "self") -> dict:
 def blas_env(base: dict | None = None) -> dict[str, str]:
     env = base if base is not None else os.environ
     return {k: env[k] for k in BLAS_ENV if k in env}
+
+
+# -- servers -------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def server_env(blas: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    if blas in ("auto", "openblas") and Path(OPENBLAS).exists():
+        env["LD_PRELOAD"] = OPENBLAS
+    elif blas == "openblas":
+        sys.exit(f"--blas openblas: {OPENBLAS} not found (apt-get install libopenblas0-pthread)")
+    elif blas == "bundled":
+        env.pop("LD_PRELOAD", None)
+    return env
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(model: Path, port: int, args: list[str], env: dict) -> subprocess.Popen:
+    """An `mlxcel-server -np 1` (more with args) on 127.0.0.1:port, once /health answers."""
+    import httpx
+
+    proc = subprocess.Popen([sys.executable, "-m", "mlxcel_trio", "-m", str(model),
+                             "--port", str(port), "-np", "1", *args],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"server exited with {proc.returncode}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    sys.exit("server did not become ready")
+
 
 
 # -- metrics -------------------------------------------------------------------

@@ -22,7 +22,7 @@ Everything runs in this process, through the server's own cache classes
                 KVCache otherwise) is the ratio's denominator
 
 q4_1 and iq4_nl store exactly as q4_0 does here, q5_1 as q5_0 (see
-mlxcel_trio/kv_types.py), so they are not listed by default.
+mlxcel_trio/protocol/kv_types.py), so they are not listed by default.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def raw_rate(model, prompt: list[int], kv: str, n: int) -> float:
     from mlx_lm.generate import generate_step
     from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
-    from mlxcel_trio.kv_types import KV_CACHE_TYPES
+    from mlxcel_trio.protocol.kv_types import KV_CACHE_TYPES
 
     fmt = KV_CACHE_TYPES[kv]
     cache = [QuantizedKVCache(group_size=fmt.group_size, bits=fmt.bits) if fmt.quantized
@@ -140,8 +140,8 @@ def main() -> int:
     from mlxcel_trio.engine.vocab import Vocab
 
     path = a.model or ensure(a.fixture)
-    model, _ = load_model(path)
-    vocab = Vocab(path)
+    model, config = load_model(path)
+    vocab = Vocab(path, int(config.get("vocab_size", 0)) or None)  # as the server sizes it
     prompt = C.make_prompt(C.vocab_ids(path), a.context, seed=7)
     types = a.types.split(",")
     print(f"model {path} | context {a.context} tokens | agreement after {a.skip} | "

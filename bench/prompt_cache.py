@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -37,46 +36,6 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
 
 import _common as C  # noqa: E402
-
-
-def _env(blas: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    if blas in ("auto", "openblas") and Path(C.OPENBLAS).exists():
-        env["LD_PRELOAD"] = C.OPENBLAS
-    elif blas == "openblas":
-        sys.exit(f"--blas openblas: {C.OPENBLAS} not found (apt-get install libopenblas0-pthread)")
-    elif blas == "bundled":
-        env.pop("LD_PRELOAD", None)
-    return env
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(model: Path, port: int, args: list[str], env: dict) -> subprocess.Popen:
-    import httpx
-
-    proc = subprocess.Popen([sys.executable, "-m", "mlxcel_trio", "-m", str(model),
-                             "--port", str(port), "-np", "1", *args],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            sys.exit(f"server exited with {proc.returncode}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    sys.exit("server did not become ready")
 
 
 def ttft(url: str, prompt: list[int]) -> dict:
@@ -133,11 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     suffixes = [C.make_prompt(ids, a.suffix, 100 + i) for i in range(a.hits + 1)]
     churn = [C.make_prompt(ids, a.churn_tokens, 200 + i) for i in range(a.churn)]
 
-    env = _env(a.blas)
-    port = _free_port()
+    env = C.server_env(a.blas)
+    port = C.free_port()
     url = f"http://127.0.0.1:{port}"
     ctx = 2 * (a.prefix + a.suffix) + 64
-    proc = start(a.model, port, ["-c", str(ctx), "--cache-ram", str(a.cache_ram)], env)
+    proc = C.start_server(a.model, port, ["-c", str(ctx), "--cache-ram", str(a.cache_ram)], env)
     out: dict = {"model": str(a.model), "blas": C.blas_in_use(proc.pid)["kind"],
                  "blas_env": C.blas_env(env), "prefix": a.prefix, "suffix": a.suffix,
                  "cache_ram_mib": a.cache_ram, "runs": [], "cache": []}

@@ -137,7 +137,8 @@ def engine_loop(cfg: ServerConfig, emit: Emit) -> Engine:
                                     if cfg.sleep_idle_seconds >= 0 else None),
                       context_shift=cfg.context_shift,
                       cont_batching=cfg.cont_batching, rope=cfg.rope,
-                      kv_types=(cfg.cache_type_k, cfg.cache_type_v))
+                      kv_types=(cfg.cache_type_k, cfg.cache_type_v), blas=cfg.blas,
+                      weights=cfg.weights)
 
 
 def checkpoint_problem(cfg: ServerConfig) -> str | None:

@@ -148,6 +148,8 @@ class ServerConfig:
     cache_ram: int = 8192            # MiB; -1 = no limit, 0 = no prompt cache
     cache_type_k: str = "f16"        # -ctk / -ctv: storage formats in kv_types.py
     cache_type_v: str = "f16"
+    blas: str = "auto"               # --blas: auto | bundled | a library path (blas.py)
+    weights: str = "auto"            # --weights: auto | keep | float32 (engine/weights.py)
     slot_save_path: str | None = None  # canonical directory; None = slot actions 501
     # -- monitoring endpoints and idle sleep --
     endpoint_metrics: bool = False   # --metrics: GET /metrics

@@ -25,6 +25,7 @@ from typing import Any
 
 import attrs
 
+from mlxcel_trio import blas
 from mlxcel_trio.cli import actions, model_ref, sinks
 from mlxcel_trio.cli.options import BY_DEST, OPTIONS, Option
 from mlxcel_trio.cli.options_chat import check_legacy_template
@@ -40,8 +41,8 @@ from mlxcel_trio.cli.parser import (
 )
 from mlxcel_trio.cli.surface import dump_flag_surface
 from mlxcel_trio.config import RopeOverrides, SamplingDefaults, ServerConfig
-from mlxcel_trio.kv_types import DEFAULT as DEFAULT_KV
-from mlxcel_trio.kv_types import pair_problem
+from mlxcel_trio.protocol.kv_types import DEFAULT as DEFAULT_KV
+from mlxcel_trio.protocol.kv_types import pair_problem
 
 SERVER_PROG = "mlxcel-server"
 # The inert classifications: such an option may have no ServerConfig field.
@@ -109,6 +110,13 @@ def check_chat_template(parsed: Parsed) -> None:
         raise CliError(f"{describe(BY_DEST[dest], parsed)}: {reason}")
 
 
+def check_blas(parsed: Parsed) -> None:
+    """--blas names auto, bundled or a library that exists."""
+    reason = blas.setting_problem(parsed.values.get("blas", blas.AUTO))
+    if reason is not None:
+        raise CliError(f"{describe(BY_DEST['blas'], parsed)}: {reason}")
+
+
 def check_kv_types(parsed: Parsed) -> None:
     """-ctk and -ctv must be a pair MLX's attention can read."""
     values = parsed.values
@@ -125,7 +133,7 @@ def _checked(parsed: Parsed, env: Mapping[str, str]) -> dict[str, Any]:
     problems are reported together, so one run shows everything to fix."""
     problems: list[CliError] = [CliError(*parsed.problems)]
     io: dict[str, Any] = {}
-    for check in (validate, check_rope, check_chat_template, check_kv_types,
+    for check in (validate, check_rope, check_chat_template, check_kv_types, check_blas,
                   lambda p: io.update(sinks.resolve(p, env)),
                   lambda p: io.update(_vertex(p, env))):
         try:
@@ -225,6 +233,8 @@ def server_main(
         for line in exc.lines:
             print(f"error: {line}", file=sys.stderr)
         return 1
+    if env is None:  # a real process: MLX is not loaded yet, so a BLAS can still be preloaded
+        blas.reexec_if_useful(config.blas)
     from mlxcel_trio.server.runner import run  # heavy: imported only now
 
     return run(config)

@@ -18,6 +18,7 @@ whatever its classification:
     options_server    transport/auth/logging, endpoints/slots/router
     options_spec      speculative decoding (not applicable)
     options_ui        web UI, tools, MCP, presets, --log-prompts-dir
+    options_runtime   mlxcel-trio's own runtime choices (--blas)
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from mlxcel_trio.cli.options_chat import CHAT, ROUTES
 from mlxcel_trio.cli.options_context import CONTEXT, ROPE
 from mlxcel_trio.cli.options_ggml import GGML
 from mlxcel_trio.cli.options_model import ADAPTERS, MULTIMODAL, SOURCE
+from mlxcel_trio.cli.options_runtime import RUNTIME
 from mlxcel_trio.cli.options_sampling import ACTED_ON, LATER
 from mlxcel_trio.cli.options_server import ENDPOINTS, LOGGING, TRANSPORT
 from mlxcel_trio.cli.options_spec import SPECULATIVE
@@ -55,6 +57,7 @@ OPTIONS: tuple[Option, ...] = (
     *ROUTES,
     *UI,
     *MISC,
+    *RUNTIME,
 )
 
 check_table(OPTIONS)

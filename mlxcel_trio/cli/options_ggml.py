@@ -19,7 +19,7 @@ from typing import Any
 from mlxcel_trio.cli.record import Option
 from mlxcel_trio.cli.refusals import NO_GGML, at_most, equals, not_applicable, tuning
 from mlxcel_trio.cli.values import Choice, Float, GpuLayers, Int, Text
-from mlxcel_trio.kv_types import KV_CACHE_TYPES
+from mlxcel_trio.protocol.kv_types import KV_CACHE_TYPES
 
 CACHE_TYPES = tuple(KV_CACHE_TYPES)  # upstream's order
 LOAD_MODES = ("auto", "none", "mmap", "mlock", "mmap+mlock", "dio")
@@ -100,7 +100,7 @@ GGML: tuple[Option, ...] = (
            env="LLAMA_ARG_REPACK", quiet=equals(True)),
     tuning(("--no-host",), "no_host", "bypass GGML host buffers", kind="flag",
            env="LLAMA_ARG_NO_HOST"),
-    # storage formats in mlxcel_trio/kv_types.py; the K/V pair is checked in cli/main.py
+    # storage formats in mlxcel_trio/protocol/kv_types.py; the K/V pair is checked in cli/main.py
     Option(("-ctk", "--cache-type-k"), "cache_type_k", "KV cache data type for K",
            value=Choice(CACHE_TYPES), metavar="TYPE", default="f16",
            env="LLAMA_ARG_CACHE_TYPE_K", status="by_design", owner=3),

@@ -50,6 +50,7 @@ OWNERS: dict[int, str] = {
     6: "streams, slots, metrics, lifecycle",
     7: "transport, auth, logging",
     8: "prompt cache and context",
+    14: "performance: BLAS, weight policy, hot path",
 }
 
 

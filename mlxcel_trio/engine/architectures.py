@@ -71,7 +71,7 @@ def head_dim(config: dict) -> int | None:
 
 def kv_problem(config: dict, k: str, v: str) -> str | None:
     """Why this checkpoint's heads cannot hold a quantized KV cache, or None."""
-    from ..kv_types import head_problem
+    from ..protocol.kv_types import head_problem
 
     width = head_dim(config)
     reason = head_problem(k, v, width) if width else None

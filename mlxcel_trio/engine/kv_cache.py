@@ -6,7 +6,7 @@ for prefill, grows (`extend`) and shrinks (`filter`) the decode batch as
 sequences come and go, and hands a sequence's own cache back (`extract`)
 when it leaves.  Its plain KVCache / BatchKVCache store K and V as they come
 out of the projections.  The two classes here keep the same interface and
-store each of K and V in a `KvFormat` (mlxcel_trio/kv_types.py):
+store each of K and V in a `KvFormat` (mlxcel_trio/protocol/kv_types.py):
 
 - float: cast on the way in, cast back to the compute type on the way out;
 - quantized: MLX affine quantization.  The cache then carries `bits` and
@@ -31,7 +31,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache, _BaseCache, dynamic_roll
 
-from ..kv_types import KV_CACHE_TYPES, KvFormat
+from ..protocol.kv_types import KV_CACHE_TYPES, KvFormat
 
 Parts = tuple  # the stored form of one tensor: tuple[mx.array, ...]
 

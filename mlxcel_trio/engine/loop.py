@@ -112,8 +112,13 @@ def _model_facts(model, config: dict, path: Path, n_ctx: int, n_ctx_slot: int,
             continue
         # packed quantized weights hold 32 // bits values per uint32
         n_params += p.size * (32 // bits) if p.dtype.__str__().endswith("uint32") else p.size
-        if name.endswith("embed_tokens.weight") and dtype == "unknown":
+        if name.endswith("embed_tokens.weight") and dtype == "unknown" and \
+                not p.dtype.__str__().endswith("uint32"):
             dtype = str(p.dtype).removeprefix("mlx.core.")
+    if dtype == "unknown":  # quantized embeddings: the float type of the rest
+        dtype = next((str(p.dtype).removeprefix("mlx.core.") for name, p in params
+                      if not name.endswith((".scales", ".biases"))
+                      and not str(p.dtype).endswith("uint32")), "unknown")
     return ModelInfo(
         path=str(path),
         model_type=config.get("model_type", "unknown"),
@@ -150,7 +155,8 @@ class EngineLoop:
                  cache_ram_mib: int = 0, sleep_idle_s: float | None = None,
                  context_shift: bool = False, cont_batching: bool = True,
                  rope: RopeOverrides = RopeOverrides(),
-                 kv_types: tuple[str, str] = ("f16", "f16")) -> None:
+                 kv_types: tuple[str, str] = ("f16", "f16"), blas: str = "auto",
+                 weights: str = "auto") -> None:
         self._path = Path(model_path)
         self._n_slots = n_slots
         self._ctx_size = ctx_size
@@ -162,6 +168,9 @@ class EngineLoop:
         self._cont_batching = cont_batching
         self._rope = rope
         self._kv_types = kv_types
+        self._blas = blas  # --blas, for the load summary's advice
+        self._weights = weights  # --weights: auto | keep | float32
+        self._weights_note: str | None = None
         self._emit = emit
         self._sleep_idle_s = sleep_idle_s  # None = never sleep
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
@@ -212,7 +221,7 @@ class EngineLoop:
         self.vocab = vocab
         scheduler = self._new_scheduler(model)
         if self._kv_types != ("f16", "f16"):
-            from ..kv_types import KV_CACHE_TYPES
+            from ..protocol.kv_types import KV_CACHE_TYPES
 
             k, v = self._kv_types
             log.info("KV cache: K as %s (%s), V as %s (%s)", k, KV_CACHE_TYPES[k].describe(),
@@ -220,14 +229,28 @@ class EngineLoop:
         if self._warmup:
             self._run_warmup(scheduler, vocab)
         info = _model_facts(model, config, self._path, n_ctx, self._n_ctx_slot, self._n_slots)
-        self._report(info, time.perf_counter() - t0)
+        self._report(info, time.perf_counter() - t0, self._blas)
         self._emit(StepEvents((Loaded(info),)))
         return scheduler
 
     def _load_model(self):
-        from . import rope
+        """The model as the weight policy serves it (engine/weights.py), and
+        its config (without the quantization block once dequantized)."""
+        import mlx.core as mx
 
-        return rope.load(self._path, self._rope)
+        from . import rope, weights
+
+        model, config = rope.load(self._path, self._rope, lazy=True)
+        model, note = weights.apply(model, self._weights)
+        mx.eval(model.parameters())
+        if note is not None:
+            if self._weights_note is None:  # said once, not again at each wake
+                log.info("%s", note)
+            self._weights_note = note
+        if weights.stored_form(model) is None:
+            config = {k: v for k, v in config.items()
+                      if k not in ("quantization", "quantization_config")}
+        return model, config
 
     def _new_scheduler(self, model):
         """A scheduler with a fresh prompt cache: the cache lives and dies with
@@ -245,14 +268,14 @@ class EngineLoop:
                                        if self._cache_ram_mib != 0 else None))
 
     @staticmethod
-    def _report(info: ModelInfo, seconds: float) -> None:
+    def _report(info: ModelInfo, seconds: float, blas: str) -> None:
         """One readable load summary, then what the platform costs (if anything)."""
         import mlx.core as mx
 
         from .platform_report import describe
 
         device = "cpu" if mx.default_device() == mx.cpu else "gpu"
-        platform, warning = describe(device, info.dtype, info.quantization)
+        platform, warning = describe(device, info.dtype, info.quantization, blas)
         log.info("model loaded in %.2f s: %s | %s, %s, %s parameters, %s | context %d "
                  "(training %d), %d slots of %d | %s", seconds, info.path, info.model_type,
                  info.quantization or info.dtype, _count(info.n_params),
@@ -379,12 +402,6 @@ class EngineLoop:
         t0 = time.perf_counter()
         model, _ = self._load_model()
         scheduler = self._new_scheduler(model)
-        if self._kv_types != ("f16", "f16"):
-            from ..kv_types import KV_CACHE_TYPES
-
-            k, v = self._kv_types
-            log.info("KV cache: K as %s (%s), V as %s (%s)", k, KV_CACHE_TYPES[k].describe(),
-                     v, KV_CACHE_TYPES[v].describe())
         load_ms = (time.perf_counter() - t0) * 1e3
         log.info("server is exiting sleeping state (model reloaded in %.0f ms)", load_ms)
         self._emit(StepEvents((Woke(load_ms),)))

@@ -2,7 +2,8 @@
 
 On a Linux CPU the mlx wheel's bundled reference BLAS is single-threaded
 (~1 GFLOP/s for float32 matmul); Debian's OpenBLAS, preloaded, is ~40x
-faster.  bf16 and quantized matmuls do not go through BLAS at all and stay
+faster, and the server preloads it by itself when it finds it
+(mlxcel_trio/blas.py).  bf16 and quantized matmuls do not go through BLAS at all and stay
 slow on a CPU.  Operators should learn this from the log, not from a
 benchmark.
 """
@@ -12,9 +13,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-OPENBLAS_HINT = ("preload OpenBLAS for much faster float32 matmul: apt-get install "
-                 "libopenblas0-pthread, then LD_PRELOAD=/usr/lib/x86_64-linux-gnu/"
-                 "openblas-pthread/libopenblas.so.0")
+
+
+def openblas_hint() -> str:
+    from .. import blas
+
+    return ("no faster BLAS than the mlx wheel's single-threaded one was found; float32 "
+            f"matmul runs ~40x faster with OpenBLAS: {blas.install_hint()} (the server "
+            "preloads it by itself at the next start)")
 
 
 def loaded_blas() -> str:
@@ -24,13 +30,17 @@ def loaded_blas() -> str:
         return "Accelerate" if sys.platform == "darwin" else "unknown"
     text = maps.read_text()
     if "libopenblas" in text:
-        return "OpenBLAS"
+        from .. import blas
+
+        auto = blas.preloaded()
+        return f"OpenBLAS (preloaded from {auto}; --blas bundled opts out)" if auto else "OpenBLAS"
     if "mlx_cpu.libs/libblas" in text or "libblas" in text:
         return "reference BLAS (single-threaded)"
     return "unknown"
 
 
-def describe(device: str, dtype: str, quantization: str | None) -> tuple[str, str | None]:
+def describe(device: str, dtype: str, quantization: str | None,
+             blas_setting: str = "auto") -> tuple[str, str | None]:
     """(summary line, optional warning) for the startup log."""
     weights = quantization or dtype
     if device != "cpu":
@@ -39,7 +49,8 @@ def describe(device: str, dtype: str, quantization: str | None) -> tuple[str, st
     line = f"MLX device cpu, weights {weights}, BLAS: {blas}"
     if quantization or dtype in ("bfloat16", "float16"):
         return line, (f"{weights} weights on a CPU do not use BLAS and run 10-100x slower "
-                      "than float32 here; convert the checkpoint to float32 for speed")
-    if blas.startswith("reference"):
-        return line, OPENBLAS_HINT
+                      "than float32 here; --weights float32 (or auto, when it fits in "
+                      "memory) serves them in float32")
+    if blas.startswith("reference") and blas_setting == "auto":
+        return line, openblas_hint()
     return line, None

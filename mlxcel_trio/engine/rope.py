@@ -126,14 +126,15 @@ def _rope_types() -> tuple[type, ...]:
             ru.DynamicNTKScalingRoPE)
 
 
-def load(path: Path, o: RopeOverrides):
+def load(path: Path, o: RopeOverrides, lazy: bool = False):
     """(model, config) from mlx-lm, built with the overrides; RopeError when
-    the checkpoint's family would not apply them."""
+    the checkpoint's family would not apply them.  `lazy`: the weights are
+    read when first evaluated (mlx-lm's own flag)."""
     from mlx_lm.models import rope_utils
     from mlx_lm.utils import _get_classes, load_config, load_model
 
     if not o.any:
-        return load_model(path)
+        return load_model(path, lazy=lazy)
     base_config = load_config(path)
     changes = patch(o, base_config)
     want_theta = changes.get("rope_theta")
@@ -141,7 +142,7 @@ def load(path: Path, o: RopeOverrides):
     remix = _block_type(want_block) == "yarn" and (
         o.yarn_ext_factor >= 0 and o.yarn_ext_factor != FULL_MIX)
     if not changes and not remix:
-        return load_model(path)     # e.g. --yarn-* against a non-YaRN rotation: inert
+        return load_model(path, lazy=lazy)     # e.g. --yarn-* against a non-YaRN rotation: inert
     original = rope_utils.initialize_rope
     honoured: dict[int, float] = {}   # rotary module -> the base it was built with
     patched: list[Any] = []
@@ -166,7 +167,8 @@ def load(path: Path, o: RopeOverrides):
         return found
 
     try:
-        model, config = load_model(path, model_config=changes, get_model_classes=classes)
+        model, config = load_model(path, lazy=lazy, model_config=changes,
+                                   get_model_classes=classes)
     finally:
         for mod in patched:
             mod.initialize_rope = original

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from mlxcel_trio.kv_types import KV_CACHE_TYPES, head_problem, pair_problem
+from mlxcel_trio.protocol.kv_types import KV_CACHE_TYPES, head_problem, pair_problem
 
 UPSTREAM = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 FLOATS = ("f32", "f16", "bf16")

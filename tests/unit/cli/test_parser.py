@@ -64,6 +64,8 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "cache_ram": ("-1", -1),
     "cache_type_k": ("q8_0", "q8_0"),
     "cache_type_v": ("bf16", "bf16"),
+    "blas": ("bundled", "bundled"),
+    "weights": ("keep", "keep"),
     "slot_save_path": (str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent)),
     # issue #5: the sampler chain, logit bias, reverse prompts
     "sampling.samplers": ("penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature;"

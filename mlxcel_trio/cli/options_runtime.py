@@ -1,0 +1,26 @@
+"""mlxcel-trio's own runtime choices, which llama-server has no words for:
+the BLAS MLX multiplies float32 with on a Linux CPU (--blas; see
+mlxcel_trio/blas.py) and the CPU weight policy (--weights; see
+mlxcel_trio/engine/weights.py)."""
+
+from __future__ import annotations
+
+from mlxcel_trio.cli.record import Option
+from mlxcel_trio.cli.values import Choice, Text
+
+PERF_ISSUE = 14
+
+RUNTIME: tuple[Option, ...] = (
+    Option(("--blas",), "blas",
+           "mlxcel-trio: the BLAS for float32 matmul on a Linux CPU: auto (preload the "
+           "system's OpenBLAS when found), bundled (the mlx wheel's single-threaded "
+           "reference BLAS), or the path of a library that provides cblas_sgemm",
+           value=Text(), metavar="{auto,bundled,PATH}", default="auto", env="MLXCEL_BLAS",
+           upstream=False, owner=PERF_ISSUE),
+    Option(("--weights",), "weights",
+           "mlxcel-trio: how bf16/f16/quantized weights are served on a CPU: auto (in "
+           "float32 when measured faster here and it fits in memory), keep (as stored), "
+           "float32 (always converted at load)",
+           value=Choice(("auto", "keep", "float32")), metavar="{auto,keep,float32}",
+           default="auto", env="MLXCEL_WEIGHTS", upstream=False, owner=PERF_ISSUE),
+)
