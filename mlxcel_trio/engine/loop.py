@@ -56,6 +56,12 @@ from ..protocol.records import (
 log = logging.getLogger("mlxcel.engine")
 
 WARMUP_JOB_ID = -1
+# A burst of requests reaches an idle engine a few milliseconds apart (each
+# is parsed and tokenized on its own): the first job waits until no other
+# arrives for BURST_GAP_S (at most BURST_MAX_S), so the burst is prefilled
+# as one batch instead of the first alone and the rest after it.
+BURST_GAP_S = 0.001
+BURST_MAX_S = 0.010
 
 
 def _job_of(cmd) -> int | None:
@@ -304,10 +310,15 @@ class EngineLoop:
         while True:
             out: list = []
             block = not scheduler.busy
+            burst_end = None  # set when an idle engine takes a job: wait for its companions
             while True:
                 try:
-                    cmd = commands.get(block=block,
-                                       timeout=self._sleep_idle_s if block else None)
+                    if block:
+                        cmd = commands.get(timeout=self._sleep_idle_s)
+                    elif burst_end is not None and (left := burst_end - time.perf_counter()) > 0:
+                        cmd = commands.get(timeout=min(BURST_GAP_S, left))
+                    else:
+                        cmd = commands.get_nowait()
                 except queue.Empty:
                     if not block:
                         break
@@ -317,6 +328,8 @@ class EngineLoop:
                     scheduler, cmd = self._sleep(before)
                     if scheduler is None:  # Shutdown while asleep
                         return
+                if block and isinstance(cmd, Submit):
+                    burst_end = time.perf_counter() + BURST_MAX_S
                 block = False
                 if isinstance(cmd, Shutdown):
                     scheduler.close(out)

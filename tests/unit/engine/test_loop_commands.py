@@ -141,3 +141,35 @@ def test_force_end_reaches_the_running_jobs_constraint_and_stats_follow_the_step
         engine.post(Shutdown())
         thread.join(WAIT_S)
     assert not thread.is_alive()
+
+
+def test_a_burst_reaching_an_idle_engine_is_prefilled_together(tiny_model, monkeypatch):
+    """Jobs arriving at an idle engine a little apart are admitted before its
+    first step, so they share one prefill instead of the first going alone.
+    The window is widened here so the staggered arrivals (the workload's
+    shape, 30 ms apart) fall well inside it on a busy machine."""
+    from mlxcel_trio.engine import loop
+    from mlxcel_trio.protocol.records import Started
+
+    monkeypatch.setattr(loop, "BURST_GAP_S", 0.5)
+    monkeypatch.setattr(loop, "BURST_MAX_S", 5.0)
+    events = _Events()
+    engine = EngineLoop(str(tiny_model), n_slots=4, ctx_size=1024, batch_size=64,
+                        warmup=False, emit=events.emit)
+    thread = threading.Thread(target=engine.run, daemon=True)
+    thread.start()
+    try:
+        events.until(lambda ev: isinstance(ev, Loaded))
+        pause = threading.Event()
+        for i in range(1, 5):
+            engine.post(Submit(Job(i, (5, 6, 7, i), n_predict=4, sampling=GREEDY)))
+            pause.wait(0.03)   # staggered arrivals, as requests parsed one by one
+        seen = events.until(lambda ev: isinstance(ev, Started) and ev.job_id == 4)
+        assert not [ev for ev in seen if isinstance(ev, TokenPiece)], \
+            "a job decoded before the rest of the burst was admitted"
+        done: set[int] = set()
+        events.until(lambda ev: isinstance(ev, Finished) and (done.add(ev.job_id) or
+                                                                len(done) == 4))
+    finally:
+        engine.post(Shutdown())
+        thread.join(WAIT_S)
