@@ -29,7 +29,8 @@ BASIC: tuple[Option, ...] = (
     Option(("-m", "--model"), "model",
            "the model to serve: an MLX checkpoint directory (config.json plus "
            "*.safetensors) or a Hugging Face repo id such as "
-           "mlx-community/Qwen3-0.6B-bf16; GGUF files and URLs are refused",
+           "mlx-community/Qwen3-0.6B-bf16 (on a CPU, bf16 and quantized weights are "
+           "served in float32 when faster, see --weights); GGUF files and URLs are refused",
            value=Text(), metavar="FNAME", env="LLAMA_ARG_MODEL",
            status="aliased", refuse=model_ref.refusal),
     Option(("-c", "--ctx-size"), "ctx_size", "context size in tokens",
