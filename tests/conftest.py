@@ -61,7 +61,11 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.argv = [sys.executable, "-m", "mlxcel_trio", "-m", str(model),
                      "--host", "127.0.0.1", "--port", str(self.port), *args]
-        self.env = {**os.environ, **(env or {})}
+        # The reference BLAS, as in this process: tests compare the server's
+        # numbers with references computed here, and a faster BLAS picks other
+        # kernels per shape (exact only within one library).  Tests of the
+        # BLAS choice itself pass their own MLXCEL_BLAS.
+        self.env = {**os.environ, "MLXCEL_BLAS": "bundled", **(env or {})}
         self.proc: subprocess.Popen | None = None
         self.stdout: list[str] = []
         self.stderr: list[str] = []

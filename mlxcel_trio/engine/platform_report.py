@@ -19,8 +19,8 @@ def openblas_hint() -> str:
     from .. import blas
 
     return ("no faster BLAS than the mlx wheel's single-threaded one was found; float32 "
-            f"matmul runs ~40x faster with OpenBLAS: {blas.install_hint()} (the server "
-            "preloads it by itself at the next start)")
+            f"matmul runs ~40x faster with MKL or OpenBLAS: {blas.install_hint()} (the "
+            "server preloads it by itself at the next start)")
 
 
 def loaded_blas() -> str:
@@ -29,11 +29,12 @@ def loaded_blas() -> str:
     if not maps.exists():
         return "Accelerate" if sys.platform == "darwin" else "unknown"
     text = maps.read_text()
-    if "libopenblas" in text:
+    name = "MKL" if "libmkl_rt" in text else "OpenBLAS" if "libopenblas" in text else None
+    if name is not None:
         from .. import blas
 
         auto = blas.preloaded()
-        return f"OpenBLAS (preloaded from {auto}; --blas bundled opts out)" if auto else "OpenBLAS"
+        return f"{name} (preloaded from {auto}; --blas bundled opts out)" if auto else name
     if "mlx_cpu.libs/libblas" in text or "libblas" in text:
         return "reference BLAS (single-threaded)"
     return "unknown"

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.e2e
 def _clean_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if k not in ("LD_PRELOAD", blas.MARK, blas.ENV, "MLXCEL_WEIGHTS")}
-    return {**env, "LD_PRELOAD": ""}
+    return {**env, "LD_PRELOAD": "", blas.ENV: blas.AUTO}
 
 
 def _maps(pid: int) -> str:
@@ -33,8 +33,9 @@ def test_the_server_preloads_a_blas_it_finds_or_says_how_to_install_one(tiny_mod
     srv = start_server(tiny_model, "-np", "1", env=_clean_env())
     lib = blas.find()
     if lib is not None:
-        srv.wait_for_text(f"BLAS: OpenBLAS (preloaded from {lib}; --blas bundled opts out)")
-        assert "libopenblas" in _maps(srv.proc.pid)
+        name = "MKL" if "mkl" in lib.name else "OpenBLAS"
+        srv.wait_for_text(f"BLAS: {name} (preloaded from {lib}; --blas bundled opts out)")
+        assert str(lib.resolve()) in _maps(srv.proc.pid)
     else:
         srv.wait_for_text(blas.install_hint())
     srv.stop()
@@ -44,7 +45,7 @@ def test_the_server_preloads_a_blas_it_finds_or_says_how_to_install_one(tiny_mod
 def test_blas_bundled_keeps_the_wheels_own(tiny_model, start_server):
     srv = start_server(tiny_model, "-np", "1", "--blas", "bundled", env=_clean_env())
     srv.wait_for_text("BLAS: reference BLAS (single-threaded)")
-    assert "libopenblas" not in _maps(srv.proc.pid)
+    assert "libopenblas" not in _maps(srv.proc.pid) and "libmkl" not in _maps(srv.proc.pid)
     assert not any("no faster BLAS" in line for line in srv.stdout + srv.stderr)
     srv.stop()
 

@@ -19,8 +19,11 @@ def _lib(root: Path, rel: str) -> Path:
 
 
 @pytest.fixture
-def linux(monkeypatch):
+def linux(monkeypatch, tmp_path):
+    """A Linux machine whose filesystem is tmp_path and whose Python
+    environment (sys.prefix) is tmp_path/venv."""
     monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "venv"))
     monkeypatch.setattr(blas, "_triplet", lambda: "x86_64-linux-gnu")
 
 
@@ -28,6 +31,15 @@ def test_the_pthread_openblas_is_preferred(tmp_path, linux):
     _lib(tmp_path, "usr/lib/x86_64-linux-gnu/libopenblas.so.0")
     best = _lib(tmp_path, "usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0")
     assert blas.find(tmp_path) == best
+
+
+def test_mkl_in_the_python_environment_comes_first(tmp_path, linux):
+    _lib(tmp_path, "usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0")
+    mkl = _lib(tmp_path, "venv/lib/libmkl_rt.so.3")
+    assert blas.find(tmp_path) == mkl
+    plan = blas.reexec_plan("auto", {}, ["python"], tmp_path)
+    assert plan is not None and plan[1]["LD_PRELOAD"] == str(mkl)
+    assert plan[1]["MKL_CBWR"] == "AUTO,STRICT"   # reproducible whatever the alignment
 
 
 def test_other_distributions_paths_are_found(tmp_path, linux):
@@ -81,6 +93,14 @@ def test_not_linux_means_no_reexec(tmp_path, monkeypatch):
     ("etc/fedora-release", "dnf install -y openblas-threaded"),
     ("etc/alpine-release", "apk add openblas"),
 ])
-def test_the_install_hint_is_the_distributions_command(tmp_path, marker, command):
+def test_off_x86_the_install_hint_is_the_distributions_command(tmp_path, marker, command,
+                                                                monkeypatch):
+    monkeypatch.setattr(blas.platform, "machine", lambda: "aarch64")
     _lib(tmp_path, marker)
     assert blas.install_hint(tmp_path) == command
+
+
+def test_on_x86_the_install_hint_is_the_mkl_wheel(tmp_path, monkeypatch):
+    monkeypatch.setattr(blas.platform, "machine", lambda: "x86_64")
+    _lib(tmp_path, "etc/debian_version")
+    assert blas.install_hint(tmp_path).endswith("pip install mkl")
