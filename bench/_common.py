@@ -19,7 +19,8 @@ OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
 # Environment variables that change what MLX's CPU backend does; both sides
 # get exactly the same values, and the report prints them.
 BLAS_ENV = ("LD_PRELOAD", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
-            "OPENBLAS_CORETYPE", "GOTO_NUM_THREADS", "MLX_DISABLE_COMPILE")
+            "OPENBLAS_CORETYPE", "GOTO_NUM_THREADS", "MLX_DISABLE_COMPILE",
+            "MKL_CBWR", "MKL_NUM_THREADS", "MKL_THREADING_LAYER", "MLXCEL_BLAS")
 
 
 # -- prompts -------------------------------------------------------------------
@@ -52,9 +53,9 @@ def proc_status(pid: int | str = "self") -> dict[str, int]:
 
 
 def blas_in_use(pid: int | str = "self") -> dict:
-    """Which BLAS libraries are mapped into a process.  A preloaded OpenBLAS
-    wins symbol resolution over mlx's bundled reference libblas, which stays
-    mapped (mlx links it), so OpenBLAS mapped => OpenBLAS in use."""
+    """Which BLAS libraries are mapped into a process.  A preloaded MKL or
+    OpenBLAS wins symbol resolution over mlx's bundled reference libblas,
+    which stays mapped (mlx links it), so MKL / OpenBLAS mapped => in use."""
     libs = set()
     for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
         parts = line.split(maxsplit=5)
@@ -67,7 +68,9 @@ def blas_in_use(pid: int | str = "self") -> dict:
     openblas = sorted(p for p in libs if "openblas" in os.path.basename(p)
                       and "scipy_openblas" not in os.path.basename(p))
     bundled = sorted(p for p in libs if os.path.basename(p).startswith("libblas"))
-    if openblas:
+    if any("libmkl_rt" in os.path.basename(p) for p in libs):
+        kind = "MKL"
+    elif openblas:
         kind = "OpenBLAS"
     elif bundled:
         kind = "bundled reference BLAS"
@@ -76,7 +79,8 @@ def blas_in_use(pid: int | str = "self") -> dict:
     return {"kind": kind, "libs": sorted(libs)}
 
 
-def blas_env(base: dict | None = None) -> dict[str, str]:
+def blas_vars(base: dict | None = None) -> dict[str, str]:
+    """The BLAS-related variables of an environment, for the report."""
     env = base if base is not None else os.environ
     return {k: env[k] for k in BLAS_ENV if k in env}
 
@@ -86,15 +90,40 @@ def blas_env(base: dict | None = None) -> dict[str, str]:
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def server_env(blas: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    if blas in ("auto", "openblas") and Path(OPENBLAS).exists():
-        env["LD_PRELOAD"] = OPENBLAS
-    elif blas == "openblas":
-        sys.exit(f"--blas openblas: {OPENBLAS} not found (apt-get install libopenblas0-pthread)")
-    elif blas == "bundled":
+def blas_env(mode: str, base: dict | None = None) -> dict[str, str]:
+    """The environment every measured process gets for `--blas MODE`: auto
+    (the library the server would preload by itself), mkl, openblas,
+    bundled, or inherit.  The chosen library is preloaded and marked as the
+    server's own choice, so the server does not re-execute itself and raw
+    mlx-lm multiplies with the same library."""
+    sys.path.insert(0, str(ROOT))
+    from mlxcel_trio import blas
+
+    env = dict(os.environ if base is None else base)
+    if mode == "inherit":
+        return env
+    preload = [p for p in env.get("LD_PRELOAD", "").replace(":", " ").split()
+               if "openblas" not in p and "mkl" not in p]
+    lib = {"auto": blas.find(), "openblas": next((c for c in blas.candidates()[2:]
+                                                  if c.is_file()), None),
+           "mkl": next((c for c in blas.candidates()[:2] if c.is_file()), None),
+           "bundled": None}[mode]
+    if mode in ("openblas", "mkl") and lib is None:
+        sys.exit(f"--blas {mode}: not found ({blas.install_hint()})")
+    env.pop(blas.MARK, None)
+    if lib is None:
+        env[blas.ENV] = blas.BUNDLED
+    else:
+        plan = blas.reexec_plan(str(lib), {**env, "LD_PRELOAD": " ".join(preload)}, [])
+        env = plan[1] if plan else env
+    if not env.get("LD_PRELOAD"):
         env.pop("LD_PRELOAD", None)
+    return env
+
+
+def server_env(mode: str) -> dict[str, str]:
+    env = blas_env(mode)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     return env
 
 

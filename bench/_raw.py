@@ -91,7 +91,7 @@ def main() -> int:
                             "end": C.proc_status()}
     result["mlx_peak_memory_bytes"] = mx.get_peak_memory()
     result["blas"] = C.blas_in_use()
-    result["env"] = C.blas_env()
+    result["env"] = C.blas_vars()
     result["eos"] = {"ids": eos, "mode": spec.get("eos", "ban")}
     result["total_s"] = time.perf_counter() - t_start
     sys.stdout.write("RESULT " + json.dumps(result) + "\n")

@@ -5,7 +5,7 @@ numbers and never fails on them (tests/e2e/test_event_loop.py holds the
 bounds).
 
     python bench/event_loop.py [--fixture tiny | --model DIR] [--mb 15]
-                               [--chat-mb 5] [--blas auto|openblas|bundled|inherit]
+                               [--chat-mb 5] [--blas auto|mkl|openblas|bundled|inherit]
 
 One `mlxcel-server -np 2 -c 65536` runs three phases, one after another,
 each with the same long stream running beside it:
@@ -124,7 +124,7 @@ def main() -> int:
     src.add_argument("--model", type=Path)
     ap.add_argument("--mb", type=float, default=15.0)
     ap.add_argument("--chat-mb", type=float, default=5.0)
-    ap.add_argument("--blas", default="auto", choices=("auto", "openblas", "bundled", "inherit"))
+    ap.add_argument("--blas", default="auto", choices=("auto", "mkl", "openblas", "bundled", "inherit"))
     a = ap.parse_args()
     from fixtures.build import ensure
 

@@ -44,12 +44,12 @@ import _common as C  # noqa: E402
 DEFAULT_TYPES = "f16,f32,bf16,q8_0,q5_0,q4_0"
 
 
-def _reexec_with_blas(blas: str) -> None:
-    """MLX picks its BLAS when it loads: preload OpenBLAS before importing it."""
-    if blas != "auto" or "LD_PRELOAD" in os.environ or not Path(C.OPENBLAS).exists():
-        return
-    os.execve(sys.executable, [sys.executable, *sys.argv],
-              {**os.environ, "LD_PRELOAD": C.OPENBLAS})
+def _reexec_with_blas(mode: str) -> None:
+    """MLX picks its BLAS when it loads: preload the chosen one first."""
+    env = C.blas_env(mode)
+    if env.get("LD_PRELOAD", "") != os.environ.get("LD_PRELOAD", "") or \
+            env.get("MLXCEL_BLAS") != os.environ.get("MLXCEL_BLAS"):
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
 
 def _cache_for(model, kv: str):
@@ -127,11 +127,10 @@ def main() -> int:
     ap.add_argument("--skip", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--types", default=DEFAULT_TYPES)
-    ap.add_argument("--blas", default="auto", choices=("auto", "bundled", "inherit"))
+    ap.add_argument("--blas", default="auto", choices=("auto", "mkl", "openblas", "bundled",
+                                                       "inherit"))
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
-    if a.blas == "bundled":
-        os.environ.pop("LD_PRELOAD", None)
     _reexec_with_blas(a.blas)
 
     from mlx_lm.utils import load_model

@@ -5,7 +5,7 @@ A benchmark, not a test: it prints numbers and never fails on them.
     python bench/prompt_cache.py [--fixture bench|tiny | --model DIR]
                                  [--prefix 2000] [--suffix 16] [--hits 3]
                                  [--cache-ram 1024] [--churn 3] [--churn-tokens 300]
-                                 [--blas auto|openblas|bundled|inherit] [--json OUT]
+                                 [--blas auto|mkl|openblas|bundled|inherit] [--json OUT]
 
 One `mlxcel-server -np 1` runs the whole sequence, one request at a time:
 
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache-ram", type=int, default=1024, help="MiB")
     ap.add_argument("--churn", type=int, default=3)
     ap.add_argument("--churn-tokens", type=int, default=300)
-    ap.add_argument("--blas", default="auto", choices=("auto", "openblas", "bundled", "inherit"))
+    ap.add_argument("--blas", default="auto", choices=("auto", "mkl", "openblas", "bundled", "inherit"))
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
 
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = 2 * (a.prefix + a.suffix) + 64
     proc = C.start_server(a.model, port, ["-c", str(ctx), "--cache-ram", str(a.cache_ram)], env)
     out: dict = {"model": str(a.model), "blas": C.blas_in_use(proc.pid)["kind"],
-                 "blas_env": C.blas_env(env), "prefix": a.prefix, "suffix": a.suffix,
+                 "blas_env": C.blas_vars(env), "prefix": a.prefix, "suffix": a.suffix,
                  "cache_ram_mib": a.cache_ram, "runs": [], "cache": []}
     budget = a.cache_ram * 1024 * 1024
     try:

@@ -4,7 +4,7 @@ ratios next to their targets and never fails on them.
 
     python bench/throughput.py [--model DIR | --fixture bench|tiny]
                                [--tokens 128] [--prompt-tokens 128]
-                               [--blas auto|openblas|bundled|inherit]
+                               [--blas auto|mkl|openblas|bundled|inherit]
                                [--rounds 1] [--quick] [--json OUT.json]
 
 One run measures, on ONE checkpoint and with the SAME environment (BLAS
@@ -60,21 +60,7 @@ TARGETS = {"single": 0.90, "agg8": 0.85, "slot_steps": 1.0, "memory": 1.15}
 
 def child_env(mode: str) -> dict[str, str]:
     """The one environment both measured processes get."""
-    env = dict(os.environ)
-    preload = [p for p in env.get("LD_PRELOAD", "").split(":") if p]
-    if mode == "auto":
-        mode = "openblas" if Path(C.OPENBLAS).exists() else "bundled"
-    if mode == "openblas":
-        if not Path(C.OPENBLAS).exists():
-            sys.exit(f"--blas openblas: {C.OPENBLAS} is missing "
-                     "(apt-get install -y libopenblas0-pthread)")
-        preload = [C.OPENBLAS] + [p for p in preload if "openblas" not in p]
-    elif mode == "bundled":
-        preload = [p for p in preload if "openblas" not in p]
-    if preload:
-        env["LD_PRELOAD"] = ":".join(preload)
-    else:
-        env.pop("LD_PRELOAD", None)
+    env = C.blas_env(mode)
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
@@ -437,7 +423,7 @@ def report(args, model: Path, env: dict, rounds: list, disc: dict | None, cfg: d
           f"layers={cfg.get('num_hidden_layers')} vocab={cfg.get('vocab_size')} "
           f"dtype={cfg.get('torch_dtype', cfg.get('dtype', '?'))}"
           f"{' quantized' if cfg.get('quantization') else ''}")
-    print(f"env         {C.blas_env(env) or '{}'}")
+    print(f"env         {C.blas_vars(env) or '{}'}")
     print(f"loadavg     start {LOADAVG[0]}, end {Path('/proc/loadavg').read_text().split()[:3]} "
           f"({os.cpu_count()} CPUs; other processes skew the numbers)")
     out: dict = {}
@@ -614,7 +600,8 @@ def main(argv=None) -> int:
     src.add_argument("--fixture", choices=("bench", "tiny"), help="fixture checkpoint (built on demand)")
     ap.add_argument("--tokens", type=int, default=None, help="generated tokens per stream (128)")
     ap.add_argument("--prompt-tokens", type=int, default=128, help="prompt length (128)")
-    ap.add_argument("--blas", choices=("auto", "openblas", "bundled", "inherit"), default="auto",
+    ap.add_argument("--blas", choices=("auto", "mkl", "openblas", "bundled", "inherit"),
+                    default="auto",
                     help="auto: preload OpenBLAS when installed; inherit: leave LD_PRELOAD as is")
     ap.add_argument("--streams", default="4,8",
                     help="concurrency levels for the aggregate rows (4,8); the server runs -np max(8, ...)")
@@ -659,7 +646,7 @@ def main(argv=None) -> int:
     }
     t_all = time.perf_counter()
     LOADAVG.append(Path("/proc/loadavg").read_text().split()[:3])
-    print(f"model {model}\nenv {C.blas_env(env)}; {args.tokens} tokens/stream, "
+    print(f"model {model}\nenv {C.blas_vars(env)}; {args.tokens} tokens/stream, "
           f"prompt {args.prompt_tokens} tokens", flush=True)
     rounds = []
     with tempfile.TemporaryDirectory(prefix="mlxcel-bench-") as tmp:
@@ -689,7 +676,7 @@ def main(argv=None) -> int:
     print(f"total {time.perf_counter() - t_all:.1f} s")
     if args.json:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                         "env": C.blas_env(env), "rounds": rounds,
+                                         "env": C.blas_vars(env), "rounds": rounds,
                                          "disconnect": disc, **result}, indent=1, default=str))
     return 0
 
