@@ -233,7 +233,7 @@ class Proc:
         self.argv, self.env, self.port, self.log = argv, env, port, log
         self.url = f"http://127.0.0.1:{port}"
 
-    def start(self, timeout: float) -> "Proc":
+    def start(self, timeout: float) -> Proc:
         self.t0 = time.perf_counter()
         self._out = open(self.log, "w")
         self.proc = subprocess.Popen(self.argv, env=self.env, cwd=ROOT, stdin=subprocess.DEVNULL,
@@ -320,7 +320,7 @@ def measure_raw(model: Path, env: dict, prompts: Prompts, args, log_dir: Path, t
     path.write_text(json.dumps(spec))
     try:
         p = subprocess.run([sys.executable, str(HERE / "_raw.py"), str(path)], env=env, cwd=ROOT,
-                           capture_output=True, text=True, timeout=args.raw_timeout)
+                           capture_output=True, text=True, timeout=args.raw_timeout, check=False)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {args.raw_timeout} s"}
     lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
@@ -568,11 +568,11 @@ def main(argv=None) -> int:
                     continue
                 name = f"{form}: {LABEL[system]}"
                 if system == "raw":
-                    r = phase(name, lambda: measure_raw(models[form], clean, prompts, args,
-                                                        log_dir, form))
+                    r = phase(name, lambda f=form: measure_raw(models[f], clean, prompts, args,
+                                                               log_dir, f))
                 else:
-                    r = phase(name, lambda: measure_server(system, models[form], clean, prompts,
-                                                           args, log_dir, eos))
+                    r = phase(name, lambda f=form, s=system: measure_server(
+                        s, models[f], clean, prompts, args, log_dir, eos))
                 m[form][system] = r
                 for line in r.get("startup", []) if system == "mlxcel" else []:
                     print(f"    {line}")
@@ -581,8 +581,8 @@ def main(argv=None) -> int:
         for gform, _, path in ggufs:
             key = f"llama-server:{gform or 'any'}"
             m[key] = phase(f"{LABEL['llama-server']} {path}",
-                           lambda: measure_server("llama-server", Path(path), clean, prompts,
-                                                  args, log_dir, eos))
+                           lambda p=path: measure_server("llama-server", Path(p), clean, prompts,
+                                                         args, log_dir, eos))
 
     sums: dict = {}
     ref = summarize(m["tuned"], args.streams)
