@@ -211,7 +211,8 @@ class BertModel(nn.Module):
                  token_type_ids: mx.array | None = None) -> mx.array:
         if attention_mask is None:
             attention_mask = mx.ones(input_ids.shape, dtype=mx.int32)
-        if token_type_ids is None:
+        if token_type_ids is None or self.args.type_vocab_size == 1:
+            # One token type (RoBERTa): a pair's segment ids have nothing to select.
             token_type_ids = mx.zeros(input_ids.shape, dtype=mx.int32)
         x = self.embeddings(input_ids, attention_mask, token_type_ids)
         return self.encoder(x, padding_bias(attention_mask, x.dtype))
