@@ -17,6 +17,13 @@ from .bert import BertForSequenceClassification, BertModel
 from .loader import POOLINGS, EncoderInfo, EncoderLoadError, load
 from .xlm_roberta import XLMRobertaForSequenceClassification, XLMRobertaModel
 
-__all__ = ["load", "EncoderInfo", "EncoderLoadError", "POOLINGS", "BertModel",
-           "BertForSequenceClassification", "XLMRobertaModel",
-           "XLMRobertaForSequenceClassification"]
+__all__ = [
+           "POOLINGS",
+           "BertForSequenceClassification",
+           "BertModel",
+           "EncoderInfo",
+           "EncoderLoadError",
+           "XLMRobertaForSequenceClassification",
+           "XLMRobertaModel",
+           "load",
+]

@@ -23,7 +23,7 @@ import inspect
 from dataclasses import dataclass, field
 
 import mlx.core as mx
-import mlx.nn as nn
+from mlx import nn
 
 # A large negative added to the scores of padded keys: finite, so a row
 # whose keys are all padding (a padded query row) stays NaN-free.
@@ -31,9 +31,10 @@ _MASKED = -1e30
 
 ACTIVATIONS = {
     "gelu": nn.gelu,                       # exact (erf), HF's "gelu"
-    "gelu_new": nn.gelu_approx,            # the tanh approximation
+    "gelu_new": nn.gelu_approx,            # the tanh approximation, under three names
     "gelu_pytorch_tanh": nn.gelu_approx,
-    "gelu_fast": nn.gelu_fast_approx,
+    "gelu_fast": nn.gelu_approx,
+    "quick_gelu": nn.gelu_fast_approx,     # x * sigmoid(1.702 x)
     "relu": nn.relu,
     "silu": nn.silu,
     "swish": nn.silu,
@@ -57,7 +58,7 @@ class ModelArgs:
     num_labels: int | None = None
 
     @classmethod
-    def from_dict(cls, params: dict) -> "ModelArgs":
+    def from_dict(cls, params: dict) -> ModelArgs:
         """Unknown keys (dropout rates, transformers_version ...) are dropped."""
         known = inspect.signature(cls).parameters
         return cls(**{k: v for k, v in params.items() if k in known})
@@ -93,6 +94,10 @@ class BertEmbeddings(nn.Module):
         self.position_embeddings = nn.Embedding(args.max_position_embeddings, args.hidden_size)
         self.token_type_embeddings = nn.Embedding(args.type_vocab_size, args.hidden_size)
         self.LayerNorm = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
+
+    def max_length(self, args: ModelArgs) -> int:
+        """The longest input the position table covers."""
+        return args.max_position_embeddings
 
     def position_ids(self, input_ids: mx.array, attention_mask: mx.array) -> mx.array:
         """BERT: 0, 1, 2 ... from the left edge (right padding keeps them)."""
@@ -206,9 +211,14 @@ class BertModel(nn.Module):
         if pooler:
             self.pooler = BertPooler(args)
         self.st_dense = []   # sentence-transformers Dense layers, set by the loader
+        self.max_length = self.embeddings.max_length(args)
 
     def __call__(self, input_ids: mx.array, attention_mask: mx.array | None = None,
                  token_type_ids: mx.array | None = None) -> mx.array:
+        if input_ids.shape[1] > self.max_length:
+            # An embedding gather past the table would read garbage, not fail.
+            raise ValueError(f"input of {input_ids.shape[1]} tokens exceeds the "
+                             f"{self.max_length} positions this encoder has")
         if attention_mask is None:
             attention_mask = mx.ones(input_ids.shape, dtype=mx.int32)
         if token_type_ids is None or self.args.type_vocab_size == 1:

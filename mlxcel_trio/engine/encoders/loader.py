@@ -30,11 +30,11 @@ from pathlib import Path
 
 import attrs
 import mlx.core as mx
-import mlx.nn as nn
+from mlx import nn
 
 from . import sentence
 from .bert import BertForSequenceClassification, BertModel, ModelArgs
-from .xlm_roberta import XLMRobertaForSequenceClassification, XLMRobertaModel, position_offset
+from .xlm_roberta import XLMRobertaForSequenceClassification, XLMRobertaModel
 
 log = logging.getLogger("mlxcel.engine")
 
@@ -124,7 +124,7 @@ def _pick_class(config: dict) -> type[nn.Module]:
     return body
 
 
-def _pooling(root: Path, classifier: bool,
+def _pooling(classifier: bool,
              pipeline: sentence.Pipeline | None) -> tuple[str, str, tuple[str, ...]]:
     if classifier:
         return "rank", "classifier head", ()
@@ -138,41 +138,50 @@ def _pooling(root: Path, classifier: bool,
     return "mean", "architecture default", ()
 
 
-def load(path: str | Path, dtype: mx.Dtype | None = None) -> tuple[nn.Module, EncoderInfo]:
-    """Build the encoder at `path` with its weights; see the module docstring."""
-    root = Path(path)
-    config = _read_json(root / "config.json")
+def _build(body_root: Path, config: dict, target) -> tuple[nn.Module, ModelArgs]:
+    """The model class for `config`, with the checkpoint's weights loaded strictly."""
     cls = _pick_class(config)
     try:
         args = ModelArgs.from_dict(config)
     except (TypeError, ValueError) as exc:
-        raise EncoderLoadError(f"{root / 'config.json'}: {exc}") from None
-    classifier = issubclass(cls, BertForSequenceClassification)
-    target = _target_dtype(dtype)
-    weights = cls.sanitize(_read_weights(root, target))
-    if classifier:
+        raise EncoderLoadError(f"{body_root / 'config.json'}: {exc}") from None
+    weights = cls.sanitize(_read_weights(body_root, target))
+    if issubclass(cls, BertForSequenceClassification):
         model = cls(args)
     else:
         model = cls(args, pooler=any(k.startswith("pooler.") for k in weights))
-
-    pipeline = sentence.read_pipeline(root)
-    dense = [sentence.load_dense(d, target or mx.float32) for d in (pipeline.dense_dirs if pipeline else ())]
     try:
         model.load_weights(list(weights.items()), strict=True)
     except ValueError as exc:
-        raise EncoderLoadError(f"{root}: weights do not match {cls.__name__}: {exc}") from None
+        raise EncoderLoadError(f"{body_root}: weights do not match {cls.__name__}: {exc}") from None
+    return model, args
+
+
+def load(path: str | Path, dtype: mx.Dtype | None = None) -> tuple[nn.Module, EncoderInfo]:
+    """Build the encoder at `path` with its weights; see the module docstring."""
+    root = Path(path)
+    pipeline = sentence.read_pipeline(root)
+    body_root = pipeline.transformer_dir if pipeline else root
+    config = _read_json(body_root / "config.json")
+    target = _target_dtype(dtype)
+    model, args = _build(body_root, config, target)
+    classifier = isinstance(model, BertForSequenceClassification)
     body = model.body if classifier else model
-    body.st_dense = dense
+    try:
+        body.st_dense = [sentence.load_dense(d, target or mx.float32)
+                         for d in (pipeline.dense_dirs if pipeline else ())]
+    except (OSError, ValueError, KeyError) as exc:
+        raise EncoderLoadError(f"{root}: sentence-transformers Dense: {exc}") from None
     mx.eval(model.parameters())
 
-    pooling, source, notes = _pooling(root, classifier, pipeline)
+    pooling, source, notes = _pooling(classifier, pipeline)
     for note in notes:
         log.warning("%s", note)
-    offset = position_offset(args) if issubclass(type(body), XLMRobertaModel) else 0
+    dense = body.st_dense
     id2label = {int(k): str(v) for k, v in (args.id2label or {}).items()}
     info = EncoderInfo(
-        architecture=cls.__name__, model_type=str(config["model_type"]),
-        hidden_size=args.hidden_size, max_positions=args.max_position_embeddings - offset,
+        architecture=type(model).__name__, model_type=str(config["model_type"]),
+        hidden_size=args.hidden_size, max_positions=body.max_length,
         vocab_size=args.vocab_size, pad_token_id=args.pad_token_id,
         default_pooling=pooling, pooling_source=source,
         num_labels=args.labels if classifier else None,
@@ -180,7 +189,7 @@ def load(path: str | Path, dtype: mx.Dtype | None = None) -> tuple[nn.Module, En
         dense_layers=len(dense),
         embedding_size=dense[-1].linear.weight.shape[0] if dense else args.hidden_size,
         normalize=bool(pipeline and pipeline.normalize),
-        dtype=str(target or next(iter(weights.values())).dtype).removeprefix("mlx.core."),
+        dtype=str(body.embeddings.word_embeddings.weight.dtype).removeprefix("mlx.core."),
         notes=notes,
     )
     return model, info

@@ -1,7 +1,8 @@
 """The sentence-transformers files around an encoder checkpoint.
 
-    modules.json              the pipeline, in order: Transformer, Pooling,
-                              optional Dense layers, optional Normalize
+    modules.json              the pipeline, in order: Transformer (its path
+                              is "" today, "0_Transformer" in old saves),
+                              Pooling, optional Dense layers, optional Normalize
     1_Pooling/config.json     pooling_mode_* flags -> the default pooling
     2_Dense/config.json       in_features, out_features, bias,
                               activation_function (a torch class path)
@@ -26,8 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
-import mlx.nn as nn
+from mlx import nn
 
+TRANSFORMER = "sentence_transformers.models.Transformer"
 POOLING = "sentence_transformers.models.Pooling"
 DENSE = "sentence_transformers.models.Dense"
 NORMALIZE = "sentence_transformers.models.Normalize"
@@ -52,6 +54,7 @@ _ACTIVATIONS = {
 @dataclass(frozen=True)
 class Pipeline:
     """What modules.json says, with paths resolved against the checkpoint."""
+    transformer_dir: Path
     pooling_dir: Path | None
     dense_dirs: tuple[Path, ...]
     normalize: bool
@@ -63,16 +66,18 @@ def read_pipeline(root: Path) -> Pipeline | None:
     if not path.is_file():
         return None
     modules = json.loads(path.read_text(encoding="utf-8"))
-    pooling, dense, normalize = None, [], False
+    transformer, pooling, dense, normalize = root, None, [], False
     for mod in sorted(modules, key=lambda m: int(m.get("idx", 0))):
         kind = mod.get("type", "")
-        if kind == POOLING and pooling is None:
+        if kind == TRANSFORMER:
+            transformer = root / mod.get("path", "")
+        elif kind == POOLING and pooling is None:
             pooling = root / mod["path"]
         elif kind == DENSE:
             dense.append(root / mod["path"])
         elif kind == NORMALIZE:
             normalize = True
-    return Pipeline(pooling, tuple(dense), normalize)
+    return Pipeline(transformer, pooling, tuple(dense), normalize)
 
 
 def pooling_mode(pooling_dir: Path) -> tuple[str | None, str]:

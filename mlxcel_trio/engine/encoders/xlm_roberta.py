@@ -13,7 +13,7 @@ classifiers carry no pooler.
 from __future__ import annotations
 
 import mlx.core as mx
-import mlx.nn as nn
+from mlx import nn
 
 from .bert import BertEmbeddings, BertForSequenceClassification, BertModel, ModelArgs
 
@@ -27,6 +27,9 @@ class RobertaEmbeddings(BertEmbeddings):
     def __init__(self, args: ModelArgs):
         super().__init__(args)
         self.padding_idx = args.pad_token_id
+
+    def max_length(self, args: ModelArgs) -> int:
+        return args.max_position_embeddings - position_offset(args)
 
     def position_ids(self, input_ids: mx.array, attention_mask: mx.array) -> mx.array:
         """padding_idx + 1, + 2 ... over real tokens; padding_idx on padding.

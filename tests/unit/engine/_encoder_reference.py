@@ -29,8 +29,7 @@ class Reference:
         self.w = {}
         for k, v in raw.items():
             for p in ("bert.", "roberta.", "model."):
-                if k.startswith(p):
-                    k = k[len(p):]
+                k = k.removeprefix(p)
             self.w[k] = v.astype(np.float64)
         dense = root / "2_Dense"
         self.dense = None

@@ -23,8 +23,8 @@ RERANKERS = ["tiny-bert-reranker", "tiny-xlmr-reranker"]
 TEXTS = [
     "The cat jumps over the fence.",
     "a",
-    "Our team builds seven stones near the harbour while the kettle boils, "
-    "and the old sailor remembers the last train before sunset; café, 你好, 🚀!",
+    ("Our team builds seven stones near the harbour while the kettle boils, "
+     "and the old sailor remembers the last train before sunset; café, 你好, 🚀!"),
     "def count(items):\n    return total + 1",
 ]
 QUERY = "where does the old sailor go?"
@@ -216,7 +216,7 @@ def test_plain_checkpoint_defaults_to_mean(kind, dirs, tmp_path, models):
     """No modules.json: sentence-transformers' own default (mean), no Dense, no Normalize."""
     root = _copy(dirs[kind], tmp_path / "m")
     (root / "modules.json").unlink()
-    model, info = load(root)
+    _, info = load(root)
     assert (info.default_pooling, info.pooling_source) == ("mean", "architecture default")
     assert (info.dense_layers, info.embedding_size, info.normalize) == (0, 64, False)
 
@@ -279,3 +279,37 @@ def test_transformers_reads_the_fixture_tokenizers_alike(dirs):
         for a, b in [(QUERY, DOCS[2]), (TEXTS[2], None), ("  two  spaces\tand\nlines", "x")]:
             want = ours.encode(a, b).ids if b else ours.encode(a).ids
             assert hf(a, b)["input_ids"] == want, (kind, a, b)
+
+
+@pytest.mark.parametrize("kind", ["tiny-bert", "tiny-xlmr"])
+def test_an_input_longer_than_the_positions_is_refused(kind, models):
+    model, info = models[kind]
+    assert model.max_length == info.max_positions == 512
+    model(mx.full((1, 512), 7), mx.ones((1, 512)))
+    with pytest.raises(ValueError, match="513 tokens exceeds the 512 positions"):
+        model(mx.full((1, 513), 7), mx.ones((1, 513)))
+
+
+def test_old_sentence_transformers_layout_reads_0_transformer(dirs, models, tmp_path):
+    """Early sentence-transformers saved the body under 0_Transformer/."""
+    root = _copy(dirs["tiny-xlmr"], tmp_path / "m")
+    (root / "0_Transformer").mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        (root / name).rename(root / "0_Transformer" / name)
+    modules = json.loads((root / "modules.json").read_text())
+    modules[0]["path"] = "0_Transformer"
+    (root / "modules.json").write_text(json.dumps(modules))
+    model, info = load(root)
+    assert info == models["tiny-xlmr"][1]
+    ids, mask, _ = _batch([_tok(root / "0_Transformer").encode(TEXTS[0])], 1)
+    assert mx.array_equal(model.project(model(ids, mask)[:, 0]),
+                          models["tiny-xlmr"][0].project(models["tiny-xlmr"][0](ids, mask)[:, 0]))
+
+
+def test_an_unknown_dense_activation_is_refused(dirs, tmp_path):
+    root = _copy(dirs["tiny-xlmr"], tmp_path / "m")
+    path = root / "2_Dense" / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()),
+                                "activation_function": "torch.nn.modules.activation.Mish"}))
+    with pytest.raises(EncoderLoadError, match="Mish"):
+        load(root)
