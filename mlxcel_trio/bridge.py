@@ -40,6 +40,8 @@ from .protocol.records import (
     CacheStats,
     Cancel,
     ClearPromptCache,
+    EmbedJob,
+    Embedded,
     EngineStats,
     Failed,
     Finished,
@@ -138,14 +140,17 @@ def engine_loop(cfg: ServerConfig, emit: Emit) -> Engine:
                       context_shift=cfg.context_shift,
                       cont_batching=cfg.cont_batching, rope=cfg.rope,
                       kv_types=(cfg.cache_type_k, cfg.cache_type_v), blas=cfg.blas,
-                      weights=cfg.weights)
+                      weights=cfg.weights, encoder_only=cfg.encoder_mode is not None,
+                      pooling="rank" if cfg.rerank_mode else cfg.pooling,
+                      embd_n_batch=min(cfg.batch_size, cfg.ubatch_size))
 
 
 def checkpoint_problem(cfg: ServerConfig) -> str | None:
     """Why the engine could not build the configured checkpoint with its KV
     cache types (one line), or None; asked before the server listens, so
     nothing loads in vain."""
-    return EngineLoop.checkpoint_problem(cfg.model, (cfg.cache_type_k, cfg.cache_type_v))
+    return EngineLoop.checkpoint_problem(cfg.model, (cfg.cache_type_k, cfg.cache_type_v),
+                                         cfg.encoder_mode, rank=cfg.rerank_mode)
 
 
 class Bridge:
@@ -154,6 +159,7 @@ class Bridge:
         self._engine_factory = engine_factory
         self.info: ModelInfo | None = None
         self.vocab = None
+        self.embed_vocab = None  # the encoder's tokenizer, when the engine serves one
         self.load_error: str | None = None
         self.loaded = trio.Event()
         self.monitor = Monitor(config.slots)
@@ -202,12 +208,15 @@ class Bridge:
         """Submit `jobs`; whoever holds the handle must `close()` it (the
         server ties it to its request or to detached work)."""
         assert self._engine is not None and self.info is not None
-        bound = len(jobs) * (2 * self.info.n_ctx_slot + 16)
+        # an embedding job produces one event (its result or its failure)
+        bound = sum(2 if isinstance(job, EmbedJob) else 2 * self.info.n_ctx_slot + 16
+                    for job in jobs)
         send, recv = trio.open_memory_channel(bound)
         group = _Group(send, (job.id for job in jobs))
         for job in jobs:
             self._streams[job.id] = group
-            self.monitor.submitted(job)
+            if not isinstance(job, EmbedJob):
+                self.monitor.submitted(job)
             self._engine.post(Submit(job))
         return JobHandle(self, tuple(job.id for job in jobs), recv)
 
@@ -267,6 +276,7 @@ class Bridge:
                 continue
             elif isinstance(ev, Loaded):
                 self.info, self.vocab = ev.info, self._engine.vocab
+                self.embed_vocab = getattr(self._engine, "embed_vocab", None)
                 self.loaded.set()
                 continue
             elif isinstance(ev, CacheStats):
@@ -290,6 +300,6 @@ class Bridge:
                 for other in tuple(group.live):
                     self._forget(other)
                 continue
-            if isinstance(ev, (Finished, Failed, SlotTokens)):
+            if isinstance(ev, (Finished, Failed, SlotTokens, Embedded)):
                 streams.pop(job_id, None)
                 group.end(job_id)

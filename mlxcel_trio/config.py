@@ -151,6 +151,11 @@ class ServerConfig:
     blas: str = "auto"               # --blas: auto | bundled | a library path (blas.py)
     weights: str = "auto"            # --weights: auto | keep | float32 (engine/weights.py)
     slot_save_path: str | None = None  # canonical directory; None = slot actions 501
+    # -- embeddings and reranking (engine/embedder.py) --
+    embeddings: bool = False         # --embeddings: -m is an encoder, generation is off
+    reranking: bool = False          # --reranking: -m is a cross-encoder, generation is off
+    pooling: str | None = None       # --pooling; None = the checkpoint's (1_Pooling)
+    embd_normalize: int = 2          # --embd-normalize: the requests' default
     # -- monitoring endpoints and idle sleep --
     endpoint_metrics: bool = False   # --metrics: GET /metrics
     endpoint_props: bool = False     # --props: POST /props
@@ -183,6 +188,19 @@ class ServerConfig:
     # operator wrote them ("--threads '8'", "--mlock"): logged once at startup
     # as having no effect on MLX.
     no_effect: tuple[str, ...] = ()
+
+    @property
+    def rerank_mode(self) -> bool:
+        """--reranking, or --embeddings with --pooling rank (upstream's two
+        ways onto its reranking path)."""
+        return self.reranking or (self.embeddings and self.pooling == "rank")
+
+    @property
+    def encoder_mode(self) -> str | None:
+        """The flag that makes -m an encoder with generation off, or None."""
+        if self.rerank_mode:
+            return "--reranking"
+        return "--embeddings" if self.embeddings else None
 
     @property
     def slots(self) -> int:

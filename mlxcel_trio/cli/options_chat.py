@@ -23,7 +23,6 @@ import attrs
 
 from mlxcel_trio.chat.legacy import BUILTIN_NAMES, detect
 from mlxcel_trio.cli.record import Option
-from mlxcel_trio.cli.refusals import deferred
 from mlxcel_trio.cli.values import BadValue, Choice, Int, Text
 
 CHAT_ISSUE = 4
@@ -199,26 +198,33 @@ CHAT: tuple[Option, ...] = (
          default_text="prefill enabled", env="LLAMA_ARG_PREFILL_ASSISTANT"),
 )
 
-def _unserved(spellings: tuple[str, ...], dest: str, help: str, **kw) -> Option:
-    """Embedding / reranking: deferred (refused as not implemented yet); the
-    compatibility boundary owns them until they are implemented."""
+EMBED_ISSUE = 15
+
+
+def _embed(spellings: tuple[str, ...], dest: str, help: str, **kw) -> Option:
+    """Embedding / reranking (engine/embedder.py, server/surfaces/embeddings.py)."""
     kw.setdefault("section", "server")
-    return deferred(spellings, dest, help, issue=3, **kw)
+    return Option(spellings, dest, help, owner=EMBED_ISSUE, **kw)
 
 
 ROUTES: tuple[Option, ...] = (
-    _unserved(("--embedding", "--embeddings"), "embeddings",
-            "serve embeddings only (needs an embedding checkpoint)", kind="flag",
-            env="LLAMA_ARG_EMBEDDINGS", default_text="disabled"),
-    _unserved(("--rerank", "--reranking"), "reranking",
-            "serve the reranking endpoint (needs a reranker checkpoint)", kind="flag",
-            env="LLAMA_ARG_RERANKING", default_text="disabled"),
-    _unserved(("--pooling",), "pooling", "embedding pooling; the model's own if unset",
-            value=Choice(("none", "mean", "cls", "last", "rank")),
-            metavar="{none,mean,cls,last,rank}", env="LLAMA_ARG_POOLING"),
-    _unserved(("--embd-normalize",), "embd_normalize",
-            "embedding normalisation: -1 none, 0 int16 max-abs, 1 taxicab, "
-            "2 euclidean, >2 p-norm", value=Int(), metavar="N", default=2),
+    _embed(("--embedding", "--embeddings"), "embeddings",
+           "restrict to only support embedding use case; -m is an embedding checkpoint "
+           "(BERT / XLM-RoBERTa, sentence-transformers layout)", kind="flag",
+           env="LLAMA_ARG_EMBEDDINGS", default=False, default_text="disabled",
+           status="by_design"),
+    _embed(("--rerank", "--reranking"), "reranking",
+           "enable reranking endpoint on server; -m is a cross-encoder "
+           "(...ForSequenceClassification)", kind="flag",
+           env="LLAMA_ARG_RERANKING", default=False, default_text="disabled",
+           status="by_design"),
+    _embed(("--pooling",), "pooling",
+           "pooling type for embeddings, use model default if unspecified",
+           value=Choice(("none", "mean", "cls", "last", "rank")),
+           metavar="{none,mean,cls,last,rank}", env="LLAMA_ARG_POOLING"),
+    _embed(("--embd-normalize",), "embd_normalize",
+           "normalisation for embeddings (-1=none, 0=max absolute int16, 1=taxicab, "
+           "2=euclidean, >2=p-norm)", value=Int(), metavar="N", default=2),
     Option(("-sp", "--special"), "special", "render special tokens in generated text",
            kind="flag", default=False, default_text="false", section="server", owner=2),
     Option(("--spm-infill",), "spm_infill",

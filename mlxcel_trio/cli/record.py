@@ -51,6 +51,7 @@ OWNERS: dict[int, str] = {
     7: "transport, auth, logging",
     8: "prompt cache and context",
     14: "performance: BLAS, weight policy, hot path",
+    15: "embeddings and reranking",
 }
 
 

@@ -34,6 +34,7 @@ from typing import Callable
 from ..config import RopeOverrides
 from ..protocol.records import (
     Cancel,
+    EmbedJob,
     ClearPromptCache,
     EngineStats,
     Failed,
@@ -62,6 +63,45 @@ WARMUP_JOB_ID = -1
 # as one batch instead of the first alone and the rest after it.
 BURST_GAP_S = 0.001
 BURST_MAX_S = 0.010
+
+
+class NoChat:
+    """The scheduler of an engine that serves an encoder alone (--embeddings
+    or --reranking with an encoder -m): it never has work, and a generation
+    job or slot action is refused (the routes refuse them first)."""
+
+    busy = False
+    n_active = 0
+
+    @staticmethod
+    def _refuse(job_id: int, out: list) -> None:
+        out.append(Failed(job_id, "not_supported_error",
+                          "This server does not support generation: it serves an "
+                          "embedding or reranking model"))
+
+    def submit(self, job, out: list) -> None:
+        self._refuse(job.id, out)
+
+    def slot_action(self, cmd, out: list) -> None:
+        self._refuse(cmd.job_id, out)
+
+    def cancel(self, job_id: int, out: list) -> None:
+        pass
+
+    def force_end(self, job_ids) -> None:
+        pass
+
+    def clear_prompt_cache(self, out: list) -> None:
+        pass
+
+    def step(self, out: list) -> None:
+        pass
+
+    def close(self, out: list) -> None:
+        pass
+
+    def fail_all(self, out: list, message: str) -> None:
+        pass
 
 
 def _job_of(cmd) -> int | None:
@@ -162,8 +202,17 @@ class EngineLoop:
                  context_shift: bool = False, cont_batching: bool = True,
                  rope: RopeOverrides = RopeOverrides(),
                  kv_types: tuple[str, str] = ("f16", "f16"), blas: str = "auto",
-                 weights: str = "auto") -> None:
+                 weights: str = "auto", encoder_only: bool = False,
+                 embedding_model: str | None = None, pooling: str | None = None,
+                 embd_n_batch: int = 512) -> None:
         self._path = Path(model_path)
+        # the encoder side: -m itself (encoder_only) or a model beside the chat one
+        self._encoder_only = encoder_only
+        self._embedding_model = str(model_path) if encoder_only else embedding_model
+        self._pooling = pooling          # --pooling; None = the checkpoint's
+        self._embd_n_batch = embd_n_batch
+        self.embedder = None             # engine/embedder.py's Embedder, once loaded
+        self.embed_vocab = None          # its tokenizer; published before Loaded
         self._n_slots = n_slots
         self._ctx_size = ctx_size
         self._batch_size = batch_size
@@ -178,7 +227,8 @@ class EngineLoop:
         self._weights = weights  # --weights: auto | keep | float32
         self._weights_note: str | None = None
         self._emit = emit
-        self._sleep_idle_s = sleep_idle_s  # None = never sleep
+        # None = never sleep (an encoder alone is small and has no chat to drop)
+        self._sleep_idle_s = None if encoder_only else sleep_idle_s
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self.vocab = None  # published before Loaded is emitted; read-only after
         self._n_ctx_slot = 0  # set once by _load; a wake reuses it
@@ -187,11 +237,18 @@ class EngineLoop:
         self.n_busy_slots = 0   # sum over those steps of the slots computed
 
     @staticmethod
-    def checkpoint_problem(path: str, kv_types: tuple[str, str] = ("f16", "f16")) -> str | None:
+    def checkpoint_problem(path: str, kv_types: tuple[str, str] = ("f16", "f16"),
+                           encoder_flag: str | None = None, rank: bool = False) -> str | None:
         """Why mlx-lm could not build the checkpoint at `path` with these KV
         cache types, or None (asked before anything loads; see
-        engine/architectures.py)."""
+        engine/architectures.py).  With `encoder_flag` (--embeddings /
+        --reranking) `path` must be an encoder instead (engine/embedder.py)."""
         from .architectures import problem
+
+        if encoder_flag is not None:
+            from .embedder import checkpoint_problem
+
+            return checkpoint_problem(path, encoder_flag, rank=rank)
 
         return problem(path, kv_types)
 
@@ -216,9 +273,44 @@ class EngineLoop:
         del scheduler
         self._serve(box)
 
+    def _load_embedder(self):
+        from .embedder import Embedder
+        from .vocab import Vocab
+
+        path = self._embedding_model
+        emb = Embedder.load(path, n_batch=self._embd_n_batch, chunk_tokens=self._batch_size,
+                            pooling=self._pooling)
+        self.embed_vocab = Vocab(Path(path), emb.info.vocab_size)
+        self.embedder = emb
+        log.info("encoder loaded: %s | %s, pooling %s, %d-dimensional output, inputs up to "
+                 "%d tokens", path, emb.info.architecture, emb.pooling, emb.info.embedding_size,
+                 min(emb.info.max_positions, self._embd_n_batch))
+        return emb
+
+    def _load_encoder_only(self):
+        """-m is an encoder: no chat model, no scheduler work."""
+        import json
+
+        import attrs
+
+        t0 = time.perf_counter()
+        emb = self._load_embedder()
+        self.vocab = self.embed_vocab
+        config = json.loads((self._path / "config.json").read_text())
+        n_ctx = int(emb.info.max_positions)
+        info = _model_facts(emb.model, config, self._path, n_ctx, n_ctx, self._n_slots)
+        info = attrs.evolve(info, n_ctx_train=n_ctx, n_vocab=int(emb.info.vocab_size),
+                            n_embd=int(emb.info.embedding_size), dtype=emb.info.dtype,
+                            embedder=emb.public, generates=False)
+        log.info("model loaded in %.2f s", time.perf_counter() - t0)
+        self._emit(StepEvents((Loaded(info),)))
+        return NoChat()
+
     def _load(self):
         from .vocab import Vocab
 
+        if self._encoder_only:
+            return self._load_encoder_only()
         t0 = time.perf_counter()
         model, config = self._load_model()
         n_ctx = self._ctx_size or int(config.get("max_position_embeddings") or 4096)
@@ -235,6 +327,10 @@ class EngineLoop:
         if self._warmup:
             self._run_warmup(scheduler, vocab)
         info = _model_facts(model, config, self._path, n_ctx, self._n_ctx_slot, self._n_slots)
+        if self._embedding_model is not None:
+            import attrs
+
+            info = attrs.evolve(info, embedder=self._load_embedder().public)
         self._report(info, time.perf_counter() - t0, self._blas)
         self._emit(StepEvents((Loaded(info),)))
         return scheduler
@@ -307,9 +403,10 @@ class EngineLoop:
     def _serve(self, box: list) -> None:
         scheduler = box.pop()
         commands = self._commands
+        embedder = self.embedder
         while True:
             out: list = []
-            block = not scheduler.busy
+            block = not scheduler.busy and not (embedder is not None and embedder.pending)
             burst_end = None  # set when an idle engine takes a job: wait for its companions
             while True:
                 try:
@@ -337,10 +434,13 @@ class EngineLoop:
                         self._emit(StepEvents(tuple(out)))
                     return
                 try:
-                    if isinstance(cmd, Submit):
+                    if isinstance(cmd, Submit) and isinstance(cmd.job, EmbedJob):
+                        self._submit_embed(cmd.job, out)
+                    elif isinstance(cmd, Submit):
                         scheduler.submit(cmd.job, out)
                     elif isinstance(cmd, Cancel):
-                        scheduler.cancel(cmd.job_id, out)
+                        if embedder is None or not embedder.cancel(cmd.job_id):
+                            scheduler.cancel(cmd.job_id, out)
                     elif isinstance(cmd, ForceEnd):
                         scheduler.force_end(cmd.job_ids)
                     elif isinstance(cmd, SlotAction):
@@ -366,8 +466,19 @@ class EngineLoop:
             if n_active:
                 # one small record per computing step, in the hop its events take
                 out.append(EngineStats(self.n_decode, self.n_busy_slots))
+            if embedder is not None and embedder.pending:
+                # one chunk between two scheduler steps: decode waits at most this long
+                embedder.step(out)
             if out:
                 self._emit(StepEvents(tuple(out)))
+
+    def _submit_embed(self, job: EmbedJob, out: list) -> None:
+        if self.embedder is None:
+            out.append(Failed(job.id, "not_supported_error",
+                              "This server does not support embeddings. Start it with "
+                              "`--embeddings`"))
+        else:
+            self.embedder.submit(job, out)
 
     @staticmethod
     def _command_failed(scheduler, cmd, out: list, message: str) -> None:

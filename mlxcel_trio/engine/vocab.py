@@ -174,6 +174,13 @@ class Vocab:
                 out.append(int(part))
         return out
 
+    def tokenize_pair(self, first: str, second: str) -> tuple[list[int], list[int]]:
+        """A cross-encoder input: the two texts in the tokenizer's pair
+        template ([CLS] a [SEP] b [SEP], <s> a </s></s> b </s>), special
+        spellings read as plain text; its ids and token type ids."""
+        enc = self._tok_literal.encode(first, second, add_special_tokens=True)
+        return enc.ids, enc.type_ids
+
     # -- ids -> text -----------------------------------------------------------
 
     def detokenize(self, ids) -> str:

@@ -133,9 +133,44 @@ class Job:
 
 # --- commands ---------------------------------------------------------------
 
+POOLINGS = ("none", "mean", "cls", "last", "rank")
+
+
+@attrs.frozen
+class EmbedJob:
+    """One input of an embedding or rerank request: its ids (already wrapped
+    in the model's special tokens), its token type ids (a query/document
+    pair; None = all zero), the pooling (`POOLINGS`; "rank" = the
+    classifier's first logit, "none" = one vector per token) and the
+    normalization (upstream's embd_normalize: -1 none, 0 max-abs int16,
+    1 taxicab, 2 euclidean, > 2 p-norm; not applied to "none" nor "rank").
+    Runs on the embedder named by `model` ("" = the engine's only one)."""
+
+    id: int
+    tokens: tuple[int, ...]
+    pooling: str = "mean"
+    normalize: int = 2
+    token_types: tuple[int, ...] | None = None
+
+
+@attrs.frozen(eq=False)
+class Embedded:
+    """An `EmbedJob`'s result: `vectors` holds one pooled vector (or, for
+    pooling "none", one per token), as float32 rows [n, dim]; for "rank"
+    it is [[score]].  `n_tokens` is the input's length."""
+
+    job_id: int
+    vectors: "np.ndarray"
+    n_tokens: int
+
+    @property
+    def score(self) -> float:
+        return float(self.vectors[0][0])
+
+
 @attrs.frozen
 class Submit:
-    job: Job
+    job: "Job | EmbedJob"
 
 
 @attrs.frozen
@@ -194,6 +229,22 @@ class ModelInfo:
     size_bytes: int
     dtype: str
     quantization: str | None
+    # the embedding / rerank model the engine serves beside (or instead of) chat
+    embedder: "EmbedderInfo | None" = None
+    generates: bool = True   # False: an encoder alone, no chat model
+
+
+@attrs.frozen
+class EmbedderInfo:
+    """What the server needs to know of the engine's encoder model."""
+
+    path: str
+    architecture: str
+    pooling: str          # the pooling in force (--pooling, else the checkpoint's)
+    n_embd: int           # the length of a pooled vector
+    n_ctx_train: int      # usable tokens per input (the position table)
+    n_vocab: int
+    is_classifier: bool
 
 
 @attrs.frozen

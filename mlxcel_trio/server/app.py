@@ -30,7 +30,8 @@ from .. import __version__
 from ..logging_setup import TRACE
 from ..bridge import Bridge
 from ..config import ServerConfig
-from .surfaces import info, infill, completion as native, openai_completions, tokens, unserved
+from .surfaces import (info, infill, completion as native, embeddings, openai_completions,
+                       tokens, unserved)
 from .http import limits
 from .sessions import slot_files, streams
 from .state import AppState
@@ -51,6 +52,7 @@ from .http.errors import (
     invalid_api_key,
     loading,
     not_found,
+    not_generating,
     not_supported,
     payload_too_large,
     request_timeout,
@@ -145,6 +147,12 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
                             state=state)
         return served
 
+    async def read_body():
+        """The JSON body, for a handler that decides first whether to read it."""
+        body = await read_json_body(request)
+        limits.check(body)
+        return body
+
     # Each entry takes the body first when its Route has `body`, then the
     # route's path parameters by name (routes.py).
     handlers: dict[str, Callable[..., Any]] = {
@@ -164,8 +172,11 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
                              bridge, config.slot_save_path, id_slot, state.slot_identities))
                          if config.slot_save_path else
                          (lambda id_slot: not_supported("slots action", "--slot-save-path"))),
-        "no_embeddings": lambda: not_supported("embeddings", "--embeddings"),
-        "no_reranking": lambda: not_supported("reranking", "--reranking"),
+        "embeddings": lambda: embeddings.embeddings(ctx(), config.embd_normalize, read_body,
+                                                    oai=False),
+        "v1_embeddings": lambda: embeddings.embeddings(ctx(), config.embd_normalize, read_body,
+                                                       oai=True),
+        "rerank": lambda: embeddings.rerank(ctx(), read_body),
         "feature_disabled": feature_disabled,
         "lora_adapters": unserved.lora_adapters,
         "set_lora_adapters": unserved.set_lora_adapters,
@@ -183,6 +194,8 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
                                    **dict.fromkeys(route.params, ""))
 
         async def view(**path_params):
+            if route.generates and not bridge.info.generates:
+                return not_generating(config.encoder_mode or "--embeddings")
             if route.body:
                 body = await read_json_body(request)
                 limits.check(body)

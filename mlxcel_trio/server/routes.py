@@ -25,6 +25,7 @@ class Route:
     public: bool = False  # exempt from --api-key (upstream: the health routes only)
     vertex: bool = False  # AIP_MODE=PREDICTION only; the path comes from the environment
     body: bool = False    # the handler takes the request's JSON body
+    generates: bool = False  # runs the chat model: 501 on an --embeddings / --reranking server
 
     @property
     def params(self) -> tuple[str, ...]:
@@ -41,22 +42,22 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/slots", "slots"),
     Route("GET", "/metrics", "metrics"),
     Route("POST", "/props", "set_props"),
-    Route("POST", "/completion", "completion", body=True),
-    Route("POST", "/completions", "completion", body=True),
-    Route("POST", "/v1/completions", "v1_completions", body=True),
-    Route("POST", "/infill", "infill", body=True),
+    Route("POST", "/completion", "completion", body=True, generates=True),
+    Route("POST", "/completions", "completion", body=True, generates=True),
+    Route("POST", "/v1/completions", "v1_completions", body=True, generates=True),
+    Route("POST", "/infill", "infill", body=True, generates=True),
     Route("POST", "/tokenize", "tokenize", body=True),
     Route("POST", "/detokenize", "detokenize", body=True),
     # chat surfaces (handlers in server/surfaces/chat_routes.py)
-    Route("POST", "/chat/completions", "chat_completions", body=True),
-    Route("POST", "/v1/chat/completions", "chat_completions", body=True),
+    Route("POST", "/chat/completions", "chat_completions", body=True, generates=True),
+    Route("POST", "/v1/chat/completions", "chat_completions", body=True, generates=True),
     Route("POST", "/apply-template", "apply_template", body=True),
     Route("POST", "/chat/completions/input_tokens", "chat_input_tokens", body=True),
     Route("POST", "/v1/chat/completions/input_tokens", "chat_input_tokens", body=True),
-    Route("POST", "/v1/messages", "anthropic_messages", body=True),
+    Route("POST", "/v1/messages", "anthropic_messages", body=True, generates=True),
     Route("POST", "/v1/messages/count_tokens", "anthropic_count_tokens", body=True),
-    Route("POST", "/v1/responses", "responses", body=True),
-    Route("POST", "/responses", "responses", body=True),
+    Route("POST", "/v1/responses", "responses", body=True, generates=True),
+    Route("POST", "/responses", "responses", body=True, generates=True),
     Route("POST", "/responses/input_tokens", "responses_input_tokens", body=True),
     Route("POST", "/v1/responses/input_tokens", "responses_input_tokens", body=True),
     # streams that survive reconnects (X-Conversation-Id; server/sessions/streams.py)
@@ -69,15 +70,16 @@ ROUTES: tuple[Route, ...] = (
     # realtime reasoning control
     Route("POST", "/v1/chat/completions/control", "chat_control", body=True),
     Route("POST", "/slots/:id_slot", "slot_actions"),
-    # Features this server runs without, answered exactly as llama-server
-    # answers them when it was started without the enabling flag.
-    Route("POST", "/embedding", "no_embeddings"),
-    Route("POST", "/embeddings", "no_embeddings"),
-    Route("POST", "/v1/embeddings", "no_embeddings"),
-    Route("POST", "/rerank", "no_reranking"),
-    Route("POST", "/reranking", "no_reranking"),
-    Route("POST", "/v1/rerank", "no_reranking"),
-    Route("POST", "/v1/reranking", "no_reranking"),
+    # embeddings and reranking (server/surfaces/embeddings.py): answered as
+    # llama-server answers them without --embeddings / --reranking unless the
+    # engine serves an encoder; the body is read only after that check
+    Route("POST", "/embedding", "embeddings"),
+    Route("POST", "/embeddings", "embeddings"),
+    Route("POST", "/v1/embeddings", "v1_embeddings"),
+    Route("POST", "/rerank", "rerank"),
+    Route("POST", "/reranking", "rerank"),
+    Route("POST", "/v1/rerank", "rerank"),
+    Route("POST", "/v1/reranking", "rerank"),
     # always mounted upstream; answered as a server without the feature
     # answers (server/surfaces/unserved.py)
     Route("GET", "/lora-adapters", "lora_adapters"),

@@ -22,8 +22,9 @@ def _specs(handler: str) -> list[str]:
 
 @pytest.mark.parametrize("spec,what,flag", [
     pytest.param(spec, what, flag, marks=route(spec), id=spec)
-    for handler, what, flag in (("no_embeddings", "embeddings", "--embeddings"),
-                                ("no_reranking", "reranking", "--reranking"))
+    for handler, what, flag in (("embeddings", "embeddings", "--embeddings"),
+                                ("v1_embeddings", "embeddings", "--embeddings"),
+                                ("rerank", "reranking", "--reranking"))
     for spec in _specs(handler)])
 async def test_features_this_server_runs_without(serve, spec, what, flag):
     s = await serve()

@@ -111,6 +111,13 @@ def not_supported(what: str, flag: str) -> Response:
                                    f"`{flag}`", "not_supported_error"))
 
 
+def not_generating(flag: str) -> Response:
+    """The 501 a generation route answers on a server started with
+    --embeddings or --reranking (it has no chat model)."""
+    return error_response(ApiError(f"This server does not support completions. Start it "
+                                   f"without `{flag}`", "not_supported_error"))
+
+
 def invalid_api_key() -> Response:
     return _middleware_error("Invalid API Key", "authentication_error", 401)
 

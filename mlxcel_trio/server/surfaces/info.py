@@ -105,6 +105,15 @@ def _created(path: str) -> int:
         return int(time.time())
 
 
+def capabilities(info) -> list[str]:
+    """What the loaded model answers: completion (a chat model), embedding
+    or rerank (the encoder the engine serves)."""
+    caps = ["completion"] if info.generates else []
+    if info.embedder is not None:
+        caps.append("rerank" if info.embedder.pooling == "rank" else "embedding")
+    return caps
+
+
 def models(served: Served, aliases: tuple[str, ...], tags: tuple[str, ...] = ()):
     info, vocab = served.bridge.info, served.bridge.vocab
     name = served.model_name
@@ -113,7 +122,7 @@ def models(served: Served, aliases: tuple[str, ...], tags: tuple[str, ...] = ())
         "models": [{
             "name": name, "model": name, "modified_at": "", "size": str(info.size_bytes),
             "digest": "", "type": "model", "description": "", "tags": [""],
-            "capabilities": ["completion"], "parameters": "",
+            "capabilities": capabilities(info), "parameters": "",
             "details": {"parent_model": "", "format": "safetensors", "family": info.model_type,
                         "families": [info.model_type], "parameter_size": str(info.n_params),
                         "quantization_level": quant},

@@ -43,6 +43,8 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "rope.yarn_beta_slow": ("2", 2.0),
     "rope.yarn_beta_fast": ("16", 16.0),
     "ctx_size": ("4096", 4096),
+    "pooling": ("cls", "cls"),
+    "embd_normalize": ("1", 1),
     "sampling.n_predict": ("128", 128),
     "batch_size": ("512", 512),
     "sampling.seed": ("-2", 4294967294),

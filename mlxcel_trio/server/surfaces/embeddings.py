@@ -1,0 +1,180 @@
+"""POST /embedding, /embeddings (native), /v1/embeddings (OpenAI) and the
+four rerank routes, with llama-server's fields, shapes and wording.
+
+Shapes (upstream's handle_embeddings_impl / post_rerank and their
+formatters): the native answer is a bare array of {embedding, index} whose
+embedding is an array of vectors (one per input, or one per token with
+pooling none); the OpenAI one is {data, model, object, usage}, each item
+{embedding, index, object} (+ encoding_format, the embedding then base64 of
+its float32 bytes).  Sending `content` instead of `input` asks for the
+native shape on every path.  Rerank answers the Jina envelope {model,
+object, usage, results: [{index, relevance_score}]}, or, when the body
+spells the list `texts` (TEI), a bare array of {index, score} (+ text with
+return_text); results sorted by score, descending, cut to top_n.  Keys
+come in the order upstream inserts them.
+
+The body is read only once the route knows it serves (a server without
+the model answers the 501 whatever the body, as upstream).  Inputs are
+tokenized off the event loop (jobs.off_loop) with the encoder's
+own tokenizer; each input is one `EmbedJob`, and the engine batches them.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import numpy as np
+
+from ...protocol.records import EmbedJob, Embedded, Failed
+from ..http.errors import ApiError, json_response, json_type_name, not_supported
+from ..request.jobs import Served, off_loop, tokenize_prompts
+
+
+def _json_value(body: dict, key: str, default: Any, ok) -> Any:
+    """upstream's json_value: the value when present, not null and of the
+    wanted type, else the default."""
+    value = body.get(key)
+    return value if value is not None and ok(value) else default
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _embedder(served: Served):
+    info = served.bridge.info
+    return None if info is None else info.embedder
+
+
+async def _run(served: Served, jobs: list[EmbedJob]) -> list[Embedded]:
+    results: dict[int, Embedded] = {}
+    async with served.bridge.submit(*jobs) as events:
+        async for ev in events:
+            if isinstance(ev, Embedded):
+                results[ev.job_id] = ev
+            elif isinstance(ev, Failed):
+                raise ApiError.from_failed(ev)
+    if len(results) != len(jobs):
+        raise ApiError("embedding ended without a result", "server_error")
+    return [results[job.id] for job in jobs]
+
+
+# -- embeddings --------------------------------------------------------------------
+
+async def embeddings(served: Served, default_normalize: int, read_body, oai: bool):
+    emb = _embedder(served)
+    if emb is None or emb.pooling == "rank":
+        return not_supported("embeddings", "--embeddings")
+    if oai and emb.pooling == "none":
+        raise ApiError("Pooling type 'none' is not OAI compatible. Please use a different "
+                       "pooling type")
+    body = await read_body()
+    if not isinstance(body, dict):
+        body = {}
+    if "input" in body:
+        prompt = body["input"]
+    elif "content" in body:
+        oai = False  # "content" is not OpenAI's: the native shape
+        prompt = body["content"]
+    else:
+        raise ApiError('"input" or "content" must be provided')
+    use_base64 = False
+    if "encoding_format" in body:
+        fmt = body["encoding_format"]
+        if not isinstance(fmt, str):
+            raise ApiError("[json.exception.type_error.302] type must be string, but is "
+                           f"{json_type_name(fmt)}")
+        if fmt == "base64":
+            use_base64 = True
+        elif fmt != "float":
+            raise ApiError("The format to return the embeddings in. Can be either float "
+                           "or base64")
+    vocab = served.bridge.embed_vocab
+    prompts = await off_loop(served, tokenize_prompts, {"prompt": prompt}, vocab)
+    if any(not p for p in prompts):
+        raise ApiError("Input content cannot be empty")
+    normalize = default_normalize
+    if "embd_normalize" in body:
+        value = body["embd_normalize"]
+        if not (_is_int(value) or isinstance(value, bool)):
+            raise ApiError("[json.exception.type_error.302] type must be number, but is "
+                           f"{json_type_name(value)}")
+        normalize = int(value)
+    bridge = served.bridge
+    jobs = [EmbedJob(bridge.next_job_id(), tuple(p), emb.pooling, normalize) for p in prompts]
+    results = await _run(served, jobs)
+    if not oai:
+        return json_response([{"index": i, "embedding": ev.vectors.tolist()}
+                              for i, ev in enumerate(results)])
+    data = []
+    for i, ev in enumerate(results):
+        vec = ev.vectors[0]
+        if use_base64:
+            data.append({"embedding": base64.b64encode(
+                             np.asarray(vec, "<f4").tobytes()).decode("ascii"),
+                         "index": i, "object": "embedding", "encoding_format": "base64"})
+        else:
+            data.append({"embedding": vec.tolist(), "index": i, "object": "embedding"})
+    n_tokens = sum(ev.n_tokens for ev in results)
+    return json_response({
+        "model": _json_value(body, "model", served.model_name, lambda v: isinstance(v, str)),
+        "object": "list",
+        "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
+        "data": data,
+    })
+
+
+# -- rerank --------------------------------------------------------------------------
+
+def _strings(v) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+def _pairs(vocab, query: str, documents: list[str]) -> list[tuple[list[int], list[int]]]:
+    return [vocab.tokenize_pair(query, doc) for doc in documents]
+
+
+async def rerank(served: Served, read_body):
+    emb = _embedder(served)
+    if emb is None or emb.pooling != "rank":
+        return not_supported("reranking", "--reranking")
+    body = await read_body()
+    if not isinstance(body, dict):
+        body = {}
+    tei = "texts" in body
+    if "query" not in body:
+        raise ApiError('"query" must be provided')
+    query = body["query"]
+    if not isinstance(query, str):
+        raise ApiError('"query" must be a string')
+    documents = _json_value(body, "documents",
+                            _json_value(body, "texts", [], _strings), _strings)
+    if not documents:
+        raise ApiError('"documents" must be a non-empty string array')
+    top_n = int(_json_value(body, "top_n", len(documents), _is_int))
+    pairs = await off_loop(served, _pairs, served.bridge.embed_vocab, query, documents)
+    bridge = served.bridge
+    jobs = [EmbedJob(bridge.next_job_id(), tuple(ids), "rank", -1, tuple(types))
+            for ids, types in pairs]
+    results = await _run(served, jobs)
+    label = "score" if tei else "relevance_score"
+    return_text = tei and _json_value(body, "return_text", False,
+                                      lambda v: isinstance(v, bool)) is True
+    elements = []
+    for i, ev in enumerate(results):
+        elem: dict[str, Any] = {"index": i, label: ev.score}
+        if return_text:
+            elem["text"] = documents[i]
+        elements.append(elem)
+    elements.sort(key=lambda e: -e[label])  # stable: ties keep document order
+    elements = elements[:max(0, top_n)]
+    if tei:
+        return json_response(elements)
+    n_tokens = sum(ev.n_tokens for ev in results)
+    return json_response({
+        "model": _json_value(body, "model", served.model_name, lambda v: isinstance(v, str)),
+        "object": "list",
+        "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
+        "results": elements,
+    })
