@@ -30,7 +30,8 @@ from mlxcel_trio.config import ServerConfig
 from mlxcel_trio.engine.vocab import Vocab
 from mlxcel_trio.server.app import create_app
 
-from .fake_engine import FakeEngine, Script, model_info, write_tokenizer_checkpoint
+from .fake_engine import (FakeEngine, Script, embedder_info, model_info,
+                          write_tokenizer_checkpoint)
 
 MODEL_NAME = "fake-model"
 READY_S = 10.0
@@ -219,6 +220,9 @@ async def _start(nursery, checkpoint: Path, vocab: Vocab, hits: list,
     def factory(emit) -> FakeEngine:
         info = model_info(config.model, n_slots=config.slots,
                           n_ctx=config.ctx_size or 4096, n_vocab=vocab.n_vocab)
+        if config.encoder_mode is not None:  # --embeddings / --reranking: an encoder alone
+            pooling = "rank" if config.rerank_mode else (config.pooling or "mean")
+            info = attrs.evolve(info, embedder=embedder_info(pooling), generates=False)
         engine = FakeEngine(emit, info, vocab=vocab, script=script, load_error=load_error)
         engines.append(engine)
         return engine

@@ -30,9 +30,14 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
+import numpy as np
+
 from mlxcel_trio.protocol.records import (
     Cancel,
     ClearPromptCache,
+    EmbedderInfo,
+    EmbedJob,
+    Embedded,
     Failed,
     ForceEnd,
     Finished,
@@ -130,6 +135,24 @@ def model_info(path: str, *, n_slots: int, n_ctx: int, n_vocab: int) -> ModelInf
                      quantization=None)
 
 
+def embedder_info(pooling: str) -> EmbedderInfo:
+    """What an encoder with this pooling would report."""
+    return EmbedderInfo(path="/fake/encoder", architecture="BertModel", pooling=pooling,
+                        n_embd=3, n_ctx_train=512, n_vocab=1000,
+                        is_classifier=pooling == "rank")
+
+
+def fake_vectors(job: EmbedJob) -> np.ndarray:
+    """The fake encoder's answer: readable from the job alone.  Pooled:
+    [[n_tokens, first id, normalize]]; none: one [position, id, 0] row per
+    token; rank: [[sum of ids / 1000]] (distinct documents, distinct scores)."""
+    if job.pooling == "rank":
+        return np.array([[sum(job.tokens) / 1000.0]], np.float32)
+    if job.pooling == "none":
+        return np.array([[i, t, 0] for i, t in enumerate(job.tokens)], np.float32)
+    return np.array([[len(job.tokens), job.tokens[0], job.normalize]], np.float32)
+
+
 class _Running:
     __slots__ = ("held", "job", "slot", "steps", "tokens")
 
@@ -179,6 +202,7 @@ class FakeEngine:
             self._emit(StepEvents((LoadFailed(self._load_error),)))
             return
         self.vocab = self._vocab
+        self.embed_vocab = self._vocab if self._info.embedder is not None else None
         self._emit(StepEvents((Loaded(self._info),)))
         while True:
             out: list = []
@@ -205,7 +229,13 @@ class FakeEngine:
         return any(not run.held for run in self._running.values())
 
     def _command(self, cmd, out: list) -> None:
-        if isinstance(cmd, Submit):
+        if isinstance(cmd, Submit) and isinstance(cmd.job, EmbedJob):
+            job = cmd.job
+            if any(not 0 <= t < self._info.embedder.n_vocab for t in job.tokens):
+                out.append(Failed(job.id, "invalid_request_error", "Prompt contains invalid tokens"))
+            else:
+                out.append(Embedded(job.id, fake_vectors(job), len(job.tokens)))
+        elif isinstance(cmd, Submit):
             job = cmd.job
             if not -1 <= job.id_slot < self._info.n_slots:
                 out.append(Failed(job.id, "invalid_request_error", "Invalid slot ID"))
