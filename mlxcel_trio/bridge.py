@@ -140,8 +140,11 @@ def engine_loop(cfg: ServerConfig, emit: Emit) -> Engine:
                       context_shift=cfg.context_shift,
                       cont_batching=cfg.cont_batching, rope=cfg.rope,
                       kv_types=(cfg.cache_type_k, cfg.cache_type_v), blas=cfg.blas,
-                      weights=cfg.weights, encoder_only=cfg.encoder_mode is not None,
-                      pooling="rank" if cfg.rerank_mode else cfg.pooling,
+                      weights=cfg.weights,
+                      encoder_only=(None if cfg.encoder_mode is None
+                                    else "rank" if cfg.rerank_mode else "embed"),
+                      embedding_model=cfg.embedding_model, reranker_model=cfg.reranker_model,
+                      pooling=None if cfg.pooling == "rank" else cfg.pooling,
                       embd_n_batch=min(cfg.batch_size, cfg.ubatch_size))
 
 
@@ -149,6 +152,12 @@ def checkpoint_problem(cfg: ServerConfig) -> str | None:
     """Why the engine could not build the configured checkpoint with its KV
     cache types (one line), or None; asked before the server listens, so
     nothing loads in vain."""
+    for path, flag, rank in ((cfg.embedding_model, "--embedding-model", False),
+                             (cfg.reranker_model, "--reranker-model", True)):
+        if path is not None:
+            problem = EngineLoop.checkpoint_problem(path, encoder_flag=flag, rank=rank)
+            if problem is not None:
+                return problem
     return EngineLoop.checkpoint_problem(cfg.model, (cfg.cache_type_k, cfg.cache_type_v),
                                          cfg.encoder_mode, rank=cfg.rerank_mode)
 
@@ -159,7 +168,8 @@ class Bridge:
         self._engine_factory = engine_factory
         self.info: ModelInfo | None = None
         self.vocab = None
-        self.embed_vocab = None  # the encoder's tokenizer, when the engine serves one
+        self.embed_vocab = None   # the encoders' tokenizers, when the engine serves them
+        self.rerank_vocab = None
         self.load_error: str | None = None
         self.loaded = trio.Event()
         self.monitor = Monitor(config.slots)
@@ -277,6 +287,7 @@ class Bridge:
             elif isinstance(ev, Loaded):
                 self.info, self.vocab = ev.info, self._engine.vocab
                 self.embed_vocab = getattr(self._engine, "embed_vocab", None)
+                self.rerank_vocab = getattr(self._engine, "rerank_vocab", None)
                 self.loaded.set()
                 continue
             elif isinstance(ev, CacheStats):

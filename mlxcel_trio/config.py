@@ -156,6 +156,8 @@ class ServerConfig:
     reranking: bool = False          # --reranking: -m is a cross-encoder, generation is off
     pooling: str | None = None       # --pooling; None = the checkpoint's (1_Pooling)
     embd_normalize: int = 2          # --embd-normalize: the requests' default
+    embedding_model: str | None = None  # mlxcel: an embedding encoder beside the chat -m
+    reranker_model: str | None = None   # mlxcel: a cross-encoder beside the chat -m
     # -- monitoring endpoints and idle sleep --
     endpoint_metrics: bool = False   # --metrics: GET /metrics
     endpoint_props: bool = False     # --props: POST /props

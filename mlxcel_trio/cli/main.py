@@ -170,8 +170,18 @@ def configure(parsed: Parsed, env: Mapping[str, str] | None = None) -> ServerCon
         origin = parsed.given.get("model", "argv")
         via = "" if origin == "argv" else f" (from {origin})"
         raise CliError(f"{model_ref.OPTION} {ref!r}{via}: {exc}") from None
+    sides = {}
+    for dest, option in (("embedding_model", "--embedding-model"),
+                         ("reranker_model", "--reranker-model")):
+        side = parsed.values.get(dest)
+        if side:  # resolved as -m is: a local checkpoint or a Hub repo id
+            try:
+                sides[dest] = model_ref.resolve(
+                    side, token=parsed.values.get("hf_token") or None).path
+            except model_ref.ModelRefError as exc:
+                raise CliError(f"{option} {side!r}: {exc}") from None
     return attrs.evolve(build_config(parsed, resolved.path), no_effect=without_effect(parsed),
-                        **io)
+                        **io, **sides)
 
 
 def _vertex(parsed: Parsed, env: Mapping[str, str]) -> dict[str, Any]:

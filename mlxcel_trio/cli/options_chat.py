@@ -222,6 +222,13 @@ ROUTES: tuple[Option, ...] = (
            "pooling type for embeddings, use model default if unspecified",
            value=Choice(("none", "mean", "cls", "last", "rank")),
            metavar="{none,mean,cls,last,rank}", env="LLAMA_ARG_POOLING"),
+    _embed(("--embedding-model",), "embedding_model",
+           "mlxcel-trio: an embedding encoder (directory or Hugging Face repo id) served "
+           "beside the chat -m on the embedding routes", value=Text(), metavar="PATH",
+           upstream=False),
+    _embed(("--reranker-model",), "reranker_model",
+           "mlxcel-trio: a cross-encoder (directory or Hugging Face repo id) served beside "
+           "the chat -m on the rerank routes", value=Text(), metavar="PATH", upstream=False),
     _embed(("--embd-normalize",), "embd_normalize",
            "normalisation for embeddings (-1=none, 0=max absolute int16, 1=taxicab, "
            "2=euclidean, >2=p-norm)", value=Int(), metavar="N", default=2),

@@ -202,17 +202,23 @@ class EngineLoop:
                  context_shift: bool = False, cont_batching: bool = True,
                  rope: RopeOverrides = RopeOverrides(),
                  kv_types: tuple[str, str] = ("f16", "f16"), blas: str = "auto",
-                 weights: str = "auto", encoder_only: bool = False,
-                 embedding_model: str | None = None, pooling: str | None = None,
-                 embd_n_batch: int = 512) -> None:
+                 weights: str = "auto", encoder_only: str | None = None,
+                 embedding_model: str | None = None, reranker_model: str | None = None,
+                 pooling: str | None = None, embd_n_batch: int = 512) -> None:
         self._path = Path(model_path)
-        # the encoder side: -m itself (encoder_only) or a model beside the chat one
+        # The encoder side: -m itself (encoder_only names its role, "embed" or
+        # "rank"), or models beside the chat one (--embedding-model,
+        # --reranker-model).  Each role is one Embedder; a job goes to the
+        # "rank" one when its pooling is rank, else to the "embed" one.
         self._encoder_only = encoder_only
-        self._embedding_model = str(model_path) if encoder_only else embedding_model
-        self._pooling = pooling          # --pooling; None = the checkpoint's
+        self._encoder_paths = {"embed": embedding_model, "rank": reranker_model}
+        if encoder_only is not None:
+            self._encoder_paths[encoder_only] = str(model_path)
+        self._pooling = pooling          # --pooling (the embed role's); None = the checkpoint's
         self._embd_n_batch = embd_n_batch
-        self.embedder = None             # engine/embedder.py's Embedder, once loaded
-        self.embed_vocab = None          # its tokenizer; published before Loaded
+        self.embedders: dict = {}        # role -> engine/embedder.py's Embedder, once loaded
+        self.embed_vocab = None          # the roles' tokenizers; published before Loaded
+        self.rerank_vocab = None
         self._n_slots = n_slots
         self._ctx_size = ctx_size
         self._batch_size = batch_size
@@ -228,7 +234,7 @@ class EngineLoop:
         self._weights_note: str | None = None
         self._emit = emit
         # None = never sleep (an encoder alone is small and has no chat to drop)
-        self._sleep_idle_s = None if encoder_only else sleep_idle_s
+        self._sleep_idle_s = None if encoder_only is not None else sleep_idle_s
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self.vocab = None  # published before Loaded is emitted; read-only after
         self._n_ctx_slot = 0  # set once by _load; a wake reuses it
@@ -273,19 +279,31 @@ class EngineLoop:
         del scheduler
         self._serve(box)
 
-    def _load_embedder(self):
+    def _load_encoders(self) -> dict:
+        """Load each configured encoder role; a checkpoint asked to embed
+        whose pooling resolves to rank (a cross-encoder without --pooling)
+        takes the rank role.  Returns ModelInfo's embedder / reranker."""
         from .embedder import Embedder
         from .vocab import Vocab
 
-        path = self._embedding_model
-        emb = Embedder.load(path, n_batch=self._embd_n_batch, chunk_tokens=self._batch_size,
-                            pooling=self._pooling)
-        self.embed_vocab = Vocab(Path(path), emb.info.vocab_size)
-        self.embedder = emb
-        log.info("encoder loaded: %s | %s, pooling %s, %d-dimensional output, inputs up to "
-                 "%d tokens", path, emb.info.architecture, emb.pooling, emb.info.embedding_size,
-                 min(emb.info.max_positions, self._embd_n_batch))
-        return emb
+        for role, path in self._encoder_paths.items():
+            if path is None:
+                continue
+            emb = Embedder.load(path, n_batch=self._embd_n_batch,
+                                chunk_tokens=self._batch_size,
+                                pooling="rank" if role == "rank" else self._pooling)
+            role = "rank" if emb.pooling == "rank" else "embed"
+            vocab = Vocab(Path(path), emb.info.vocab_size)
+            if role == "rank":
+                self.rerank_vocab = vocab
+            else:
+                self.embed_vocab = vocab
+            self.embedders[role] = emb
+            log.info("encoder loaded: %s | %s, pooling %s, %d-dimensional output, inputs up "
+                     "to %d tokens", path, emb.info.architecture, emb.pooling,
+                     emb.info.embedding_size, min(emb.info.max_positions, self._embd_n_batch))
+        return {"embedder": self.embedders["embed"].public if "embed" in self.embedders else None,
+                "reranker": self.embedders["rank"].public if "rank" in self.embedders else None}
 
     def _load_encoder_only(self):
         """-m is an encoder: no chat model, no scheduler work."""
@@ -294,14 +312,15 @@ class EngineLoop:
         import attrs
 
         t0 = time.perf_counter()
-        emb = self._load_embedder()
-        self.vocab = self.embed_vocab
+        roles = self._load_encoders()
+        emb = next(iter(self.embedders.values()))
+        self.vocab = self.embed_vocab or self.rerank_vocab
         config = json.loads((self._path / "config.json").read_text())
         n_ctx = int(emb.info.max_positions)
         info = _model_facts(emb.model, config, self._path, n_ctx, n_ctx, self._n_slots)
         info = attrs.evolve(info, n_ctx_train=n_ctx, n_vocab=int(emb.info.vocab_size),
                             n_embd=int(emb.info.embedding_size), dtype=emb.info.dtype,
-                            embedder=emb.public, generates=False)
+                            generates=False, **roles)
         log.info("model loaded in %.2f s", time.perf_counter() - t0)
         self._emit(StepEvents((Loaded(info),)))
         return NoChat()
@@ -327,10 +346,10 @@ class EngineLoop:
         if self._warmup:
             self._run_warmup(scheduler, vocab)
         info = _model_facts(model, config, self._path, n_ctx, self._n_ctx_slot, self._n_slots)
-        if self._embedding_model is not None:
+        if any(self._encoder_paths.values()):
             import attrs
 
-            info = attrs.evolve(info, embedder=self._load_embedder().public)
+            info = attrs.evolve(info, **self._load_encoders())
         self._report(info, time.perf_counter() - t0, self._blas)
         self._emit(StepEvents((Loaded(info),)))
         return scheduler
@@ -403,10 +422,10 @@ class EngineLoop:
     def _serve(self, box: list) -> None:
         scheduler = box.pop()
         commands = self._commands
-        embedder = self.embedder
+        embedders = tuple(self.embedders.values())
         while True:
             out: list = []
-            block = not scheduler.busy and not (embedder is not None and embedder.pending)
+            block = not scheduler.busy and not any(e.pending for e in embedders)
             burst_end = None  # set when an idle engine takes a job: wait for its companions
             while True:
                 try:
@@ -439,7 +458,7 @@ class EngineLoop:
                     elif isinstance(cmd, Submit):
                         scheduler.submit(cmd.job, out)
                     elif isinstance(cmd, Cancel):
-                        if embedder is None or not embedder.cancel(cmd.job_id):
+                        if not any(e.cancel(cmd.job_id) for e in embedders):
                             scheduler.cancel(cmd.job_id, out)
                     elif isinstance(cmd, ForceEnd):
                         scheduler.force_end(cmd.job_ids)
@@ -466,19 +485,22 @@ class EngineLoop:
             if n_active:
                 # one small record per computing step, in the hop its events take
                 out.append(EngineStats(self.n_decode, self.n_busy_slots))
-            if embedder is not None and embedder.pending:
-                # one chunk between two scheduler steps: decode waits at most this long
-                embedder.step(out)
+            for embedder in embedders:
+                if embedder.pending:
+                    # one chunk between two scheduler steps: decode waits at most this long
+                    embedder.step(out)
             if out:
                 self._emit(StepEvents(tuple(out)))
 
     def _submit_embed(self, job: EmbedJob, out: list) -> None:
-        if self.embedder is None:
+        rank = job.pooling == "rank"
+        embedder = self.embedders.get("rank" if rank else "embed")
+        if embedder is None:
+            what, flag = ("reranking", "--reranking") if rank else ("embeddings", "--embeddings")
             out.append(Failed(job.id, "not_supported_error",
-                              "This server does not support embeddings. Start it with "
-                              "`--embeddings`"))
+                              f"This server does not support {what}. Start it with `{flag}`"))
         else:
-            self.embedder.submit(job, out)
+            embedder.submit(job, out)
 
     @staticmethod
     def _command_failed(scheduler, cmd, out: list, message: str) -> None:

@@ -144,7 +144,7 @@ class EmbedJob:
     classifier's first logit, "none" = one vector per token) and the
     normalization (upstream's embd_normalize: -1 none, 0 max-abs int16,
     1 taxicab, 2 euclidean, > 2 p-norm; not applied to "none" nor "rank").
-    Runs on the embedder named by `model` ("" = the engine's only one)."""
+    A "rank" job runs on the engine's reranker, any other on its embedder."""
 
     id: int
     tokens: tuple[int, ...]
@@ -229,8 +229,9 @@ class ModelInfo:
     size_bytes: int
     dtype: str
     quantization: str | None
-    # the embedding / rerank model the engine serves beside (or instead of) chat
+    # the embedding / rerank models the engine serves beside (or instead of) chat
     embedder: "EmbedderInfo | None" = None
+    reranker: "EmbedderInfo | None" = None
     generates: bool = True   # False: an encoder alone, no chat model
 
 

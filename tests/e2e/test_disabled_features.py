@@ -61,8 +61,8 @@ def test_props_key_set_follows_upstream(server):
     props = httpx.get(server.url + "/props").json()
     keys = list(props)
     # upstream's keys in upstream's order, then mlxcel's own extensions
-    assert keys[-3:] == ["prompt_cache", "geometry", "sleep_idle_seconds"]
-    assert keys[:-3] == ["default_generation_settings", "total_slots", "model_alias", "model_ftype",
+    assert keys[-4:] == ["prompt_cache", "geometry", "sleep_idle_seconds", "capabilities"]
+    assert keys[:-4] == ["default_generation_settings", "total_slots", "model_alias", "model_ftype",
                     "model_path", "modalities", "media_marker", "endpoint_slots",
                     "endpoint_props", "endpoint_metrics", "ui", "ui_settings", "chat_template",
                     "chat_template_caps", "bos_token", "eos_token", "build_info", "is_sleeping",

@@ -310,3 +310,74 @@ def test_a_mode_nothing_can_serve_fails_at_startup(start_server, kind, flag, nee
     assert srv.wait(60) != 0
     out = srv.drain()
     assert needle in out and "main: model loaded" not in out, out
+
+
+# -- side models beside a chat model (mlxcel: --embedding-model, --reranker-model) -------------
+
+@pytest.fixture(scope="module")
+def side_server(bert, tiny_model, start_server):
+    rr = Ref("tiny-xlmr-reranker")
+    srv = start_server(tiny_model, "--embedding-model", str(bert.path),
+                       "--reranker-model", str(rr.path), "-np", "2", "--no-warmup")
+    return rr, srv
+
+
+def test_side_models_serve_beside_chat(side_server, bert):
+    rr, srv = side_server
+    data = httpx.post(srv.url + "/v1/embeddings", json={"input": TEXTS}).json()
+    assert data["model"] == bert.path.name
+    for text, d in zip(TEXTS, data["data"]):
+        np.testing.assert_allclose(d["embedding"], normalized(bert.pooled(text, "mean"), 2),
+                                   atol=1e-4)
+    body = httpx.post(srv.url + "/v1/rerank", json={"query": QUERY, "documents": DOCS}).json()
+    assert body["model"] == rr.path.name
+    for e in body["results"]:
+        assert e["relevance_score"] == pytest.approx(rr.score(QUERY, DOCS[e["index"]]), abs=1e-4)
+    done = httpx.post(srv.url + "/completion", json={"prompt": "hi", "n_predict": 4}).json()
+    assert done["tokens_predicted"] == 4
+
+
+def test_side_models_are_listed_with_their_capabilities(side_server, bert):
+    rr, srv = side_server
+    models = httpx.get(srv.url + "/v1/models").json()
+    assert [m["capabilities"] for m in models["models"]] == [["completion"], ["embedding"],
+                                                             ["rerank"]]
+    assert [m["id"] for m in models["data"][1:]] == [bert.path.name, rr.path.name]
+    caps = httpx.get(srv.url + "/props").json()["capabilities"]
+    assert caps == {"generation": True, "restricted_by": None,
+                    "embedding": {"model": bert.path.name, "pooling": "mean",
+                                  "embd_normalize": 2},
+                    "rerank": {"model": rr.path.name, "pooling": "rank"}}
+
+
+def test_embeddings_interleave_with_a_chat_stream(side_server):
+    """A stream keeps going while embedding batches run, and both finish."""
+    import threading
+
+    _, srv = side_server
+    results: dict = {}
+
+    def embed():
+        results["embed"] = [httpx.post(srv.url + "/v1/embeddings",
+                                       json={"input": TEXTS * 8}).status_code
+                            for _ in range(5)]
+
+    t = threading.Thread(target=embed)
+    with httpx.stream("POST", srv.url + "/completion", timeout=60,
+                      json={"prompt": "hello", "n_predict": 48, "stream": True,
+                            "ignore_eos": True}) as r:
+        t.start()
+        frames = [line for line in r.iter_lines() if line.startswith("data: ")]
+    t.join(60)
+    assert results["embed"] == [200] * 5
+    import json
+    final = json.loads(frames[-1][len("data: "):])
+    assert final["stop"] is True and final["tokens_predicted"] == 48
+
+
+def test_a_side_model_of_the_wrong_kind_fails_at_startup(tiny_model, start_server):
+    srv = start_server(tiny_model, "--reranker-model", str(_fixture("tiny-bert")),
+                       wait_ready=False)
+    assert srv.wait(60) != 0
+    out = srv.drain()
+    assert "--reranker-model needs a reranker" in out, out

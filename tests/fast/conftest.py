@@ -221,8 +221,9 @@ async def _start(nursery, checkpoint: Path, vocab: Vocab, hits: list,
         info = model_info(config.model, n_slots=config.slots,
                           n_ctx=config.ctx_size or 4096, n_vocab=vocab.n_vocab)
         if config.encoder_mode is not None:  # --embeddings / --reranking: an encoder alone
-            pooling = "rank" if config.rerank_mode else (config.pooling or "mean")
-            info = attrs.evolve(info, embedder=embedder_info(pooling), generates=False)
+            role = ("reranker", "rank") if config.rerank_mode else (
+                "embedder", config.pooling or "mean")
+            info = attrs.evolve(info, generates=False, **{role[0]: embedder_info(role[1])})
         engine = FakeEngine(emit, info, vocab=vocab, script=script, load_error=load_error)
         engines.append(engine)
         return engine

@@ -203,6 +203,7 @@ class FakeEngine:
             return
         self.vocab = self._vocab
         self.embed_vocab = self._vocab if self._info.embedder is not None else None
+        self.rerank_vocab = self._vocab if self._info.reranker is not None else None
         self._emit(StepEvents((Loaded(self._info),)))
         while True:
             out: list = []
@@ -231,7 +232,7 @@ class FakeEngine:
     def _command(self, cmd, out: list) -> None:
         if isinstance(cmd, Submit) and isinstance(cmd.job, EmbedJob):
             job = cmd.job
-            if any(not 0 <= t < self._info.embedder.n_vocab for t in job.tokens):
+            if any(not 0 <= t < 1000 for t in job.tokens):
                 out.append(Failed(job.id, "invalid_request_error", "Prompt contains invalid tokens"))
             else:
                 out.append(Embedded(job.id, fake_vectors(job), len(job.tokens)))

@@ -20,7 +20,7 @@ PROPS_KEYS = ["default_generation_settings", "total_slots", "model_alias", "mode
               "model_path", "modalities", "media_marker", "endpoint_slots", "endpoint_props",
               "endpoint_metrics", "ui", "ui_settings", "chat_template", "chat_template_caps",
               "bos_token", "eos_token", "build_info", "is_sleeping", "cors_proxy_enabled",
-              "prompt_cache", "geometry", "sleep_idle_seconds"]
+              "prompt_cache", "geometry", "sleep_idle_seconds", "capabilities"]
 MODEL_KEYS = ["id", "aliases", "tags", "object", "created", "owned_by", "meta"]
 META_KEYS = ["vocab_type", "n_vocab", "n_ctx", "n_ctx_train", "n_embd", "n_params", "size",
              "ftype"]

@@ -22,6 +22,7 @@ own tokenizer; each input is one `EmbedJob`, and the engine batches them.
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -42,9 +43,22 @@ def _is_int(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _model_name(served: Served, side) -> str:
+    """The name a response carries when the body names none: -m's, or the
+    side model's id (its directory name) beside a chat model."""
+    if served.bridge.info.generates:
+        return Path(side.path).name
+    return served.model_name
+
+
 def _embedder(served: Served):
     info = served.bridge.info
     return None if info is None else info.embedder
+
+
+def _reranker(served: Served):
+    info = served.bridge.info
+    return None if info is None else info.reranker
 
 
 async def _run(served: Served, jobs: list[EmbedJob]) -> list[Embedded]:
@@ -64,7 +78,7 @@ async def _run(served: Served, jobs: list[EmbedJob]) -> list[Embedded]:
 
 async def embeddings(served: Served, default_normalize: int, read_body, oai: bool):
     emb = _embedder(served)
-    if emb is None or emb.pooling == "rank":
+    if emb is None:
         return not_supported("embeddings", "--embeddings")
     if oai and emb.pooling == "none":
         raise ApiError("Pooling type 'none' is not OAI compatible. Please use a different "
@@ -118,7 +132,8 @@ async def embeddings(served: Served, default_normalize: int, read_body, oai: boo
             data.append({"embedding": vec.tolist(), "index": i, "object": "embedding"})
     n_tokens = sum(ev.n_tokens for ev in results)
     return json_response({
-        "model": _json_value(body, "model", served.model_name, lambda v: isinstance(v, str)),
+        "model": _json_value(body, "model", _model_name(served, emb),
+                             lambda v: isinstance(v, str)),
         "object": "list",
         "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
         "data": data,
@@ -136,8 +151,8 @@ def _pairs(vocab, query: str, documents: list[str]) -> list[tuple[list[int], lis
 
 
 async def rerank(served: Served, read_body):
-    emb = _embedder(served)
-    if emb is None or emb.pooling != "rank":
+    ranker = _reranker(served)
+    if ranker is None:
         return not_supported("reranking", "--reranking")
     body = await read_body()
     if not isinstance(body, dict):
@@ -153,7 +168,7 @@ async def rerank(served: Served, read_body):
     if not documents:
         raise ApiError('"documents" must be a non-empty string array')
     top_n = int(_json_value(body, "top_n", len(documents), _is_int))
-    pairs = await off_loop(served, _pairs, served.bridge.embed_vocab, query, documents)
+    pairs = await off_loop(served, _pairs, served.bridge.rerank_vocab, query, documents)
     bridge = served.bridge
     jobs = [EmbedJob(bridge.next_job_id(), tuple(ids), "rank", -1, tuple(types))
             for ids, types in pairs]
@@ -173,7 +188,8 @@ async def rerank(served: Served, read_body):
         return json_response(elements)
     n_tokens = sum(ev.n_tokens for ev in results)
     return json_response({
-        "model": _json_value(body, "model", served.model_name, lambda v: isinstance(v, str)),
+        "model": _json_value(body, "model", _model_name(served, ranker),
+                             lambda v: isinstance(v, str)),
         "object": "list",
         "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
         "results": elements,

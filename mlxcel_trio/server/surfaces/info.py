@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
+from typing import Any
 
 from ...bridge import Bridge
 from ...monitor import SlotView
@@ -80,7 +82,27 @@ def props(served: Served):
                        "n_ubatch": cfg.ubatch_size, "cont_batching": cfg.cont_batching,
                        "context_shift": cfg.context_shift}
     res["sleep_idle_seconds"] = cfg.sleep_idle_seconds
+    res["capabilities"] = capabilities_props(served)
     return json_response(res)
+
+
+def capabilities_props(served: Served) -> dict:
+    """mlxcel extension: what the server resolved: whether it generates,
+    the flag that turned generation off, and each encoder with the pooling
+    and embd_normalize really in force."""
+    info, cfg = served.bridge.info, served.bridge.config
+
+    def model_id(side) -> str:
+        return Path(side.path).name if info.generates else served.model_name
+
+    emb, rr = info.embedder, info.reranker
+    return {
+        "generation": info.generates,
+        "restricted_by": None if info.generates else cfg.encoder_mode,
+        "embedding": None if emb is None else {"model": model_id(emb), "pooling": emb.pooling,
+                                               "embd_normalize": cfg.embd_normalize},
+        "rerank": None if rr is None else {"model": model_id(rr), "pooling": rr.pooling},
+    }
 
 
 def prompt_cache_props(bridge: Bridge) -> dict:
@@ -106,12 +128,22 @@ def _created(path: str) -> int:
 
 
 def capabilities(info) -> list[str]:
-    """What the loaded model answers: completion (a chat model), embedding
-    or rerank (the encoder the engine serves)."""
-    caps = ["completion"] if info.generates else []
-    if info.embedder is not None:
-        caps.append("rerank" if info.embedder.pooling == "rank" else "embedding")
-    return caps
+    """What -m answers: completion (a chat model), or, served alone with
+    --embeddings / --reranking, embedding or rerank."""
+    if info.generates:
+        return ["completion"]
+    return ["embedding"] if info.embedder is not None else ["rerank"]
+
+
+def side_models(info) -> list[tuple[str, Any, str]]:
+    """The encoders served beside a chat -m (--embedding-model,
+    --reranker-model): (id, EmbedderInfo, capability) each; the id is the
+    checkpoint directory's name."""
+    if not info.generates:
+        return []
+    return [(Path(side.path).name, side, cap)
+            for side, cap in ((info.embedder, "embedding"), (info.reranker, "rerank"))
+            if side is not None]
 
 
 def models(served: Served, aliases: tuple[str, ...], tags: tuple[str, ...] = ()):
@@ -126,7 +158,13 @@ def models(served: Served, aliases: tuple[str, ...], tags: tuple[str, ...] = ())
             "details": {"parent_model": "", "format": "safetensors", "family": info.model_type,
                         "families": [info.model_type], "parameter_size": str(info.n_params),
                         "quantization_level": quant},
-        }],
+        }, *({"name": sid, "model": sid, "modified_at": "", "size": "", "digest": "",
+              "type": "model", "description": "", "tags": [""], "capabilities": [cap],
+              "parameters": "", "details": {"parent_model": "", "format": "safetensors",
+                                            "family": side.architecture,
+                                            "families": [side.architecture],
+                                            "parameter_size": "", "quantization_level": ""}}
+             for sid, side, cap in side_models(info))],
         "object": "list",
         "data": [{
             "id": name,
@@ -146,7 +184,12 @@ def models(served: Served, aliases: tuple[str, ...], tags: tuple[str, ...] = ())
                 "size": info.size_bytes,
                 "ftype": quant,
             },
-        }],
+        }, *({"id": sid, "aliases": [sid], "tags": [], "object": "model",
+              "created": _created(side.path), "owned_by": "llamacpp",
+              "capabilities": [cap],
+              "meta": {"n_vocab": side.n_vocab, "n_ctx_train": side.n_ctx_train,
+                       "n_embd": side.n_embd, "pooling": side.pooling}}
+             for sid, side, cap in side_models(info))],
     })
 
 

@@ -46,10 +46,12 @@ def test_every_upstream_entry_is_in_the_table() -> None:
     assert len(matched) == len(RECORDS)  # one option per entry
     upstream_only = [o for o in OPTIONS if id(o) not in matched]
     # mlxcel-trio's own options: the flag-surface dump (hidden), the
-    # spec's native --reasoning-alias-field policy, and the CPU runtime
-    # choices (--blas, --weights)
-    assert sorted(o.name for o in upstream_only) == ["--blas", "--dump-flag-surface",
-                                                     "--reasoning-alias-field", "--weights"]
+    # spec's native --reasoning-alias-field policy, the CPU runtime
+    # choices (--blas, --weights) and the side encoders (--embedding-model,
+    # --reranker-model)
+    assert sorted(o.name for o in upstream_only) == [
+        "--blas", "--dump-flag-surface", "--embedding-model", "--reasoning-alias-field",
+        "--reranker-model", "--weights"]
     assert all(not o.upstream for o in upstream_only)
     assert [o.name for o in upstream_only if o.hidden] == ["--dump-flag-surface"]
 
@@ -59,7 +61,7 @@ def test_no_spelling_or_variable_upstream_lacks() -> None:
     theirs = set(data["long_spellings"]) | set(data["short_spellings"]) | {"--rpc"}
     mine = {s for o in OPTIONS for s in o.all_spellings}
     assert mine - theirs == {"--dump-flag-surface", "--reasoning-alias-field",  # ours
-                             "--blas", "--weights"}
+                             "--blas", "--weights", "--embedding-model", "--reranker-model"}
     assert theirs - mine == set()
     envs = {e for o in OPTIONS for e in (o.env, o.env_negated) if e}
     want = (set(data["env_vars_named_in_help"]) | set(data["implicit_LLAMA_ARG_NO_env_aliases"])

@@ -44,6 +44,8 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "rope.yarn_beta_fast": ("16", 16.0),
     "ctx_size": ("4096", 4096),
     "pooling": ("cls", "cls"),
+    "embedding_model": ("some/dir", "some/dir"),
+    "reranker_model": ("other/dir", "other/dir"),
     "embd_normalize": ("1", 1),
     "sampling.n_predict": ("128", 128),
     "batch_size": ("512", 512),
