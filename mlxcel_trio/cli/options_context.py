@@ -51,7 +51,8 @@ def _slot_machinery(spellings: tuple[str, ...], dest: str, help: str, **kw: Any)
 CONTEXT: tuple[Option, ...] = (
     not_applicable(("-ub", "--ubatch-size"), "ubatch_size",
                    "physical batch size (no separate micro-batch exists under MLX; "
-                   "logged at startup)",
+                   "logged at startup); the embedding and rerank routes refuse an input "
+                   "longer than it, as upstream",
                    value=Int(1, INT32_MAX), metavar="N", default=512,
                    env="LLAMA_ARG_UBATCH", owner=CONTEXT_ISSUE, why="", inert=ALWAYS,
                    accepts="any value (MLX has no separate physical micro-batch)"),

@@ -20,6 +20,13 @@ weights and is served by the new scheduler, so waking is that request's own
 latency.  `n_decode` / `n_busy_slots` live here, not in the scheduler, so the
 /metrics counters survive a sleep; they reach trio only as the `EngineStats`
 event closing each step that computed, never by a read across threads.
+
+Encoders (engine/embedder.py): an `EmbedJob` goes to the engine's embedder
+or reranker (by its pooling), whose queue the loop drains one batched chunk
+per encoder between two scheduler steps, so a chat stream waits at most one
+chunk; a `Cancel` drops a still-queued one.  With an encoder as -m
+(--embeddings / --reranking) the scheduler is `NoChat`, which never has
+work, and idle sleep is off.
 """
 
 from __future__ import annotations

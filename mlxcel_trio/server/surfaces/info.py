@@ -78,7 +78,7 @@ def props(served: Served):
     cfg = bridge.config
     res["geometry"] = {"n_ctx": info.n_ctx, "n_ctx_slot": info.n_ctx_slot,
                        "n_slots": info.n_slots, "n_batch": cfg.batch_size,
-                       # -ub is accepted with no MLX effect; reported, as the spec asks
+                       # -ub: no MLX micro-batch; it bounds an embedding input's length
                        "n_ubatch": cfg.ubatch_size, "cont_batching": cfg.cont_batching,
                        "context_shift": cfg.context_shift}
     res["sleep_idle_seconds"] = cfg.sleep_idle_seconds
