@@ -37,6 +37,7 @@ import time
 import attrs
 
 from .protocol.records import (
+    Embedded,
     EngineStats,
     Failed,
     Finished,
@@ -120,6 +121,9 @@ class Counters:
     wakes: int = 0
     wake_seconds: float = 0.0
     released_bytes: int = 0
+    # embedding / rerank inputs computed, and their tokens
+    embedded: int = 0
+    embedded_tokens: int = 0
 
 
 class Monitor:
@@ -173,6 +177,9 @@ class Monitor:
             # a generation job is queued or holds a slot
             if self.queued.pop(ev.job_id, None) is not None or ev.job_id in self._slot_of:
                 self.counters.failed += 1
+        elif isinstance(ev, Embedded):
+            self.counters.embedded += 1
+            self.counters.embedded_tokens += ev.n_tokens
         elif isinstance(ev, Sleeping):
             self.sleeping = True
             self.counters.sleeps += 1

@@ -174,3 +174,17 @@ async def test_models_capabilities_and_health(serve):
         body = await (await s.get("/v1/models")).get_json()
         assert body["models"][0]["capabilities"] == caps
         assert (await (await s.get("/health")).get_json()) == {"status": "ok"}
+
+
+@route("GET /metrics", "POST /v1/embeddings", "POST /rerank")
+async def test_metrics_count_embedding_work(serve, vocab):
+    s = await serve("--embeddings", "--metrics")
+    await s.post("/v1/embeddings", {"input": ["a b", "c"]})
+    text = (await (await s.get("/metrics")).get_data()).decode()
+    n = len(vocab.tokenize("a b", True)) + len(vocab.tokenize("c", True))
+    assert "mlxcel_embedding_inputs_total 2.0" in text
+    assert f"mlxcel_embedding_tokens_total {float(n)}" in text
+    s = await serve("--reranking", "--metrics")
+    await s.post("/rerank", {"query": "q", "documents": ["x", "y", "z"]})
+    text = (await (await s.get("/metrics")).get_data()).decode()
+    assert "mlxcel_embedding_inputs_total 3.0" in text

@@ -117,6 +117,11 @@ class _Ours:
                                   "Time spent reloading the model on wake", value=c.wake_seconds)
         yield GaugeMetricFamily("mlxcel_sleep_released_bytes",
                                 "Resident memory the last sleep gave back", value=c.released_bytes)
+        yield CounterMetricFamily("mlxcel_embedding_inputs",
+                                  "Embedding and rerank inputs computed", value=c.embedded)
+        yield CounterMetricFamily("mlxcel_embedding_tokens",
+                                  "Tokens of the embedding and rerank inputs computed",
+                                  value=c.embedded_tokens)
 
 
 class Metrics:
