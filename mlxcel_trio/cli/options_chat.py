@@ -210,7 +210,8 @@ def _embed(spellings: tuple[str, ...], dest: str, help: str, **kw) -> Option:
 ROUTES: tuple[Option, ...] = (
     _embed(("--embedding", "--embeddings"), "embeddings",
            "restrict to only support embedding use case; -m is an embedding checkpoint "
-           "(BERT / XLM-RoBERTa, sentence-transformers layout)", kind="flag",
+           "(BERT / XLM-RoBERTa, sentence-transformers layout, or a causal model's "
+           "hidden states)", kind="flag",
            env="LLAMA_ARG_EMBEDDINGS", default=False, default_text="disabled",
            status="by_design"),
     _embed(("--rerank", "--reranking"), "reranking",

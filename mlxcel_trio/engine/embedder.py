@@ -92,9 +92,14 @@ class Embedder:
     @classmethod
     def load(cls, path: str, *, n_batch: int, chunk_tokens: int,
              pooling: str | None = None) -> "Embedder":
-        from .encoders import load
+        if is_encoder(path):
+            from .encoders import load
 
-        model, info = load(path)
+            model, info = load(path)
+        else:  # a causal checkpoint: mlx-lm's final hidden states
+            from .encoders.decoder import load_decoder
+
+            model, info = load_decoder(path)
         for note in info.notes:
             log.info("%s", note)
         emb = cls(model, info, str(path), n_batch=n_batch, chunk_tokens=chunk_tokens,
@@ -220,18 +225,50 @@ class Embedder:
         return out  # type: ignore[return-value]
 
 
-def checkpoint_problem(path: str, flag: str, *, rank: bool) -> str | None:
-    """Why `path` cannot serve `flag` (--embeddings / --reranking), or None;
-    asked before anything loads."""
+def _body_config(path: str) -> dict:
     import json
     from pathlib import Path
 
+    from .encoders import sentence
+
+    pipeline = sentence.read_pipeline(Path(path))
+    root = pipeline.transformer_dir if pipeline else Path(path)
+    return json.loads((root / "config.json").read_text())
+
+
+def is_encoder(path: str) -> bool:
+    """Whether `path` is one of engine/encoders' families (else: a decoder)."""
+    from .encoders.loader import FAMILIES
+
+    try:
+        return str(_body_config(path).get("model_type")) in FAMILIES
+    except (OSError, ValueError):
+        return True  # let the encoder loader say what is wrong
+
+
+def checkpoint_problem(path: str, flag: str, *, rank: bool) -> str | None:
+    """Why `path` cannot serve `flag` (--embeddings / --reranking), or None;
+    asked before anything loads.  An embedder is an encoder, or a causal
+    checkpoint mlx-lm can build; a reranker must be a cross-encoder."""
+    from pathlib import Path
+
+    from .architectures import problem
     from .encoders.loader import EncoderLoadError, _pick_class
 
     try:
-        config = json.loads((Path(path) / "config.json").read_text())
+        config = _body_config(path)
+        if not rank and not is_encoder(path):
+            why = problem(path)
+            if why is None:
+                return None if (Path(path) / "tokenizer.json").is_file() else (
+                    f"{flag}: the checkpoint has no tokenizer.json")
+            return (f"{flag} needs an encoder checkpoint (BERT, RoBERTa or XLM-RoBERTa) or a "
+                    f"causal checkpoint mlx-lm can build: {why}")
         cls = _pick_class(config)
     except (OSError, ValueError, EncoderLoadError) as exc:
+        if rank:
+            return (f"{flag} needs a reranker (a ...ForSequenceClassification cross-encoder: "
+                    f"BERT, RoBERTa or XLM-RoBERTa; decoder rerankers are not served): {exc}")
         return (f"{flag} needs an encoder checkpoint (BERT, RoBERTa or XLM-RoBERTa, as "
                 f"sentence-transformers lays them out): {exc}")
     if not (Path(path) / "tokenizer.json").is_file():

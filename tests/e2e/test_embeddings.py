@@ -302,11 +302,15 @@ def test_embeddings_and_generation_answer_501_on_a_reranking_server(reranker):
 # -- startup -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind,flag,needle", [
-    ("tiny", "--embeddings", "--embeddings needs an encoder checkpoint"),
+    (None, "--embeddings", "--embeddings needs an encoder checkpoint"),
+    ("tiny", "--reranking", "--reranking needs a reranker"),
     ("tiny-bert", "--reranking", "--reranking needs a reranker"),
 ])
-def test_a_mode_nothing_can_serve_fails_at_startup(start_server, kind, flag, needle):
-    srv = start_server(_fixture(kind), flag, wait_ready=False)
+def test_a_mode_nothing_can_serve_fails_at_startup(start_server, tmp_path, kind, flag, needle):
+    if kind is None:  # neither an encoder nor anything mlx-lm can build
+        (tmp_path / "config.json").write_text('{"model_type": "no-such-family"}')
+        (tmp_path / "model.safetensors").write_bytes(b"")
+    srv = start_server(tmp_path if kind is None else _fixture(kind), flag, wait_ready=False)
     assert srv.wait(60) != 0
     out = srv.drain()
     assert needle in out and "main: model loaded" not in out, out
@@ -381,3 +385,41 @@ def test_a_side_model_of_the_wrong_kind_fails_at_startup(tiny_model, start_serve
     assert srv.wait(60) != 0
     out = srv.drain()
     assert "--reranker-model needs a reranker" in out, out
+
+
+# -- decoder embedders through mlx-lm -----------------------------------------------------
+
+def test_a_causal_checkpoint_embeds_with_mlx_lms_hidden_states(tiny_model, start_server):
+    from mlx_lm import load as lm_load
+
+    lm, _ = lm_load(str(tiny_model))
+    tok = Tokenizer.from_file(str(tiny_model / "tokenizer.json"))
+
+    def hidden(text):
+        ids = tok.encode(text).ids
+        return np.array(lm.model(mx.array([ids])))[0]
+
+    srv = start_server(tiny_model, "--embeddings", "--pooling", "last", "--no-warmup")
+    try:
+        data = httpx.post(srv.url + "/v1/embeddings", json={"input": TEXTS}).json()["data"]
+        for text, d in zip(TEXTS, data):
+            np.testing.assert_allclose(d["embedding"], normalized(hidden(text)[-1], 2),
+                                       atol=1e-4)
+        one = httpx.post(srv.url + "/v1/embeddings", json={"input": TEXTS[2]}).json()["data"]
+        np.testing.assert_allclose(one[0]["embedding"], data[2]["embedding"], atol=1e-5)
+        mean = httpx.post(srv.url + "/embedding",
+                          json={"content": TEXTS[0], "embd_normalize": -1}).json()
+        assert len(mean[0]["embedding"]) == 1
+        r = httpx.post(srv.url + "/completion", json={"prompt": "x"})
+        assert _error(r, 501, "not_supported_error").endswith("without `--embeddings`")
+    finally:
+        srv.stop()
+    # without --pooling or a 1_Pooling: "none", as upstream gives a GGUF that names none
+    srv = start_server(tiny_model, "--embeddings", "--no-warmup")
+    try:
+        rows = httpx.post(srv.url + "/embedding", json={"content": TEXTS[0]}).json()[0]
+        np.testing.assert_allclose(rows["embedding"], hidden(TEXTS[0]), atol=1e-4)
+        r = httpx.post(srv.url + "/v1/embeddings", json={"input": "x"})
+        assert _error(r, 400, "invalid_request_error").startswith("Pooling type 'none'")
+    finally:
+        srv.stop()

@@ -10,6 +10,7 @@ does, and a loader for the Hugging Face / sentence-transformers layouts.
 Inputs of different lengths are padded on the RIGHT, with attention_mask 1
 on real tokens and 0 on padding; each row then equals its single-input
 result.  Pooling itself is the caller's (info.default_pooling names it).
+decoder.py puts a causal checkpoint (mlx-lm) behind the same interface.
 Nothing here imports trio: this runs on the engine thread.
 """
 

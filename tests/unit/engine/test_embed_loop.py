@@ -7,7 +7,6 @@ from __future__ import annotations
 import queue
 import threading
 
-import pytest
 from tokenizers import Tokenizer
 
 from mlxcel_trio.engine.loop import EngineLoop
@@ -132,11 +131,14 @@ def test_embedding_chunks_interleave_with_decode_steps():
         run.stop()
 
 
-@pytest.mark.parametrize("role_flag", ["--embeddings", "--reranking"])
-def test_checkpoint_problem_names_the_flag(role_flag):
-    chat = _ensure("tiny")
-    problem = EngineLoop.checkpoint_problem(str(chat), encoder_flag=role_flag,
-                                            rank=role_flag == "--reranking")
-    assert problem is not None and problem.startswith(role_flag)
+def test_checkpoint_problem_names_the_flag(tmp_path):
+    chat = str(_ensure("tiny"))
+    # a causal checkpoint embeds (mlx-lm's hidden states) but cannot rerank
+    assert EngineLoop.checkpoint_problem(chat, encoder_flag="--embeddings") is None
+    problem = EngineLoop.checkpoint_problem(chat, encoder_flag="--reranking", rank=True)
+    assert problem is not None and problem.startswith("--reranking needs a reranker")
+    (tmp_path / "config.json").write_text('{"model_type": "no-such-family"}')
+    problem = EngineLoop.checkpoint_problem(str(tmp_path), encoder_flag="--embedding-model")
+    assert problem is not None and problem.startswith("--embedding-model needs an encoder")
     assert EngineLoop.checkpoint_problem(str(_ensure("tiny-bert-reranker")),
-                                         encoder_flag=role_flag, rank=True) is None
+                                         encoder_flag="--reranking", rank=True) is None

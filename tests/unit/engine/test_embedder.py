@@ -155,3 +155,22 @@ def test_rank_needs_a_classifier_and_scores_are_its_logits():
         assert ev.score == pytest.approx(float(np.array(want)[0, 0]), abs=1e-5)
     with pytest.raises(ValueError, match="needs a classifier"):
         Embedder.load(str(ensure("tiny-bert")), n_batch=8, chunk_tokens=8, pooling="rank")
+
+
+def test_a_decoder_embeds_with_mlx_lms_hidden_states_batched_as_single():
+    from fixtures.build import ensure
+    from mlx_lm import load as lm_load
+
+    path = ensure("tiny")
+    emb = _embedder(path)
+    assert emb.pooling == "none" and emb.info.architecture == "Qwen3ForCausalLM"
+    lm, _ = lm_load(str(path))
+    rows = [(5, 6, 7, 8, 9, 10), (11, 12), (13, 14, 15)]
+    jobs = [EmbedJob(i, r, p, 2) for i, (r, p) in enumerate(zip(rows, ["last", "mean", "none"]))]
+    got = emb.run(jobs)
+    for job, ev in zip(jobs, got):
+        h = np.array(lm.model(mx.array([list(job.tokens)])))[0]
+        want = {"last": lambda: normalize(h[-1], 2), "mean": lambda: normalize(h.mean(0), 2),
+                "none": lambda: h}[job.pooling]()
+        np.testing.assert_allclose(ev.vectors.reshape(want.shape), want, atol=1e-5)
+        np.testing.assert_allclose(ev.vectors, emb.run([job])[0].vectors, atol=1e-6)
