@@ -154,6 +154,9 @@ def checkpoint_problem(cfg: ServerConfig) -> str | None:
     nothing loads in vain."""
     for path, flag, rank in ((cfg.embedding_model, "--embedding-model", False),
                              (cfg.reranker_model, "--reranker-model", True)):
+        if path is not None and cfg.encoder_mode == ("--reranking" if rank else "--embeddings"):
+            return (f"{flag} names a second model for what -m already serves with "
+                    f"{cfg.encoder_mode}; give one of them")
         if path is not None:
             problem = EngineLoop.checkpoint_problem(path, encoder_flag=flag, rank=rank)
             if problem is not None:

@@ -423,3 +423,34 @@ def test_a_causal_checkpoint_embeds_with_mlx_lms_hidden_states(tiny_model, start
         assert _error(r, 400, "invalid_request_error").startswith("Pooling type 'none'")
     finally:
         srv.stop()
+
+
+def test_a_side_model_for_the_role_m_already_serves_fails_at_startup(bert, start_server):
+    srv = start_server(bert.path, "--embeddings", "--embedding-model", str(bert.path),
+                       wait_ready=False)
+    assert srv.wait(60) != 0
+    out = srv.drain()
+    assert "--embedding-model names a second model for what -m already serves" in out, out
+
+
+def test_an_embeddings_server_can_rerank_with_a_side_reranker(bert, start_server):
+    rr = Ref("tiny-bert-reranker")
+    srv = start_server(bert.path, "--embeddings", "--reranker-model", str(rr.path),
+                       "--no-warmup")
+    try:
+        body = httpx.post(srv.url + "/rerank", json={"query": QUERY, "documents": DOCS}).json()
+        for e in body["results"]:
+            assert e["relevance_score"] == pytest.approx(rr.score(QUERY, DOCS[e["index"]]),
+                                                         abs=1e-4)
+        data = httpx.post(srv.url + "/v1/embeddings", json={"input": TEXTS[0]}).json()["data"]
+        np.testing.assert_allclose(data[0]["embedding"],
+                                   normalized(bert.pooled(TEXTS[0], "mean"), 2), atol=1e-4)
+        caps = httpx.get(srv.url + "/props").json()["capabilities"]
+        assert caps["generation"] is False and caps["restricted_by"] == "--embeddings"
+        assert caps["rerank"] == {"model": rr.path.name, "pooling": "rank"}
+        assert caps["embedding"]["model"] == bert.path.name  # -m's name: its directory here
+        models = httpx.get(srv.url + "/v1/models").json()
+        assert [m["capabilities"] for m in models["models"]] == [["embedding"], ["rerank"]]
+        assert body["model"] == rr.path.name
+    finally:
+        srv.stop()

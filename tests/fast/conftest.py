@@ -223,7 +223,8 @@ async def _start(nursery, checkpoint: Path, vocab: Vocab, hits: list,
         if config.encoder_mode is not None:  # --embeddings / --reranking: an encoder alone
             role = ("reranker", "rank") if config.rerank_mode else (
                 "embedder", config.pooling or "mean")
-            info = attrs.evolve(info, generates=False, **{role[0]: embedder_info(role[1])})
+            info = attrs.evolve(info, generates=False,
+                                **{role[0]: embedder_info(role[1], config.model)})
         engine = FakeEngine(emit, info, vocab=vocab, script=script, load_error=load_error)
         engines.append(engine)
         return engine

@@ -135,9 +135,9 @@ def model_info(path: str, *, n_slots: int, n_ctx: int, n_vocab: int) -> ModelInf
                      quantization=None)
 
 
-def embedder_info(pooling: str) -> EmbedderInfo:
+def embedder_info(pooling: str, path: str = "/fake/encoder") -> EmbedderInfo:
     """What an encoder with this pooling would report."""
-    return EmbedderInfo(path="/fake/encoder", architecture="BertModel", pooling=pooling,
+    return EmbedderInfo(path=path, architecture="BertModel", pooling=pooling,
                         n_embd=3, n_ctx_train=512, n_vocab=1000,
                         is_classifier=pooling == "rank")
 

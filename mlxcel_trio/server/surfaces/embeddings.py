@@ -46,9 +46,10 @@ def _is_int(v) -> bool:
 def _model_name(served: Served, side) -> str:
     """The name a response carries when the body names none: -m's, or the
     side model's id (its directory name) beside a chat model."""
-    if served.bridge.info.generates:
-        return Path(side.path).name
-    return served.model_name
+    info = served.bridge.info
+    if not info.generates and Path(side.path) == Path(info.path):
+        return served.model_name
+    return Path(side.path).name
 
 
 def _embedder(served: Served):

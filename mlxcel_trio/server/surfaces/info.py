@@ -93,7 +93,7 @@ def capabilities_props(served: Served) -> dict:
     info, cfg = served.bridge.info, served.bridge.config
 
     def model_id(side) -> str:
-        return Path(side.path).name if info.generates else served.model_name
+        return served.model_name if _is_m(info, side) else Path(side.path).name
 
     emb, rr = info.embedder, info.reranker
     return {
@@ -127,23 +127,28 @@ def _created(path: str) -> int:
         return int(time.time())
 
 
+def _is_m(info, side) -> bool:
+    """Whether an encoder the engine serves is -m itself (--embeddings /
+    --reranking) rather than a side model."""
+    return not info.generates and Path(side.path) == Path(info.path)
+
+
 def capabilities(info) -> list[str]:
     """What -m answers: completion (a chat model), or, served alone with
     --embeddings / --reranking, embedding or rerank."""
     if info.generates:
         return ["completion"]
-    return ["embedding"] if info.embedder is not None else ["rerank"]
+    return ["embedding" if info.embedder is not None and _is_m(info, info.embedder)
+            else "rerank"]
 
 
 def side_models(info) -> list[tuple[str, Any, str]]:
-    """The encoders served beside a chat -m (--embedding-model,
-    --reranker-model): (id, EmbedderInfo, capability) each; the id is the
-    checkpoint directory's name."""
-    if not info.generates:
-        return []
+    """The encoders served beside -m (--embedding-model, --reranker-model):
+    (id, EmbedderInfo, capability) each; the id is the checkpoint
+    directory's name."""
     return [(Path(side.path).name, side, cap)
             for side, cap in ((info.embedder, "embedding"), (info.reranker, "rerank"))
-            if side is not None]
+            if side is not None and not _is_m(info, side)]
 
 
 def models(served: Served, aliases: tuple[str, ...], tags: tuple[str, ...] = ()):
