@@ -43,7 +43,8 @@ def normalize(vec: np.ndarray, kind: int) -> np.ndarray:
     elif kind == 2:
         total = math.sqrt(float(np.sum(v * v)))
     else:
-        total = float(np.sum(np.abs(v) ** kind)) ** (1.0 / kind)
+        with np.errstate(over="ignore", divide="ignore"):
+            total = float(np.sum(np.abs(v) ** float(kind))) ** (1.0 / kind)
     norm = np.float32(1.0 / total) if total > 0.0 else np.float32(0.0)
     return np.asarray(vec, np.float32) * norm
 

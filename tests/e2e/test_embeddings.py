@@ -2,11 +2,13 @@
 each answer equals the encoder run here (hidden states pooled and normalized
 in NumPy in this file, rerank scores the classifier's logits), batched
 equals single, upstream's shapes, the official OpenAI SDK, and upstream's
-wording for bad input."""
+wording for bad input (and a hypothesis storm of malformed bodies: never a
+5xx, the server unaffected)."""
 
 from __future__ import annotations
 
 import base64
+import json
 import math
 
 import httpx
@@ -14,6 +16,8 @@ import mlx.core as mx
 import numpy as np
 import openai
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
 from mlxcel_trio.engine.encoders import load
@@ -374,7 +378,6 @@ def test_embeddings_interleave_with_a_chat_stream(side_server):
         frames = [line for line in r.iter_lines() if line.startswith("data: ")]
     t.join(60)
     assert results["embed"] == [200] * 5
-    import json
     final = json.loads(frames[-1][len("data: "):])
     assert final["stop"] is True and final["tokens_predicted"] == 48
 
@@ -454,3 +457,54 @@ def test_an_embeddings_server_can_rerank_with_a_side_reranker(bert, start_server
         assert body["model"] == rr.path.name
     finally:
         srv.stop()
+
+
+# -- a storm of malformed bodies: upstream's envelopes, never a 5xx, server unaffected --------
+
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70),
+                     st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=8))
+_values = st.recursive(_scalars, lambda kids: st.one_of(
+    st.lists(kids, max_size=4), st.dictionaries(st.text(max_size=6), kids, max_size=4)),
+    max_leaves=10)
+_ids = st.lists(st.one_of(st.integers(-5, 2000), st.integers(-2**70, 2**70), st.text(max_size=4)),
+                max_size=5)
+EMBED_FIELDS = {"input": st.one_of(_values, _ids, st.lists(_ids, max_size=3)),
+                "content": _values, "encoding_format": _values, "embd_normalize": _values,
+                "model": _values}
+RERANK_FIELDS = {"query": _values, "documents": st.one_of(_values, st.lists(
+    st.text(max_size=8), max_size=4)), "texts": _values, "top_n": _values,
+    "return_text": _values, "model": _values}
+
+
+@st.composite
+def _bodies(draw, fields):
+    if draw(st.integers(0, 9)) == 0:
+        return json.dumps(draw(_values)).encode()
+    names = draw(st.lists(st.sampled_from(sorted(fields)), min_size=1, max_size=4, unique=True))
+    return json.dumps({name: draw(fields[name]) for name in names}).encode()
+
+
+def _well_formed(r: httpx.Response) -> None:
+    body = r.json()
+    if r.status_code == 200:
+        return
+    err = body["error"]
+    assert err["code"] == r.status_code and r.status_code < 500, err
+    assert isinstance(err["message"], str) and err["message"]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(path=st.sampled_from(["/embedding", "/v1/embeddings"]), body=_bodies(EMBED_FIELDS))
+def test_embedding_storm(bert_server, path, body):
+    r = httpx.post(bert_server.url + path, content=body, timeout=60)
+    _well_formed(r)
+    assert httpx.get(bert_server.url + "/health").status_code == 200
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(body=_bodies(RERANK_FIELDS))
+def test_rerank_storm(reranker, body):
+    _, srv = reranker
+    r = httpx.post(srv.url + "/v1/rerank", content=body, timeout=60)
+    _well_formed(r)
+    assert httpx.get(srv.url + "/health").status_code == 200

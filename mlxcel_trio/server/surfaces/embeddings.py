@@ -115,7 +115,8 @@ async def embeddings(served: Served, default_normalize: int, read_body, oai: boo
         if not (_is_int(value) or isinstance(value, bool)):
             raise ApiError("[json.exception.type_error.302] type must be number, but is "
                            f"{json_type_name(value)}")
-        normalize = int(value)
+        # the C++ int member: a number past int32 is clamped rather than wrapped
+        normalize = max(-2**31, min(2**31 - 1, int(value)))
     bridge = served.bridge
     jobs = [EmbedJob(bridge.next_job_id(), tuple(p), emb.pooling, normalize) for p in prompts]
     results = await _run(served, jobs)
