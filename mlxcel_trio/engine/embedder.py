@@ -85,7 +85,8 @@ class Embedder:
         self.public = EmbedderInfo(
             path=path, architecture=info.architecture, pooling=self.pooling,
             n_embd=int(info.embedding_size), n_ctx_train=int(info.max_positions),
-            n_vocab=int(info.vocab_size), is_classifier=bool(info.is_classifier))
+            n_vocab=int(info.vocab_size), is_classifier=bool(info.is_classifier),
+            rerank_template=getattr(model, "rerank_template", None))
         self._queue: collections.deque[EmbedJob] = collections.deque()
         self.n_inputs = 0           # inputs computed, for the load summary / stats
         self.n_tokens = 0
@@ -98,9 +99,12 @@ class Embedder:
 
             model, info = load(path)
         else:  # a causal checkpoint: mlx-lm's final hidden states
-            from .encoders.decoder import load_decoder
+            from .encoders.decoder import is_qwen3_reranker, load_decoder, load_decoder_reranker
 
-            model, info = load_decoder(path)
+            if is_qwen3_reranker(path) and pooling in (None, "rank"):
+                model, info = load_decoder_reranker(path)
+            else:
+                model, info = load_decoder(path)
         for note in info.notes:
             log.info("%s", note)
         emb = cls(model, info, str(path), n_batch=n_batch, chunk_tokens=chunk_tokens,
@@ -256,8 +260,13 @@ def checkpoint_problem(path: str, flag: str, *, rank: bool) -> str | None:
     from .architectures import problem
     from .encoders.loader import EncoderLoadError, _pick_class
 
+    from .encoders.decoder import is_qwen3_reranker
+
     try:
         config = _body_config(path)
+        if rank and not is_encoder(path) and is_qwen3_reranker(path):
+            why = problem(path)
+            return None if why is None else f"{flag}: {why}"
         if not rank and not is_encoder(path):
             why = problem(path)
             if why is None:
@@ -269,7 +278,7 @@ def checkpoint_problem(path: str, flag: str, *, rank: bool) -> str | None:
     except (OSError, ValueError, EncoderLoadError) as exc:
         if rank:
             return (f"{flag} needs a reranker (a ...ForSequenceClassification cross-encoder: "
-                    f"BERT, RoBERTa or XLM-RoBERTa; decoder rerankers are not served): {exc}")
+                    f"BERT, RoBERTa or XLM-RoBERTa, or a Qwen3-Reranker): {exc}")
         return (f"{flag} needs an encoder checkpoint (BERT, RoBERTa or XLM-RoBERTa, as "
                 f"sentence-transformers lays them out): {exc}")
     if not (Path(path) / "tokenizer.json").is_file():

@@ -246,6 +246,8 @@ class EmbedderInfo:
     n_ctx_train: int      # usable tokens per input (the position table)
     n_vocab: int
     is_classifier: bool
+    # a decoder reranker's prompt ({query}, {document}); None = the tokenizer's pair template
+    rerank_template: str | None = None
 
 
 @attrs.frozen

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+from pathlib import Path
 
 import httpx
 import mlx.core as mx
@@ -508,3 +509,64 @@ def test_rerank_storm(reranker, body):
     r = httpx.post(srv.url + "/v1/rerank", content=body, timeout=60)
     _well_formed(r)
     assert httpx.get(srv.url + "/health").status_code == 200
+
+
+# -- Qwen3-Reranker-style decoder rerankers --------------------------------------------------
+
+UPSTREAM_QWEN3_RERANK = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the "
+    "Query and the Instruct provided. Note that the answer can only be \"yes\" or \"no\"."
+    "<|im_end|>\n<|im_start|>user\n<Instruct>: Given a web search query, retrieve relevant "
+    "passages that answer the query\n<Query>: {query}\n<Document>: {document}<|im_end|>\n"
+    "<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def qwen3_reranker(tiny: Path, root: Path) -> Path:
+    """The tiny qwen3 fixture named as a Qwen3-Reranker, with "yes" and "no"
+    tokens (two more rows in its embedding and head)."""
+    import shutil
+
+    out = root / "tiny-qwen3-reranker"
+    shutil.copytree(tiny, out)
+    tj = json.loads((out / "tokenizer.json").read_text())
+    n = json.loads((out / "config.json").read_text())["vocab_size"]
+    base = tj["added_tokens"][0]
+    tj["added_tokens"] += [dict(base, id=n, content="yes", special=False),
+                           dict(base, id=n + 1, content="no", special=False)]
+    (out / "tokenizer.json").write_text(json.dumps(tj))
+    weights = mx.load(str(out / "model.safetensors"))
+    for k, w in weights.items():
+        if w.ndim == 2 and w.shape[0] == n:
+            weights[k] = mx.concatenate([w, w[:2] * 0.5 + 0.01])
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, "vocab_size": n + 2}))
+    return out
+
+
+def test_a_qwen3_reranker_scores_the_yes_share_of_upstreams_prompt(tiny_model, tmp_path,
+                                                                   start_server):
+    from mlx_lm import load as lm_load
+
+    path = qwen3_reranker(tiny_model, tmp_path)
+    lm, _ = lm_load(str(path))
+    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    yes, no = tok.token_to_id("yes"), tok.token_to_id("no")
+
+    def score(doc):
+        prompt = UPSTREAM_QWEN3_RERANK.replace("{query}", QUERY).replace("{document}", doc)
+        logits = np.array(lm(mx.array([tok.encode(prompt, add_special_tokens=False).ids])))
+        pair = logits[0, -1, [yes, no]].astype(np.float64)
+        e = np.exp(pair - pair.max())
+        return e[0] / e.sum()
+
+    srv = start_server(path, "--reranking", "--no-warmup")
+    try:
+        body = httpx.post(srv.url + "/v1/rerank", json={"query": QUERY, "documents": DOCS}).json()
+        want = [score(d) for d in DOCS]
+        assert [e["index"] for e in body["results"]] == sorted(range(len(DOCS)),
+                                                               key=lambda i: -want[i])
+        for e in body["results"]:
+            assert e["relevance_score"] == pytest.approx(want[e["index"]], abs=1e-4)
+    finally:
+        srv.stop()

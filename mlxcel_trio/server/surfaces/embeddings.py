@@ -148,8 +148,15 @@ def _strings(v) -> bool:
     return isinstance(v, list) and all(isinstance(x, str) for x in v)
 
 
-def _pairs(vocab, query: str, documents: list[str]) -> list[tuple[list[int], list[int]]]:
-    return [vocab.tokenize_pair(query, doc) for doc in documents]
+def _pairs(vocab, query: str, documents: list[str],
+           template: str | None) -> list[tuple[list[int], list[int] | None]]:
+    """Each document's input: the reranker's prompt filled in (upstream's
+    format_prompt_rerank: {query} then {document} replaced, no BOS), else the
+    tokenizer's pair template with its token type ids."""
+    if template is None:
+        return [vocab.tokenize_pair(query, doc) for doc in documents]
+    return [(vocab.tokenize(template.replace("{query}", query).replace("{document}", doc),
+                            False, True), None) for doc in documents]
 
 
 async def rerank(served: Served, read_body):
@@ -170,10 +177,11 @@ async def rerank(served: Served, read_body):
     if not documents:
         raise ApiError('"documents" must be a non-empty string array')
     top_n = int(_json_value(body, "top_n", len(documents), _is_int))
-    pairs = await off_loop(served, _pairs, served.bridge.rerank_vocab, query, documents)
+    pairs = await off_loop(served, _pairs, served.bridge.rerank_vocab, query, documents,
+                           ranker.rerank_template)
     bridge = served.bridge
-    jobs = [EmbedJob(bridge.next_job_id(), tuple(ids), "rank", -1, tuple(types))
-            for ids, types in pairs]
+    jobs = [EmbedJob(bridge.next_job_id(), tuple(ids), "rank", -1,
+                     None if types is None else tuple(types)) for ids, types in pairs]
     results = await _run(served, jobs)
     label = "score" if tei else "relevance_score"
     return_text = tei and _json_value(body, "return_text", False,
