@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import json
 import math
-from pathlib import Path
 
 import httpx
 import mlx.core as mx
@@ -22,6 +21,7 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
 from mlxcel_trio.engine.encoders import load
+from tests.unit.engine._decoder_reranker import qwen3_reranker
 
 pytestmark = pytest.mark.e2e
 
@@ -519,29 +519,6 @@ UPSTREAM_QWEN3_RERANK = (
     "<|im_end|>\n<|im_start|>user\n<Instruct>: Given a web search query, retrieve relevant "
     "passages that answer the query\n<Query>: {query}\n<Document>: {document}<|im_end|>\n"
     "<|im_start|>assistant\n<think>\n\n</think>\n\n")
-
-
-def qwen3_reranker(tiny: Path, root: Path) -> Path:
-    """The tiny qwen3 fixture named as a Qwen3-Reranker, with "yes" and "no"
-    tokens (two more rows in its embedding and head)."""
-    import shutil
-
-    out = root / "tiny-qwen3-reranker"
-    shutil.copytree(tiny, out)
-    tj = json.loads((out / "tokenizer.json").read_text())
-    n = json.loads((out / "config.json").read_text())["vocab_size"]
-    base = tj["added_tokens"][0]
-    tj["added_tokens"] += [dict(base, id=n, content="yes", special=False),
-                           dict(base, id=n + 1, content="no", special=False)]
-    (out / "tokenizer.json").write_text(json.dumps(tj))
-    weights = mx.load(str(out / "model.safetensors"))
-    for k, w in weights.items():
-        if w.ndim == 2 and w.shape[0] == n:
-            weights[k] = mx.concatenate([w, w[:2] * 0.5 + 0.01])
-    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
-    config = json.loads((out / "config.json").read_text())
-    (out / "config.json").write_text(json.dumps({**config, "vocab_size": n + 2}))
-    return out
 
 
 def test_a_qwen3_reranker_scores_the_yes_share_of_upstreams_prompt(tiny_model, tmp_path,

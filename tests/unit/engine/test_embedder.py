@@ -174,3 +174,27 @@ def test_a_decoder_embeds_with_mlx_lms_hidden_states_batched_as_single():
                 "none": lambda: h}[job.pooling]()
         np.testing.assert_allclose(ev.vectors.reshape(want.shape), want, atol=1e-5)
         np.testing.assert_allclose(ev.vectors, emb.run([job])[0].vectors, atol=1e-6)
+
+
+def test_a_qwen3_reranker_scores_batched_as_single(tmp_path):
+    from fixtures.build import ensure
+    from mlx_lm import load as lm_load
+
+    from ._decoder_reranker import qwen3_reranker
+
+    path = qwen3_reranker(ensure("tiny"), tmp_path)
+    emb = _embedder(path, pooling="rank")
+    assert emb.public.rerank_template is not None and emb.info.labels == ("yes", "no")
+    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    yes, no = tok.token_to_id("yes"), tok.token_to_id("no")
+    lm, _ = lm_load(str(path))
+    jobs = [EmbedJob(i, tuple(tok.encode(t, add_special_tokens=False).ids), "rank", -1)
+            for i, t in enumerate(TEXTS)]
+    for job, ev in zip(jobs, emb.run(jobs)):
+        logits = np.array(lm(mx.array([list(job.tokens)])))[0, -1, [yes, no]]
+        want = np.exp(logits[0]) / np.exp(logits).sum()
+        assert ev.score == pytest.approx(float(want), abs=1e-5)
+        assert ev.score == pytest.approx(emb.run([job])[0].score, abs=1e-6)
+    # without the reranker's name it is a plain decoder: it embeds, it cannot rank
+    plain = _embedder(ensure("tiny"))
+    assert plain.public.rerank_template is None and not plain.info.is_classifier
