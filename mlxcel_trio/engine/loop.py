@@ -41,8 +41,8 @@ from typing import Callable
 from ..config import RopeOverrides
 from ..protocol.records import (
     Cancel,
-    EmbedJob,
     ClearPromptCache,
+    EmbedJob,
     EngineStats,
     Failed,
     Finished,
