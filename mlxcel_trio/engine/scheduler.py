@@ -34,6 +34,7 @@ from collections import deque
 
 import attrs
 from mlx_lm.generate import BatchGenerator
+
 from ..protocol.records import (
     CacheStats,
     Failed,
@@ -58,7 +59,6 @@ from .samplers.history import breakers_for
 from .sampling import GREEDY, greedy_banning, plan
 from .stops import StopMatcher
 from .vocab import Vocab
-
 
 log = logging.getLogger("mlxcel.engine")
 
