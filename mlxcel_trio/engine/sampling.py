@@ -36,6 +36,19 @@ def is_greedy(p: SamplingParams, constrained: bool = False) -> bool:
             and p.n_probs <= 0 and not constrained)
 
 
+def greedy_banning(banned: list[int], n_vocab: int):
+    """Greedy with `banned` tokens never drawn: upstream's ignore_eos for a
+    greedy job, as one shared sampler instead of a per-row logits processor
+    (any processor in a batch makes mlx-lm process every row one by one)."""
+    mask = mx.zeros((n_vocab,), dtype=mx.float32)
+    if banned:
+        mask[mx.array(banned)] = float("-inf")
+
+    def sample(logprobs: mx.array) -> mx.array:
+        return mx.argmax(logprobs + mask, axis=-1)
+    return sample
+
+
 def plan(params: SamplingParams, n_vocab: int, batch: BatchSampler, *,
          breakers=None, constraint: Constraint | None = None) -> tuple[object, list, Row]:
     """(sampler, logits processors, row state) for one sequence."""

@@ -34,6 +34,7 @@ from collections import deque
 
 import attrs
 from mlx_lm.generate import BatchGenerator
+
 from ..protocol.records import (
     CacheStats,
     Failed,
@@ -55,10 +56,9 @@ from .kv_cache import CacheFactory
 from .prompt_cache import PromptCache, supported
 from .samplers.batch import BatchSampler, dry_on
 from .samplers.history import breakers_for
-from .sampling import GREEDY, plan
+from .sampling import GREEDY, greedy_banning, plan
 from .stops import StopMatcher
 from .vocab import Vocab
-
 
 log = logging.getLogger("mlxcel.engine")
 
@@ -141,6 +141,7 @@ class Scheduler:
         if problem is not None:
             raise ValueError(problem)
         self._eos_bias = tuple((t, float("-inf")) for t in sorted(vocab.eos_ids))
+        self._greedy_no_eos = greedy_banning(sorted(vocab.eos_ids), vocab.n_vocab)
         self._gen = self._new_generator()
         self._pending: deque[Job] = deque()
         self._free = list(range(n_slots))
@@ -440,12 +441,18 @@ class Scheduler:
 
     def _sampling_plan(self, job: Job):
         params = job.sampling
-        if job.ignore_eos:
-            # upstream's logit_bias_eog: every end-of-generation token banned
-            params = attrs.evolve(params, logit_bias=params.logit_bias + self._eos_bias)
         breakers = (breakers_for(self.vocab, params.dry_sequence_breakers)
                     if dry_on(params) else None)
         constraint = job.grammar.start(len(job.prompt)) if job.grammar is not None else None
+        if job.ignore_eos:
+            # upstream's logit_bias_eog: every end-of-generation token banned;
+            # a greedy job with nothing else to process bans them in its
+            # (shared, batched) sampler rather than through a processor
+            plain = plan(params, self.vocab.n_vocab, self._batch, breakers=breakers,
+                         constraint=constraint)
+            if plain[0] is GREEDY and not plain[1]:
+                return (self._greedy_no_eos, *plain[1:])
+            params = attrs.evolve(params, logit_bias=params.logit_bias + self._eos_bias)
         return plan(params, self.vocab.n_vocab, self._batch, breakers=breakers,
                     constraint=constraint)
 

@@ -40,6 +40,8 @@ EXPECT_INERT = frozenset({
     "--spec-ngram-map-k4v-size-n", "--spec-ngram-map-k4v-size-m",
     "--spec-ngram-map-k4v-min-hits", "--spec-ngram-size-n", "--spec-ngram-size-m",
     "--spec-ngram-min-hits", "--threads-http",
+    # a draft model's KV types: no draft model loads, so every type is accepted
+    "--spec-draft-type-k", "--spec-draft-type-v",
 })
 
 # Placeholders whose value is a path: a file that exists is passed.
@@ -119,6 +121,8 @@ def plausible(rec: dict[str, Any], some_file: Path, model: Path) -> list[str]:
         return [opt.name, str(some_file.parent)]  # an existing directory
     if opt.dest == "chat_template_kwargs":
         return [opt.name, '{"enable_thinking": false}']
+    if opt.dest in ("cache_type_k", "cache_type_v"):
+        return [opt.name, "bf16"]   # a quantized type alone would pair with the other's f16
     if isinstance(opt.value, (Choice, CsvChoice)):
         ours_default = opt.default if isinstance(opt.default, tuple) else (opt.default,)
         return [opt.name, [c for c in opt.value.choices if c not in ours_default][-1]]

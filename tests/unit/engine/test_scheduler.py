@@ -140,3 +140,27 @@ def test_a_failed_step_fails_jobs_not_the_scheduler(loaded, monkeypatch):
     assert of(out, Failed, 1)[0].kind == "server_error"
     run(s, out)  # the queued job runs on the fresh generator
     assert len(of(out, Finished, 2)[0].tokens) == 3
+
+
+def test_greedy_ignore_eos_bans_eos_in_a_shared_sampler_not_a_processor(loaded, tiny_facts):
+    """A processor on any row makes mlx-lm process the whole batch row by
+    row; a plain greedy ignore_eos job needs none.  It still never draws
+    EOS: the fixture's EOS prompt, which greedy decoding ends after k
+    tokens, runs past k."""
+    from mlxcel_trio.engine.sampling import GREEDY as SHARED_GREEDY
+
+    s = make(loaded)
+    sampler, processors, _ = s._sampling_plan(job(1))
+    assert processors == [] and sampler is not SHARED_GREEDY
+    assert s._sampling_plan(job(2))[0] is sampler          # one sampler for every such row
+    biased = job(3, sampling=SamplingParams(temperature=0.0, logit_bias=((5, 1.0),)))
+    assert s._sampling_plan(biased)[1]                     # other processing keeps its processor
+    vocab = loaded[1]
+    prompt = vocab.tokenize(tiny_facts["eos_prompt"])
+    k = tiny_facts["eos_after_tokens"]
+    out = []
+    s.submit(job(4, prompt, n_predict=k + 8), out)
+    run(s, out)
+    (fin,) = of(out, Finished)
+    tokens = [p.token for p in of(out, TokenPiece)]
+    assert len(tokens) == k + 8 and not set(tokens) & set(vocab.eos_ids), fin
