@@ -528,7 +528,10 @@ class EngineLoop:
         (reload; returns the new scheduler and that command), or Shutdown
         (returns None and it).  A Cancel or a ForceEnd names a job that already
         ended and a ClearPromptCache finds the cache already gone: all are
-        dropped."""
+        dropped.  The encoders stay loaded: embedding and rerank jobs are
+        served while asleep, one chunk per encoder between two reads of the
+        queue (a Cancel then drops a still-queued one), without waking the
+        chat model; jobs still queued when a wake comes go on after it."""
         import gc
 
         import mlx.core as mx
@@ -538,10 +541,33 @@ class EngineLoop:
         released = before - _resident_bytes()
         log.info("server is entering sleeping state (released %.1f MiB)", released / 2**20)
         self._emit(StepEvents((Sleeping(released),)))
+        embedders = tuple(self.embedders.values())
         while True:
-            cmd = self._commands.get()
+            try:
+                if any(e.pending for e in embedders):
+                    cmd = self._commands.get_nowait()
+                else:
+                    cmd = self._commands.get()
+            except queue.Empty:  # embedding work and nothing else to read
+                out: list = []
+                for embedder in embedders:
+                    if embedder.pending:
+                        embedder.step(out)
+                if out:
+                    self._emit(StepEvents(tuple(out)))
+                continue
             if isinstance(cmd, Shutdown):
                 return None, cmd
+            if isinstance(cmd, Submit) and isinstance(cmd.job, EmbedJob):
+                out = []
+                self._submit_embed(cmd.job, out)
+                if out:
+                    self._emit(StepEvents(tuple(out)))
+                continue
+            if isinstance(cmd, Cancel):
+                for embedder in embedders:
+                    embedder.cancel(cmd.job_id)
+                continue
             if not isinstance(cmd, (Submit, SlotAction)):
                 continue
             try:

@@ -142,3 +142,24 @@ def test_checkpoint_problem_names_the_flag(tmp_path):
     assert problem is not None and problem.startswith("--embedding-model needs an encoder")
     assert EngineLoop.checkpoint_problem(str(_ensure("tiny-bert-reranker")),
                                          encoder_flag="--reranking", rank=True) is None
+
+
+def test_embeddings_are_served_while_the_chat_model_sleeps():
+    from mlxcel_trio.protocol.records import Sleeping, Woke
+
+    chat = _ensure("tiny")
+    bert = _ensure("tiny-bert")
+    ids = tuple(Tokenizer.from_file(str(bert / "tokenizer.json")).encode("a b c").ids)
+    run = Run(chat, embedding_model=str(bert), sleep_idle_s=0.2)
+    try:
+        run.until(lambda seen: any(isinstance(e, Sleeping) for e in seen))
+        for i in range(1, 4):
+            run.loop.post(Submit(EmbedJob(i, ids)))
+        seen = run.until(_ended([1, 2, 3]))
+        assert not any(isinstance(e, Woke) for e in seen)  # the chat model slept on
+        run.loop.post(Submit(Job(9, (5, 6), n_predict=2, sampling=SamplingParams(temperature=0))))
+        seen = run.until(_ended([9]))
+        assert any(isinstance(e, Woke) for e in seen)
+        assert isinstance(seen[-1], Finished)
+    finally:
+        run.stop()
