@@ -163,6 +163,7 @@ def test_metrics_families_and_values_move(two_slots):
     srv = two_slots
     before, text, r = scrape(srv)
     start = int(r.headers["Process-Start-Time-Unix"])
+    assert b"Process-Start-Time-Unix" in [k for k, _ in r.headers.raw], "upstream's spelling"
     assert abs(start - time.time()) < 3600
     for name in UPSTREAM_FAMILIES:
         # exactly the series names a llama-server scrape config selects
