@@ -252,17 +252,21 @@ class Timings:
     predicted_ms: float
 
     def to_json(self) -> dict:
+        """server_slot_stats::to_json.  The generation rates count decode
+        steps, not tokens: the first token comes from the last prompt
+        batch's logits, so n tokens took n - 1 steps (one token: no rate)."""
         p_ms, d_ms = self.prompt_ms, self.predicted_ms
+        steps = max(self.predicted_n - 1, 0)
         return {
             "cache_n": self.cache_n,
             "prompt_n": self.prompt_n,
             "prompt_ms": p_ms,
-            "prompt_per_token_ms": p_ms / self.prompt_n if self.prompt_n else 0.0,
-            "prompt_per_second": 1e3 * self.prompt_n / p_ms if p_ms > 0 else 0.0,
+            "prompt_per_token_ms": p_ms / self.prompt_n if self.prompt_n > 0 else 0.0,
+            "prompt_per_second": 1e3 / p_ms * self.prompt_n if p_ms > 0 else 0.0,
             "predicted_n": self.predicted_n,
             "predicted_ms": d_ms,
-            "predicted_per_token_ms": d_ms / self.predicted_n if self.predicted_n else 0.0,
-            "predicted_per_second": 1e3 * self.predicted_n / d_ms if d_ms > 0 else 0.0,
+            "predicted_per_token_ms": d_ms / steps if steps > 0 else 0.0,
+            "predicted_per_second": 1e3 / d_ms * steps if d_ms > 0 else 0.0,
         }
 
 
