@@ -4,6 +4,7 @@ the input-token counts and the realtime control route
 
 from __future__ import annotations
 
+import datetime
 import json
 
 import pytest
@@ -93,6 +94,44 @@ async def test_apply_template(serve):
     r = await s.post("/apply-template", {"messages": [{"role": "user"}]})
     assert error_of(await r.get_json(), 400, "invalid_request_error") == (
         "All non-assistant messages must contain 'content'")
+
+
+@route("POST /apply-template")
+async def test_templates_see_todays_date(serve):
+    # upstream adds date_string and datetime to every template's context;
+    # a request's chat_template_kwargs may replace them
+    tpl = "{{ date_string }}|{{ datetime }}|{{ messages[0].content }}"
+    s = await serve("--jinja", "--chat-template", tpl)
+    today = datetime.date.today()
+    res = await (await s.post("/apply-template", {"messages": [USER]})).get_json()
+    assert res["prompt"] == f"{today:%d %b %Y}|{today:%b %d %Y}|Hello"
+    res = await (await s.post("/apply-template", {
+        "messages": [USER], "chat_template_kwargs": {"date_string": "1 Jan 2000"}})).get_json()
+    assert res["prompt"].startswith("1 Jan 2000|")
+
+
+# a DeepSeek-R1 / QwQ-style generation prompt: thinking opens, and closes at once
+# unless enable_thinking is true
+_R1ISH = ("{{ messages[0].content }}<A><think>\n"
+          "{% if not enable_thinking %}</think>{% endif %}")
+# a template without thinking markers whose prompt still depends on enable_thinking
+_TOGGLE = "{{ messages[0].content }}<A>{% if not enable_thinking %}<NOTHINK>{% endif %}"
+
+
+@route("POST /apply-template")
+@pytest.mark.parametrize(("template", "argv", "end"), [
+    (_R1ISH, [], "<A><think>\n"),                      # auto: the template thinks
+    (_R1ISH, ["--reasoning", "auto"], "<A><think>\n"),
+    (_R1ISH, ["--reasoning", "off"], "<A><think>\n</think>"),
+    (_R1ISH, ["--chat-template-kwargs", '{"enable_thinking": false}'], "</think>"),
+    (_TOGGLE, [], "<A>"),                               # enable_thinking changes it
+    # no thinking: enable_thinking is still defined (false), as upstream passes it always
+    ("{{ messages[0].content }}<A>{% if enable_thinking is defined %}D{% endif %}", [], "<A>D"),
+])
+async def test_reasoning_auto_passes_enable_thinking(serve, template, argv, end):
+    s = await serve("--jinja", "--chat-template", template, *argv)
+    res = await (await s.post("/apply-template", {"messages": [USER]})).get_json()
+    assert res["prompt"].endswith(end) and res["prompt"].startswith("Hello<A>")
 
 
 @each_route("POST /chat/completions/input_tokens", "POST /v1/chat/completions/input_tokens")

@@ -19,6 +19,7 @@ its text, so the model writes on from where the prefill stops.
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 import attrs
@@ -234,7 +235,12 @@ def _continuation(body: dict, settings: ChatSettings, messages: list) -> tuple[s
 
 
 def _kwargs(body: dict, settings: ChatSettings) -> dict[str, Any]:
-    kwargs = dict(settings.kwargs)
+    # upstream's extra context: today's date (local time) in the two spellings
+    # Llama 3.x templates print; the server's and the request's kwargs may
+    # replace them
+    now = datetime.now()
+    kwargs = {"datetime": now.strftime("%b %d %Y"), "date_string": now.strftime("%d %b %Y"),
+              **settings.kwargs}
     request = body.get("chat_template_kwargs")
     if isinstance(request, dict):
         kwargs.update(request)
