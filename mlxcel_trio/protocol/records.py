@@ -242,6 +242,16 @@ class PromptProgress:
         return {"total": self.total, "cache": self.cache, "processed": self.processed,
                 "time_ms": int(self.time_ms)}
 
+    def timings(self) -> "Timings":
+        """The slot's timings at this point, as upstream puts them on a progress
+        frame when timings_per_token is set: the prompt tokens evaluated so far
+        (cache-supplied ones apart) and the time they took; nothing generated.
+        Before the first batch is evaluated the prompt time is 0."""
+        n = self.processed - self.cache
+        return Timings(cache_n=self.cache, prompt_n=n,
+                       prompt_ms=self.time_ms if n > 0 else 0.0,
+                       predicted_n=0, predicted_ms=0.0)
+
 
 @attrs.frozen
 class Timings:

@@ -185,9 +185,12 @@ async def _stream(served: Served, values: NativeRequest, jobs: list) -> Response
             return (frame(obj),)
         if isinstance(ev, PromptProgress):
             # upstream sends a progress frame with a value-initialized token: id 0
-            return (frame({"index": i, "content": "", "tokens": [0], "stop": False,
-                           "id_slot": -1, "tokens_predicted": 0, "tokens_evaluated": n_prompt,
-                           "prompt_progress": ev.to_json()}),)
+            obj = {"index": i, "content": "", "tokens": [0], "stop": False,
+                   "id_slot": -1, "tokens_predicted": 0, "tokens_evaluated": n_prompt}
+            if per_token_timings:
+                obj["timings"] = ev.timings().to_json()
+            obj["prompt_progress"] = ev.to_json()
+            return (frame(obj),)
         if isinstance(ev, Finished):
             obj = final_object(served, values, ev, list(prompt[ev.job_id]), i, streamed=True)
             return (frame(_project(obj, values.response_fields)),)

@@ -205,6 +205,8 @@ async def _stream(served, chat: ChatPlan, values, jobs, cid, created, alias, sco
             if out and (per_token_timings or ev.last):
                 out[-1]["timings"] = ev.timings.to_json()
         elif isinstance(ev, PromptProgress):
+            if per_token_timings:
+                out[-1]["timings"] = ev.timings().to_json()
             out[-1]["prompt_progress"] = ev.to_json()
         elif isinstance(ev, Finished):
             stream = streams[ev.job_id]

@@ -113,6 +113,8 @@ async def complete_v1(served: Served, body: Any, scope: str) -> Response:
             return (frame(res),)
         if isinstance(ev, PromptProgress):
             res = out.envelope([_choice("", index[ev.job_id], None)])
+            if per_token_timings:
+                res["timings"] = ev.timings().to_json()
             res["prompt_progress"] = ev.to_json()
             return (frame(res),)
         if isinstance(ev, Finished):
