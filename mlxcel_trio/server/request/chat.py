@@ -191,11 +191,14 @@ def _parse_tools(tools: Any) -> tuple[dict, ...]:
 
 # -- the plan -----------------------------------------------------------------------------
 
-def _content_text(content: Any) -> str:
+def _content_text(content: Any, delimiter: str = "\n") -> str:
+    """Text parts joined: by a newline where a template is given one string
+    (upstream's concat_content_parts), by a blank line where the text is a
+    continued assistant message (upstream's render_content)."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "\n".join(p["text"] for p in content if isinstance(p, dict) and "text" in p)
+        return delimiter.join(p["text"] for p in content if isinstance(p, dict) and "text" in p)
     return ""
 
 
@@ -514,7 +517,7 @@ def _budget(body: dict, settings: ChatSettings) -> tuple[int, str]:
 
 
 def _prefill_text(last: dict, mode: str, primed: bool, settings: ChatSettings) -> str:
-    content = _content_text(last.get("content"))
+    content = _content_text(last.get("content"), "\n\n")
     reasoning = last.get("reasoning_content") or ""
     if not reasoning:
         return content
