@@ -194,6 +194,32 @@ async def test_verbose_servers_add_upstreams_debug_object(serve):
     quiet = await (await s.post("/v1/chat/completions",
                                 {"messages": [USER], "verbose": False})).get_json()
     assert "__verbose" not in quiet
+    assert list(done)[-2:] == ["__verbose", "timings"]  # upstream's order
     plain = await serve()
     res = await (await plain.post("/v1/chat/completions", {"messages": [USER]})).get_json()
     assert "__verbose" not in res
+
+
+@route("POST /v1/chat/completions", "POST /v1/completions")
+async def test_verbose_servers_stream_the_debug_object_too(serve):
+    """Under -v upstream streams __verbose as well: on every /v1/completions
+    chunk (the native frame of the same update, before timings) and, for a
+    chat, on the first chunk of the final result (the native final object)."""
+    s = await serve("-v", script=reply("abc"))
+    frames = (await s.sse("/v1/completions", {"prompt": "hi", "stream": True,
+                                              "return_progress": True})).json_frames()
+    progress, *partials, final = frames
+    assert progress["__verbose"]["prompt_progress"] == progress["prompt_progress"]
+    assert [f["__verbose"]["content"] for f in partials] == \
+        [f["choices"][0]["text"] for f in partials]
+    assert list(partials[-1])[-2:] == ["__verbose", "timings"]
+    assert final["__verbose"]["stop"] is True and list(final)[-2:] == ["__verbose", "timings"]
+    chunks = (await s.sse("/v1/chat/completions", {"messages": [USER], "stream": True,
+                                                   "max_tokens": 8})).json_frames()
+    verbose = [c for c in chunks if "__verbose" in c]
+    assert len(verbose) == 1 and verbose[0]["choices"][0]["finish_reason"] == "stop"
+    assert verbose[0]["__verbose"]["stop"] is True
+    assert verbose[0]["__verbose"]["tokens_predicted"] == 3
+    plain = await serve(script=reply("abc"))
+    frames = (await plain.sse("/v1/completions", {"prompt": "hi", "stream": True})).json_frames()
+    assert not any("__verbose" in f for f in frames)
