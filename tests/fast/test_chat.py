@@ -72,6 +72,16 @@ async def test_chat_validation_wording(serve, path, body, message):
     assert error_of(await r.get_json(), 400, "invalid_request_error") == message
 
 
+@route("POST /v1/chat/completions")
+@pytest.mark.parametrize("schema", [123, {"type": 123}, {"type": "hiccup"}])
+async def test_response_format_with_an_invalid_schema_is_a_400(serve, schema):
+    s = await serve()
+    r = await s.post("/v1/chat/completions", {"messages": [USER], "response_format": {
+        "type": "json_object", "schema": schema}})
+    assert r.status_code == 400, await r.get_json()
+    assert (await r.get_json())["error"]["type"] == "invalid_request_error"
+
+
 @each_route(*CHAT)
 async def test_chat_engine_failure(serve, path):
     s = await serve(script=fail("server_error", "engine step failed"))

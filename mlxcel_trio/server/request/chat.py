@@ -276,12 +276,14 @@ def _check_constraints(body: dict, has_tools: bool, stream: bool) -> Any:
     fmt = body.get("response_format")
     if "response_format" in body:
         kind = _str_or_default(fmt, "type")
+        # the schema as sent, whatever its type (a number is refused when it
+        # is converted, as upstream's); absent or null: any JSON value
         if kind == "json_object":
             if "schema" in fmt or body.get("json_schema") in (None, {}, []):
-                schema = fmt["schema"] if isinstance(fmt.get("schema"), (dict, bool)) else {}
+                schema = fmt["schema"] if fmt.get("schema") is not None else {}
         elif kind == "json_schema":
             wrapper = fmt.get("json_schema") if isinstance(fmt.get("json_schema"), dict) else {}
-            schema = wrapper["schema"] if isinstance(wrapper.get("schema"), (dict, bool)) else {}
+            schema = wrapper["schema"] if wrapper.get("schema") is not None else {}
         elif kind not in ("", "text"):
             raise bad('response_format type must be one of "text" or "json_object", but got: '
                       + kind)

@@ -169,6 +169,11 @@ def test_upstream_wording(body, status, message, settings, vocab):
     ({"type": "json_schema", "json_schema": {"name": "n", "schema": {"enum": ["a"]}}},
      {"enum": ["a"]}),
     ({"type": "json_schema"}, {}),
+    # a schema that is no schema goes on as sent, to be refused where it is
+    # converted (upstream: a 400), not replaced by "any JSON"
+    ({"type": "json_object", "schema": 123}, 123),
+    ({"type": "json_schema", "json_schema": {"schema": "x"}}, "x"),
+    ({"type": "json_object", "schema": None}, {}),
 ])
 def test_response_format_becomes_a_json_schema(fmt, schema, settings, vocab):
     p = plan({"messages": [USER], "response_format": fmt}, settings, vocab)
