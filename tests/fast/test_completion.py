@@ -88,6 +88,16 @@ async def test_progress_frames_carry_timings_per_token(serve, path):
             n, float(n), 0, 0.0)  # the fake engine: 1 ms per prompt token
 
 
+@each_route(*NATIVE)
+async def test_response_fields_projects_only_when_it_names_fields(serve, path):
+    s = await serve(script=reply("ok"))
+    full = await (await s.post(path, {"prompt": "x", "response_fields": []})).get_json()
+    assert list(full) == FINAL_KEYS  # an empty list: the whole object, as upstream
+    some = await (await s.post(path, {"prompt": "x", "response_fields": [
+        "content", "generation_settings/n_predict", "nope"]})).get_json()
+    assert some == {"content": "ok", "generation_settings/n_predict": -1}
+
+
 @route("POST /v1/completions")
 async def test_openai_completion_object(serve):
     s = await serve(script=reply("four words right here"))

@@ -34,8 +34,9 @@ from .streaming import stream_jobs
 def _project(obj: dict, paths) -> dict:
     """response_fields: each path is walked through the object and stored
     under the whole path string; a path that does not resolve is omitted.
-    Anything but an array of strings leaves the object whole."""
-    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+    An empty array, or anything but an array of strings, leaves the object
+    whole (upstream projects only a non-empty list)."""
+    if not isinstance(paths, list) or not paths or not all(isinstance(p, str) for p in paths):
         return obj
     out: dict[str, Any] = {}
     for path in paths:
