@@ -50,3 +50,7 @@ compat-check:
     {{py}} scripts/ci/check_llama_compat_manifest.py
     {{py}} scripts/compat/claims.py
     {{py}} scripts/compat/render_counts.py --check
+
+# run llama.cpp's server pytest suite (SUITE = its tools/server/tests) on a local checkpoint: --server BIN --model PATH [--python PY] [--junit FILE] [-- PYTEST_ARGS]
+conformance SUITE *ARGS:
+    {{py}} scripts/conformance/upstream_suite.py {{SUITE}} {{ARGS}}

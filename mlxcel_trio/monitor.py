@@ -78,7 +78,9 @@ class SlotView:
 
     @property
     def n_remain(self) -> int:
-        n_predict = self.job.n_predict if self.job is not None else -1
+        """-1 when limitless, and on an idle slot (upstream resets the budget
+        on release)."""
+        n_predict = self.job.n_predict if self.job is not None and self.processing else -1
         return -1 if n_predict < 0 else n_predict - self.n_decoded
 
 
@@ -253,3 +255,7 @@ class Monitor:
             c.predict.add(n, n - 1, t.predicted_ms / 1e3)
             c.predict_window.add(n, n - 1, t.predicted_ms / 1e3)
         c.n_tokens_max = max(c.n_tokens_max, view.n_prompt + view.n_decoded)
+        # upstream's slot reset on release: the idle slot keeps its last task but
+        # not that task's counters (its stats, the new-line flag)
+        view.n_processed = view.n_cache = view.n_decoded = 0
+        view.has_new_line = False

@@ -9,7 +9,13 @@ checkpoint's tokenizer files.
   (--reasoning -> enable_thinking, --reasoning-effort -> reasoning_effort,
   --reasoning-preserve -> preserve_reasoning) written into the same map as
   upstream does; where a dedicated flag and the kwargs name the same key
-  the flag wins and the collision is logged.  A request's
+  the flag wins and the collision is logged.  With --reasoning auto (the
+  default) and no enable_thinking in --chat-template-kwargs, a Jinja
+  template always gets one, as upstream renders every template: true when
+  the template supports thinking (it spells a thinking marker, or
+  enable_thinking changes what it renders), false otherwise.  A template
+  that reads `not enable_thinking` (DeepSeek R1, QwQ) so keeps its thinking
+  block open by default instead of closing it.  A request's
   chat_template_kwargs override this map key by key.
 * What the output looks like: the thinking markers the template spells and
   the tool-call format it teaches (Hermes/Qwen `<tool_call>` JSON, or
@@ -166,9 +172,13 @@ def build(config, vocab) -> ChatSettings:
         return _legacy(config, source, tool_use, vocab.special_tokens_map)
     template = ChatTemplate(source, vocab.special_tokens_map, tool_use)
     start, end = think_markers(source)
+    thinks = start in (tool_use or "") + source
+    kwargs = template_kwargs(config)
+    if config.chat_reasoning == "auto":
+        kwargs.setdefault("enable_thinking", thinks or toggles_thinking(template))
     return ChatSettings(
         template=template,
-        kwargs=template_kwargs(config),
+        kwargs=kwargs,
         reasoning_format=config.chat_reasoning_format,
         prefill_assistant=config.chat_prefill_assistant,
         skip_parsing=config.chat_skip_chat_parsing,
@@ -177,12 +187,20 @@ def build(config, vocab) -> ChatSettings:
         tool_format=tool_format(tool_use or source),
         typed_content=renders_typed_content(template),
         caps=template_caps(template),
-        thinks=start in (tool_use or "") + source,
+        thinks=thinks,
         reasoning_budget=config.chat_reasoning_budget,
         budget_message=config.chat_reasoning_budget_message or "",
         reasoning_alias=None if config.chat_reasoning_alias_field == "none"
         else config.chat_reasoning_alias_field,
     )
+
+
+def toggles_thinking(template: ChatTemplate) -> bool:
+    """Whether enable_thinking changes the template's generation prompt
+    (a template with thinking markers of its own, Command R7B's)."""
+    user = [{"role": "user", "content": "test"}]
+    on = _renders(template, user, kwargs={"enable_thinking": True})
+    return on is not None and on != _renders(template, user, kwargs={"enable_thinking": False})
 
 
 # -- /props chat_template_caps -------------------------------------------------------------

@@ -21,7 +21,9 @@ shape published templates use, except `tools is defined` alone, where
 llama-server's reading (undefined) is the one its clients expect.
 
 A template that raises (`raise_exception`, a type error) surfaces as
-`TemplateError` with the template's message.
+`TemplateError` with the template's message.  One deliberate difference
+from transformers, upstream's engine: `"text" + undefined` (or null) is
+"text", where Jinja2 raises.
 """
 
 from __future__ import annotations
@@ -120,9 +122,28 @@ class _Namespace(jinja2.utils.Namespace):
                 f"{name!r}")
 
 
+def _absent(value: Any) -> bool:
+    return value is None or isinstance(value, jinja2.Undefined)
+
+
+class _Environment(ImmutableSandboxedEnvironment):
+    """The sandbox, with llama-server's one lenient operator: a string `+` an
+    undefined or null value is the string (Fireworks' FireFunction v2 template
+    adds a `functions` it never defines).  Every other use of an undefined
+    value fails as in transformers."""
+
+    intercepted_binops = frozenset(["+"])
+
+    def call_binop(self, context, operator, left, right):
+        if operator == "+" and ((isinstance(left, str) and _absent(right))
+                                or (_absent(left) and isinstance(right, str))):
+            return left if isinstance(left, str) else right
+        return super().call_binop(context, operator, left, right)
+
+
 def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[_Generation, jinja2.ext.loopcontrols])
+    env = _Environment(trim_blocks=True, lstrip_blocks=True,
+                       extensions=[_Generation, jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
@@ -213,6 +214,22 @@ def parse(
     return parsed
 
 
+def underscores_as_dashes(argv: Sequence[str], parser: argparse.ArgumentParser) -> list[str]:
+    """upstream reads `_` as `-` in a long option's name (--backend_sampling
+    is --backend-sampling); a value is never rewritten, nor a name that is
+    not an option once rewritten."""
+    known = parser._option_string_actions
+    out = []
+    for arg in argv:
+        name, eq, value = arg.partition("=")
+        if arg.startswith("--") and "_" in name and name not in known:
+            dashed = name.replace("_", "-")
+            if dashed in known:
+                arg = dashed + eq + value
+        out.append(arg)
+    return out
+
+
 def parse_all(
     argv: Sequence[str] | None = None,
     env: Mapping[str, str] | None = None,
@@ -224,6 +241,7 @@ def parse_all(
     can add theirs and one run reports everything."""
     env = os.environ if env is None else env
     parser = build_parser(table, prog)
+    argv = underscores_as_dashes(sys.argv[1:] if argv is None else argv, parser)
     namespace, extras = parser.parse_known_args(argv)
     # every unknown option; a value after one is not reported again
     unknown = [e for e in extras if e.startswith("-")] or extras[:1]

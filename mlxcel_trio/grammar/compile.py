@@ -78,14 +78,19 @@ def gbnf_source_check(text: str) -> None:
 
 def schema_grammar(schema_text: str) -> str:
     """llguidance's grammar for a JSON schema (no tokenizer needed), with
-    upstream's whitespace rule unless the schema sets its own."""
+    upstream's whitespace rule unless the schema sets its own.  An empty
+    schema is a JSON object, as upstream's converter reads `{}` (what
+    response_format json_object without a schema sends); `true` is any
+    value."""
     try:
         schema = json.loads(schema_text)
     except ValueError as exc:
         raise GrammarError(str(exc)) from None
     if not isinstance(schema, (dict, bool)):
         raise GrammarError("a JSON schema must be an object or a boolean")
-    if schema is True:
+    if schema == {}:
+        schema = {"type": "object"}
+    elif schema is True:
         schema = {}
     elif schema is False:
         schema = {"not": {}}

@@ -296,6 +296,16 @@ class PromptProgress:
         return {"total": self.total, "cache": self.cache, "processed": self.processed,
                 "time_ms": int(self.time_ms)}
 
+    def timings(self) -> "Timings":
+        """The slot's timings at this point, as upstream puts them on a progress
+        frame when timings_per_token is set: the prompt tokens evaluated so far
+        (cache-supplied ones apart) and the time they took; nothing generated.
+        Before the first batch is evaluated the prompt time is 0."""
+        n = self.processed - self.cache
+        return Timings(cache_n=self.cache, prompt_n=n,
+                       prompt_ms=self.time_ms if n > 0 else 0.0,
+                       predicted_n=0, predicted_ms=0.0)
+
 
 @attrs.frozen
 class Timings:
@@ -306,17 +316,21 @@ class Timings:
     predicted_ms: float
 
     def to_json(self) -> dict:
+        """server_slot_stats::to_json.  The generation rates count decode
+        steps, not tokens: the first token comes from the last prompt
+        batch's logits, so n tokens took n - 1 steps (one token: no rate)."""
         p_ms, d_ms = self.prompt_ms, self.predicted_ms
+        steps = max(self.predicted_n - 1, 0)
         return {
             "cache_n": self.cache_n,
             "prompt_n": self.prompt_n,
             "prompt_ms": p_ms,
-            "prompt_per_token_ms": p_ms / self.prompt_n if self.prompt_n else 0.0,
-            "prompt_per_second": 1e3 * self.prompt_n / p_ms if p_ms > 0 else 0.0,
+            "prompt_per_token_ms": p_ms / self.prompt_n if self.prompt_n > 0 else 0.0,
+            "prompt_per_second": 1e3 / p_ms * self.prompt_n if p_ms > 0 else 0.0,
             "predicted_n": self.predicted_n,
             "predicted_ms": d_ms,
-            "predicted_per_token_ms": d_ms / self.predicted_n if self.predicted_n else 0.0,
-            "predicted_per_second": 1e3 * self.predicted_n / d_ms if d_ms > 0 else 0.0,
+            "predicted_per_token_ms": d_ms / steps if steps > 0 else 0.0,
+            "predicted_per_second": 1e3 / d_ms * steps if d_ms > 0 else 0.0,
         }
 
 

@@ -28,7 +28,6 @@ import os
 import signal
 import sys
 from functools import partial
-from pathlib import Path
 
 import trio
 from hypercorn.config import Config as HypercornConfig
@@ -46,13 +45,14 @@ GRACE_S = 5.0
 KEEP_ALIVE_S = 5.0        # upstream's (cpp-httplib's) keep-alive; also bounds a request head
 
 
-def _model_name(config: ServerConfig) -> str:
-    """The alias if given; else the repo id as written, or the directory name."""
+def model_name(config: ServerConfig) -> str:
+    """The served model name (/v1/models id, every response's `model`), as
+    upstream's: the first alias if given; else the --hf-repo or -m value as
+    written on the command line (a path stays the path typed, relative or
+    not)."""
     if config.model_alias:
         return config.model_alias
-    ref = config.model_ref or config.model
-    path = Path(ref)
-    return path.name if path.exists() else ref
+    return config.model_ref or config.model
 
 
 class Lifecycle:
@@ -127,7 +127,7 @@ def _warn_open_cors(config: ServerConfig) -> None:
 async def _main(config: ServerConfig, sock, lifecycle: Lifecycle) -> int:
     status = {"code": 0}
     bridge = Bridge(config, partial(engine_loop, config))
-    app = create_app(bridge, config, _model_name(config))
+    app = create_app(bridge, config, model_name(config))
     shutdown = trio.Event()
     # Catch signals before anything starts, so a signal during model load is
     # a graceful shutdown too, never a KeyboardInterrupt traceback.

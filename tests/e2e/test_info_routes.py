@@ -92,7 +92,7 @@ def test_models_single_model_shape(server, tiny_model, tiny_facts, path):
     model = res["data"][0]
     assert list(model) == MODEL_KEYS
     assert model["object"] == "model" and model["owned_by"] == "llamacpp"
-    assert model["id"] == tiny_model.name  # no alias: the directory name
+    assert model["id"] == str(tiny_model)  # no alias: the -m value as given, as upstream
     assert model["aliases"] == [model["id"]] and model["tags"] == []  # the name, as upstream
     assert isinstance(model["created"], int) and model["created"] > 0
     meta = model["meta"]
@@ -112,7 +112,7 @@ def test_models_single_model_shape(server, tiny_model, tiny_facts, path):
 def test_models_via_the_openai_sdk(server, tiny_model):
     with openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0) as client:
         models = list(client.models.list())
-    assert [m.id for m in models] == [tiny_model.name]
+    assert [m.id for m in models] == [str(tiny_model)]
     assert models[0].owned_by == "llamacpp" and models[0].object == "model"
 
 

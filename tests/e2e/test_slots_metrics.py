@@ -102,7 +102,8 @@ def test_completion_reports_the_slot_it_ran_in(two_slots):
     assert res["id_slot"] == 0
     s0 = slots(two_slots)[0]
     assert s0["n_prompt_tokens"] == res["tokens_evaluated"]
-    assert s0["next_token"][0]["n_decoded"] == res["tokens_predicted"]
+    # released: the task stays, its counters are reset, as upstream's slot
+    assert s0["next_token"][0]["n_decoded"] == 0 and s0["next_token"][0]["n_remain"] == -1
 
 
 def test_slots_debug_env_shows_prompt_and_generated(tiny_model, start_server):
@@ -163,6 +164,7 @@ def test_metrics_families_and_values_move(two_slots):
     srv = two_slots
     before, text, r = scrape(srv)
     start = int(r.headers["Process-Start-Time-Unix"])
+    assert b"Process-Start-Time-Unix" in [k for k, _ in r.headers.raw], "upstream's spelling"
     assert abs(start - time.time()) < 3600
     for name in UPSTREAM_FAMILIES:
         # exactly the series names a llama-server scrape config selects

@@ -213,3 +213,26 @@ def test_streams_carry_the_header_too(server):
                       json={"prompt": "x", "n_predict": 2, "stream": True}) as r:
         assert r.headers["access-control-allow-origin"] == "http://x.example"
         r.read()
+
+
+def test_header_names_go_out_in_canonical_case(server):
+    # upstream's HTTP library writes names as its code spells them; a client
+    # that keeps the names as sent (requests' dict(response.headers)) finds them
+    r = httpx.get(server.url + "/health", headers={"Origin": "https://app.example"}, timeout=10)
+    names = [k for k, _ in r.headers.raw]
+    assert b"Access-Control-Allow-Origin" in names and b"Content-Type" in names, names
+    assert b"Server" in names and b"Content-Length" in names, names
+    # every name the app sends (hypercorn appends its own `date` after it)
+    assert all(k == b"-".join(w.capitalize() for w in k.split(b"-"))
+               for k in names if k != b"date"), names
+    r = httpx.options(server.url + "/completion", headers={"Origin": "https://app.example"},
+                      timeout=10)
+    assert [k for k, _ in r.headers.raw if k.lower().startswith(b"access-control")] == [
+        b"Access-Control-Allow-Origin", b"Access-Control-Allow-Credentials",
+        b"Access-Control-Allow-Methods", b"Access-Control-Allow-Headers"]
+    with httpx.stream("POST", server.url + "/completion", timeout=30,
+                      headers={"Origin": "http://x.example"},
+                      json={"prompt": "x", "n_predict": 2, "stream": True}) as r:
+        assert (b"Access-Control-Allow-Origin", b"http://x.example") in r.headers.raw
+        assert b"Content-Type" in [k for k, _ in r.headers.raw]
+        r.read()

@@ -4,6 +4,7 @@ the input-token counts and the realtime control route
 
 from __future__ import annotations
 
+import datetime
 import json
 
 import pytest
@@ -71,6 +72,16 @@ async def test_chat_validation_wording(serve, path, body, message):
     assert error_of(await r.get_json(), 400, "invalid_request_error") == message
 
 
+@route("POST /v1/chat/completions")
+@pytest.mark.parametrize("schema", [123, {"type": 123}, {"type": "hiccup"}])
+async def test_response_format_with_an_invalid_schema_is_a_400(serve, schema):
+    s = await serve()
+    r = await s.post("/v1/chat/completions", {"messages": [USER], "response_format": {
+        "type": "json_object", "schema": schema}})
+    assert r.status_code == 400, await r.get_json()
+    assert (await r.get_json())["error"]["type"] == "invalid_request_error"
+
+
 @each_route(*CHAT)
 async def test_chat_engine_failure(serve, path):
     s = await serve(script=fail("server_error", "engine step failed"))
@@ -93,6 +104,44 @@ async def test_apply_template(serve):
     r = await s.post("/apply-template", {"messages": [{"role": "user"}]})
     assert error_of(await r.get_json(), 400, "invalid_request_error") == (
         "All non-assistant messages must contain 'content'")
+
+
+@route("POST /apply-template")
+async def test_templates_see_todays_date(serve):
+    # upstream adds date_string and datetime to every template's context;
+    # a request's chat_template_kwargs may replace them
+    tpl = "{{ date_string }}|{{ datetime }}|{{ messages[0].content }}"
+    s = await serve("--jinja", "--chat-template", tpl)
+    today = datetime.date.today()
+    res = await (await s.post("/apply-template", {"messages": [USER]})).get_json()
+    assert res["prompt"] == f"{today:%d %b %Y}|{today:%b %d %Y}|Hello"
+    res = await (await s.post("/apply-template", {
+        "messages": [USER], "chat_template_kwargs": {"date_string": "1 Jan 2000"}})).get_json()
+    assert res["prompt"].startswith("1 Jan 2000|")
+
+
+# a DeepSeek-R1 / QwQ-style generation prompt: thinking opens, and closes at once
+# unless enable_thinking is true
+_R1ISH = ("{{ messages[0].content }}<A><think>\n"
+          "{% if not enable_thinking %}</think>{% endif %}")
+# a template without thinking markers whose prompt still depends on enable_thinking
+_TOGGLE = "{{ messages[0].content }}<A>{% if not enable_thinking %}<NOTHINK>{% endif %}"
+
+
+@route("POST /apply-template")
+@pytest.mark.parametrize(("template", "argv", "end"), [
+    (_R1ISH, [], "<A><think>\n"),                      # auto: the template thinks
+    (_R1ISH, ["--reasoning", "auto"], "<A><think>\n"),
+    (_R1ISH, ["--reasoning", "off"], "<A><think>\n</think>"),
+    (_R1ISH, ["--chat-template-kwargs", '{"enable_thinking": false}'], "</think>"),
+    (_TOGGLE, [], "<A>"),                               # enable_thinking changes it
+    # no thinking: enable_thinking is still defined (false), as upstream passes it always
+    ("{{ messages[0].content }}<A>{% if enable_thinking is defined %}D{% endif %}", [], "<A>D"),
+])
+async def test_reasoning_auto_passes_enable_thinking(serve, template, argv, end):
+    s = await serve("--jinja", "--chat-template", template, *argv)
+    res = await (await s.post("/apply-template", {"messages": [USER]})).get_json()
+    assert res["prompt"].endswith(end) and res["prompt"].startswith("Hello<A>")
 
 
 @each_route("POST /chat/completions/input_tokens", "POST /v1/chat/completions/input_tokens")
@@ -155,6 +204,32 @@ async def test_verbose_servers_add_upstreams_debug_object(serve):
     quiet = await (await s.post("/v1/chat/completions",
                                 {"messages": [USER], "verbose": False})).get_json()
     assert "__verbose" not in quiet
+    assert list(done)[-2:] == ["__verbose", "timings"]  # upstream's order
     plain = await serve()
     res = await (await plain.post("/v1/chat/completions", {"messages": [USER]})).get_json()
     assert "__verbose" not in res
+
+
+@route("POST /v1/chat/completions", "POST /v1/completions")
+async def test_verbose_servers_stream_the_debug_object_too(serve):
+    """Under -v upstream streams __verbose as well: on every /v1/completions
+    chunk (the native frame of the same update, before timings) and, for a
+    chat, on the first chunk of the final result (the native final object)."""
+    s = await serve("-v", script=reply("abc"))
+    frames = (await s.sse("/v1/completions", {"prompt": "hi", "stream": True,
+                                              "return_progress": True})).json_frames()
+    progress, *partials, final = frames
+    assert progress["__verbose"]["prompt_progress"] == progress["prompt_progress"]
+    assert [f["__verbose"]["content"] for f in partials] == \
+        [f["choices"][0]["text"] for f in partials]
+    assert list(partials[-1])[-2:] == ["__verbose", "timings"]
+    assert final["__verbose"]["stop"] is True and list(final)[-2:] == ["__verbose", "timings"]
+    chunks = (await s.sse("/v1/chat/completions", {"messages": [USER], "stream": True,
+                                                   "max_tokens": 8})).json_frames()
+    verbose = [c for c in chunks if "__verbose" in c]
+    assert len(verbose) == 1 and verbose[0]["choices"][0]["finish_reason"] == "stop"
+    assert verbose[0]["__verbose"]["stop"] is True
+    assert verbose[0]["__verbose"]["tokens_predicted"] == 3
+    plain = await serve(script=reply("abc"))
+    frames = (await plain.sse("/v1/completions", {"prompt": "hi", "stream": True})).json_frames()
+    assert not any("__verbose" in f for f in frames)

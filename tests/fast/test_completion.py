@@ -68,6 +68,36 @@ async def test_native_stream_framing(serve, path):
     assert list(final) == FINAL_KEYS and final["content"] == "" and final["stop"] is True
 
 
+@each_route(*NATIVE, "POST /v1/completions", "POST /v1/chat/completions")
+async def test_progress_frames_carry_timings_per_token(serve, path):
+    # upstream puts the slot's timings on a progress frame when timings_per_token
+    # is set (before prompt_progress), and only then
+    s = await serve(script=reply("ab"))
+    body = {"prompt": "x", "messages": [{"role": "user", "content": "x"}], "stream": True,
+            "return_progress": True}
+    for per_token in (True, False):
+        frames = (await s.sse(path, {**body, "timings_per_token": per_token})).json_frames()
+        (progress,) = [f for f in frames if "prompt_progress" in f]
+        if not per_token:
+            assert "timings" not in progress
+            continue
+        n = progress["prompt_progress"]["processed"] - progress["prompt_progress"]["cache"]
+        assert list(progress)[-2:] == ["timings", "prompt_progress"]
+        t = progress["timings"]
+        assert (t["prompt_n"], t["prompt_ms"], t["predicted_n"], t["predicted_ms"]) == (
+            n, float(n), 0, 0.0)  # the fake engine: 1 ms per prompt token
+
+
+@each_route(*NATIVE)
+async def test_response_fields_projects_only_when_it_names_fields(serve, path):
+    s = await serve(script=reply("ok"))
+    full = await (await s.post(path, {"prompt": "x", "response_fields": []})).get_json()
+    assert list(full) == FINAL_KEYS  # an empty list: the whole object, as upstream
+    some = await (await s.post(path, {"prompt": "x", "response_fields": [
+        "content", "generation_settings/n_predict", "nope"]})).get_json()
+    assert some == {"content": "ok", "generation_settings/n_predict": -1}
+
+
 @route("POST /v1/completions")
 async def test_openai_completion_object(serve):
     s = await serve(script=reply("four words right here"))

@@ -12,7 +12,7 @@ import attrs
 import pytest
 
 from mlxcel_trio.config import ServerConfig
-from mlxcel_trio.protocol.records import Finished
+from mlxcel_trio.protocol.records import Finished, PromptProgress, Timings
 from mlxcel_trio.server.http.errors import ApiError
 from mlxcel_trio.server.http.sse import frame
 from mlxcel_trio.server.request import sampler_fields
@@ -164,7 +164,14 @@ def test_final_object_streamed_and_not(vocab):
 
 def test_timings_and_frames():
     t = timings(4, 2).to_json()
-    assert t["prompt_per_token_ms"] == 1.0 and t["predicted_per_second"] == 500.0
+    assert t["prompt_per_token_ms"] == 1.0 and t["prompt_per_second"] == 1000.0
+    # two tokens in 4 ms are one decode step: the first came from the prompt batch
+    assert t["predicted_per_token_ms"] == 4.0 and t["predicted_per_second"] == 250.0
+    # a progress update before any prompt batch ran has no prompt time yet
+    assert PromptProgress(1, 10, 4, 4, 3.0).timings().to_json()["prompt_ms"] == 0.0
+    assert PromptProgress(1, 10, 4, 9, 3.0).timings() == Timings(4, 5, 3.0, 0, 0.0)
+    one = timings(3, 1).to_json()
+    assert one["predicted_per_token_ms"] == 0.0 and one["predicted_per_second"] == 0.0
     assert timings(0, 0).to_json()["prompt_per_second"] == 0.0
     assert frame({"a": "é", "b": float("nan")}) == 'data: {"a":"é","b":null}\n\n'.encode()
     assert ApiError("x", "exceed_context_size_error", {"n_ctx": 4}).body() == {

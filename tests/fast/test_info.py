@@ -106,8 +106,11 @@ async def test_slots_shape_before_and_after_a_job(serve):
     assert set(first) == {"id", "n_ctx", "speculative", "is_processing", "id_task",
                           "n_prompt_tokens", "n_prompt_tokens_processed",
                           "n_prompt_tokens_cache", "params", "next_token"}
+    # the idle slot keeps its last task, but its counters are reset on release
+    # as upstream's (a finished budget does not linger as n_remain 0)
     assert first["next_token"] == [{"has_next_token": False, "has_new_line": False,
-                                    "n_remain": 0, "n_decoded": 3}]
+                                    "n_remain": -1, "n_decoded": 0}]
+    assert (first["n_prompt_tokens_processed"], first["n_prompt_tokens_cache"]) == (0, 0)
 
 
 @route("GET /slots")

@@ -33,6 +33,8 @@ def test_a_job_through_its_slot():
                        Timings(0, 3, 30.0, 3, 20.0)))
     m.observe(SlotFreed(0, 1, False))
     assert m.n_processing == 0 and view.job_id == 1, "the idle slot keeps its last task"
+    assert (view.n_decoded, view.n_remain, view.n_processed, view.has_new_line) == \
+        (0, -1, 0, False), "but not its counters (upstream's reset on release)"
     c = m.counters
     assert (c.predict.count, c.predict.steps) == (3, 2), "the first token is free"
     assert c.predict.seconds == pytest.approx(0.02)

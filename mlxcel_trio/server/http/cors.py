@@ -13,6 +13,12 @@ text/html body, adding Allow-Credentials, Allow-Methods and Allow-Headers
 (those three on preflights only).  No Access-Control-Expose-Headers is ever
 sent.  This runs as the outermost ASGI layer, so the key check, the loading
 gate and the router never see an OPTIONS request.
+
+Being outermost, it also writes every response header name the way
+llama-server's HTTP library does, in canonical case (Content-Type,
+Access-Control-Allow-Origin, Process-Start-Time-Unix; ETag): Quart hands
+them down lower-cased, and a client that compares names exactly (a plain
+dict of the headers) would not find them.
 """
 
 from __future__ import annotations
@@ -59,6 +65,20 @@ class CorsPolicy:
                 ("Access-Control-Allow-Headers", self.headers)]
 
 
+# Names whose canonical spelling is not Word-Word capitalisation.
+_SPELLED = {b"etag": b"ETag"}
+
+
+def canonical_name(name: bytes) -> bytes:
+    """A header name in canonical case: each dash-separated word capitalised."""
+    lower = name.lower()
+    return _SPELLED.get(lower) or b"-".join(w[:1].upper() + w[1:] for w in lower.split(b"-"))
+
+
+def canonical_headers(headers) -> list[tuple[bytes, bytes]]:
+    return [(canonical_name(k), v) for k, v in headers]
+
+
 def _latin1(text: str) -> bytes:
     return text.encode("latin-1", "replace")
 
@@ -85,15 +105,18 @@ class CorsMiddleware:
             headers = [*stamp, *((_latin1(k.lower()), _latin1(v))
                                  for k, v in self.policy.preflight()),
                        (b"content-type", b"text/html"), (b"content-length", b"0"), *self.extra]
-            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": canonical_headers(headers)})
             await send({"type": "http.response.body", "body": b""})
             return None
 
         async def stamped(message) -> None:
-            if message["type"] == "http.response.start" and stamp:
-                message = {**message, "headers": [*stamp, *(
-                    (k, v) for k, v in message.get("headers", ())
-                    if k.lower() != b"access-control-allow-origin")]}
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", ()))
+                if stamp:
+                    headers = [*stamp, *((k, v) for k, v in headers
+                                         if k.lower() != b"access-control-allow-origin")]
+                message = {**message, "headers": canonical_headers(headers)}
             await send(message)
 
         return await self.app(scope, receive, stamped)

@@ -19,6 +19,7 @@ its text, so the model writes on from where the prefill stops.
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 import attrs
@@ -190,11 +191,14 @@ def _parse_tools(tools: Any) -> tuple[dict, ...]:
 
 # -- the plan -----------------------------------------------------------------------------
 
-def _content_text(content: Any) -> str:
+def _content_text(content: Any, delimiter: str = "\n") -> str:
+    """Text parts joined: by a newline where a template is given one string
+    (upstream's concat_content_parts), by a blank line where the text is a
+    continued assistant message (upstream's render_content)."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "\n".join(p["text"] for p in content if isinstance(p, dict) and "text" in p)
+        return delimiter.join(p["text"] for p in content if isinstance(p, dict) and "text" in p)
     return ""
 
 
@@ -234,7 +238,12 @@ def _continuation(body: dict, settings: ChatSettings, messages: list) -> tuple[s
 
 
 def _kwargs(body: dict, settings: ChatSettings) -> dict[str, Any]:
-    kwargs = dict(settings.kwargs)
+    # upstream's extra context: today's date (local time) in the two spellings
+    # Llama 3.x templates print; the server's and the request's kwargs may
+    # replace them
+    now = datetime.now()
+    kwargs = {"datetime": now.strftime("%b %d %Y"), "date_string": now.strftime("%d %b %Y"),
+              **settings.kwargs}
     request = body.get("chat_template_kwargs")
     if isinstance(request, dict):
         kwargs.update(request)
@@ -267,12 +276,14 @@ def _check_constraints(body: dict, has_tools: bool, stream: bool) -> Any:
     fmt = body.get("response_format")
     if "response_format" in body:
         kind = _str_or_default(fmt, "type")
+        # the schema as sent, whatever its type (a number is refused when it
+        # is converted, as upstream's); absent or null: any JSON value
         if kind == "json_object":
             if "schema" in fmt or body.get("json_schema") in (None, {}, []):
-                schema = fmt["schema"] if isinstance(fmt.get("schema"), (dict, bool)) else {}
+                schema = fmt["schema"] if fmt.get("schema") is not None else {}
         elif kind == "json_schema":
             wrapper = fmt.get("json_schema") if isinstance(fmt.get("json_schema"), dict) else {}
-            schema = wrapper["schema"] if isinstance(wrapper.get("schema"), (dict, bool)) else {}
+            schema = wrapper["schema"] if wrapper.get("schema") is not None else {}
         elif kind not in ("", "text"):
             raise bad('response_format type must be one of "text" or "json_object", but got: '
                       + kind)
@@ -508,7 +519,7 @@ def _budget(body: dict, settings: ChatSettings) -> tuple[int, str]:
 
 
 def _prefill_text(last: dict, mode: str, primed: bool, settings: ChatSettings) -> str:
-    content = _content_text(last.get("content"))
+    content = _content_text(last.get("content"), "\n\n")
     reasoning = last.get("reasoning_content") or ""
     if not reasoning:
         return content

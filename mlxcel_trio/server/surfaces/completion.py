@@ -34,8 +34,9 @@ from .streaming import stream_jobs
 def _project(obj: dict, paths) -> dict:
     """response_fields: each path is walked through the object and stored
     under the whole path string; a path that does not resolve is omitted.
-    Anything but an array of strings leaves the object whole."""
-    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+    An empty array, or anything but an array of strings, leaves the object
+    whole (upstream projects only a non-empty list)."""
+    if not isinstance(paths, list) or not paths or not all(isinstance(p, str) for p in paths):
         return obj
     out: dict[str, Any] = {}
     for path in paths:
@@ -162,6 +163,29 @@ async def complete(served: Served, body: Any) -> Response:
     return json_response(results[0] if len(results) == 1 else results)
 
 
+def partial_object(ev: TokenPiece | PromptProgress, index: int, n_prompt: int,
+                   per_token_timings: bool, probs: "ProbsRenderer") -> dict:
+    """server_task_result_cmpl_partial::to_json_non_oaicompat: a streamed
+    frame of /completion, and the __verbose of a streamed /v1/completions
+    chunk.  A progress update carries a value-initialized token (id 0) and the
+    slot's timings only with timings_per_token; a token carries them then
+    and on the last frame."""
+    if isinstance(ev, PromptProgress):
+        obj = {"index": index, "content": "", "tokens": [0], "stop": False, "id_slot": -1,
+               "tokens_predicted": 0, "tokens_evaluated": n_prompt}
+        if per_token_timings:
+            obj["timings"] = ev.timings().to_json()
+        obj["prompt_progress"] = ev.to_json()
+        return obj
+    obj = {"index": index, "content": ev.text, "tokens": [ev.token], "stop": False,
+           "id_slot": -1, "tokens_predicted": ev.n_decoded, "tokens_evaluated": n_prompt}
+    if per_token_timings or ev.last:
+        obj["timings"] = ev.timings.to_json()
+    if ev.probs is not None and ev.probs.top:
+        obj["completion_probabilities"] = [probs.entry(ev.probs)]
+    return obj
+
+
 async def _stream(served: Served, values: NativeRequest, jobs: list) -> Response:
     """Frames of every job interleaved as they come, told apart by index."""
     per_token_timings = values.timings_per_token
@@ -175,19 +199,9 @@ async def _stream(served: Served, values: NativeRequest, jobs: list) -> Response
         if isinstance(ev, TokenPiece):
             if not ev.complete and not ev.text:
                 return ()  # mid-UTF-8 with nothing to show: upstream sends no frame
-            obj = {"index": i, "content": ev.text, "tokens": [ev.token], "stop": False,
-                   "id_slot": -1, "tokens_predicted": ev.n_decoded,
-                   "tokens_evaluated": n_prompt}
-            if per_token_timings or ev.last:
-                obj["timings"] = ev.timings.to_json()
-            if ev.probs is not None and ev.probs.top:
-                obj["completion_probabilities"] = [probs.entry(ev.probs)]
-            return (frame(obj),)
+            return (frame(partial_object(ev, i, n_prompt, per_token_timings, probs)),)
         if isinstance(ev, PromptProgress):
-            # upstream sends a progress frame with a value-initialized token: id 0
-            return (frame({"index": i, "content": "", "tokens": [0], "stop": False,
-                           "id_slot": -1, "tokens_predicted": 0, "tokens_evaluated": n_prompt,
-                           "prompt_progress": ev.to_json()}),)
+            return (frame(partial_object(ev, i, n_prompt, per_token_timings, probs)),)
         if isinstance(ev, Finished):
             obj = final_object(served, values, ev, list(prompt[ev.job_id]), i, streamed=True)
             return (frame(_project(obj, values.response_fields)),)

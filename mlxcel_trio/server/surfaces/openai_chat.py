@@ -205,6 +205,8 @@ async def _stream(served, chat: ChatPlan, values, jobs, cid, created, alias, sco
             if out and (per_token_timings or ev.last):
                 out[-1]["timings"] = ev.timings.to_json()
         elif isinstance(ev, PromptProgress):
+            if per_token_timings:
+                out[-1]["timings"] = ev.timings().to_json()
             out[-1]["prompt_progress"] = ev.to_json()
         elif isinstance(ev, Finished):
             stream = streams[ev.job_id]
@@ -213,6 +215,8 @@ async def _stream(served, chat: ChatPlan, values, jobs, cid, created, alias, sco
             if chat.include_usage:
                 out.append({**_chunk(served, cid, created, []), "usage": usage_json(ev)})
             out[-1]["timings"] = ev.timings.to_json()
+            if values.verbose:  # upstream: on the first chunk of the final result
+                out[0]["__verbose"] = final_object(served, values, ev, chat.tokens, i, True)
         return [frame(obj) for obj in out]
 
     return await stream_jobs(

@@ -27,7 +27,7 @@ from ..request.jobs import (
 from ..request import grammar_fields as grammar
 from ..request.schema import NativeRequest
 from ..http.errors import json_response
-from .completion import ProbsRenderer, final_object, final_probs
+from .completion import ProbsRenderer, final_object, final_probs, partial_object
 from ..http.resources import request_resources
 from ..http.sse import DONE, frame
 from .streaming import stream_jobs
@@ -74,11 +74,11 @@ class _Render:
                                      None if streamed else final_probs(self.served, self.values, f))
                              for job, f in fins],
                             _usage([f for _, f in fins]))
-        res["timings"] = fins[0][1].timings.to_json()
-        if self.values.verbose:
+        if self.values.verbose:  # upstream: __verbose, then timings
             job, fin = fins[0]
             res["__verbose"] = final_object(self.served, self.values, fin, list(job.prompt),
                                             jobs.index(job), streamed)
+        res["timings"] = fins[0][1].timings.to_json()
         return res
 
 
@@ -102,17 +102,28 @@ async def complete_v1(served: Served, body: Any, scope: str) -> Response:
     per_token_timings = values.timings_per_token
     probs = ProbsRenderer(served, values.post_sampling_probs)
 
+    def verbose(res: dict, ev) -> dict:
+        """upstream's partial chunk under -v: __verbose (the native frame of the
+        same update) ahead of timings and prompt_progress."""
+        if values.verbose:
+            res["__verbose"] = partial_object(ev, index[ev.job_id],
+                                              len(by_id[ev.job_id].prompt),
+                                              per_token_timings, probs)
+        return res
+
     def render(ev):
         if isinstance(ev, TokenPiece):
             if not ev.complete and not ev.text:
                 return ()  # mid-UTF-8 with nothing to show: no frame, as upstream
             entry = [probs.entry(ev.probs)] if ev.probs is not None and ev.probs.top else None
-            res = out.envelope([_choice(ev.text, index[ev.job_id], None, entry)])
+            res = verbose(out.envelope([_choice(ev.text, index[ev.job_id], None, entry)]), ev)
             if per_token_timings or ev.last:
                 res["timings"] = ev.timings.to_json()
             return (frame(res),)
         if isinstance(ev, PromptProgress):
-            res = out.envelope([_choice("", index[ev.job_id], None)])
+            res = verbose(out.envelope([_choice("", index[ev.job_id], None)]), ev)
+            if per_token_timings:
+                res["timings"] = ev.timings().to_json()
             res["prompt_progress"] = ev.to_json()
             return (frame(res),)
         if isinstance(ev, Finished):

@@ -432,6 +432,8 @@ class _Renderer:
             if events and (self.per_token_timings or ev.last):
                 events[-1][1]["timings"] = ev.timings.to_json()
         elif isinstance(ev, PromptProgress):
+            if self.per_token_timings:
+                events[-1][1]["timings"] = ev.timings().to_json()
             events[-1][1]["prompt_progress"] = ev.to_json()
         elif isinstance(ev, Finished):
             events += self._diffs(self.stream.finish())

@@ -94,6 +94,17 @@ def test_prefill_continues_the_last_assistant_message(settings, vocab):
     assert p.prefill == "<think>\nHmm"
 
 
+def test_a_prefill_of_text_parts_joins_them_with_a_blank_line(settings, vocab):
+    # upstream renders the continued message's parts with "\n\n" between them
+    # (render_content), not the "\n" it flattens other messages' parts with
+    parts = [{"type": "text", "text": "Wh"}, {"type": "text", "text": "ill"}]
+    p = plan({"messages": [USER, {"role": "assistant", "content": parts}]}, settings, vocab)
+    assert p.prefill == "Wh\n\nill" and p.prompt.endswith("<|im_start|>assistant\nWh\n\nill")
+    flat = attrs.evolve(settings, typed_content=False)
+    p = plan({"messages": [{"role": "user", "content": parts}]}, flat, vocab)
+    assert "user\nWh\nill<|im_end|>" in p.prompt
+
+
 def test_reasoning_only_prefill_needs_a_primed_block(settings, vocab):
     body = {"messages": [USER, {"role": "assistant", "content": "",
                                 "reasoning_content": "hmm"}]}
@@ -158,6 +169,11 @@ def test_upstream_wording(body, status, message, settings, vocab):
     ({"type": "json_schema", "json_schema": {"name": "n", "schema": {"enum": ["a"]}}},
      {"enum": ["a"]}),
     ({"type": "json_schema"}, {}),
+    # a schema that is no schema goes on as sent, to be refused where it is
+    # converted (upstream: a 400), not replaced by "any JSON"
+    ({"type": "json_object", "schema": 123}, 123),
+    ({"type": "json_schema", "json_schema": {"schema": "x"}}, "x"),
+    ({"type": "json_object", "schema": None}, {}),
 ])
 def test_response_format_becomes_a_json_schema(fmt, schema, settings, vocab):
     p = plan({"messages": [USER], "response_format": fmt}, settings, vocab)

@@ -274,6 +274,18 @@ def test_bad_env_value_names_the_variable() -> None:
         parse([], env={"LLAMA_ARG_PORT": "http"})
 
 
+def test_a_long_option_may_spell_its_dashes_as_underscores() -> None:
+    # upstream reads "_" as "-" in every "--" argument it looks up
+    p = parse(["--ctx_size", "128", "--cache_reuse=4", "--no_slots", "-a", "x_y",
+               "--reverse_prompt=--a_b"], env={})
+    assert (p.values["ctx_size"], p.values["cache_reuse"]) == (128, 4)
+    assert p.values["endpoint_slots"] is False and p.values["aliases"] == ("x_y",)
+    # values are never rewritten, and an unknown name stays refused as typed
+    assert p.values["sampling.reverse_prompt"] == ("--a_b",)
+    with pytest.raises(CliError, match="invalid argument: --bogus_flag "):
+        parse(["--bogus_flag"], env={})
+
+
 @pytest.mark.parametrize("argv", [["--ctx", "10"], ["--por", "1"], ["--paral", "2"], ["--bogus"],
                                   ["stray"], ["-ng", "5"], ["-n5"], ["-ngl5"], ["-ct", "q8_0"],
                                   ["-hfx", "a/b"]])

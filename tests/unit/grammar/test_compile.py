@@ -38,6 +38,15 @@ def test_bad_schemas_are_errors(bad):
 
 def test_boolean_schemas(accepts):
     assert accepts("true", '{"a": [1]}', kind="json_schema")
+    assert accepts("true", '"text"', kind="json_schema")
+
+
+def test_an_empty_schema_is_an_object(accepts):
+    # upstream's converter: `{}` (response_format json_object without a schema)
+    # is a JSON object, not any value
+    assert accepts("{}", '{"a": [1]}', kind="json_schema")
+    assert not accepts("{}", '"text"', kind="json_schema")
+    assert not accepts("{}", "[1]", kind="json_schema")
 
 
 def test_compiled_grammars_are_cached(compiler, monkeypatch):
