@@ -452,7 +452,7 @@ def test_an_embeddings_server_can_rerank_with_a_side_reranker(bert, start_server
         caps = httpx.get(srv.url + "/props").json()["capabilities"]
         assert caps["generation"] is False and caps["restricted_by"] == "--embeddings"
         assert caps["rerank"] == {"model": rr.path.name, "pooling": "rank"}
-        assert caps["embedding"]["model"] == bert.path.name  # -m's name: its directory here
+        assert caps["embedding"]["model"] == str(bert.path)  # -m's name: the value as written
         models = httpx.get(srv.url + "/v1/models").json()
         assert [m["capabilities"] for m in models["models"]] == [["embedding"], ["rerank"]]
         assert body["model"] == rr.path.name
