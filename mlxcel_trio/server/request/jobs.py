@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import time
 from functools import partial
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
 
 import attrs
 import cattrs
@@ -20,12 +20,16 @@ import trio
 
 from ...bridge import Bridge
 from ...protocol.records import Failed, Finished, Job, PromptTooLong
+from ..http.errors import ApiError, json_type_name
+from . import (
+    budget_fields as reasoning_budget,
+)
 from . import (
     grammar_fields as grammar,
-    budget_fields as reasoning_budget,
+)
+from . import (
     sampler_fields as sampling,
 )
-from ..http.errors import ApiError, json_type_name
 from .schema import TABLE_DEFAULTS, NativeRequest, request_converter
 
 if TYPE_CHECKING:
@@ -221,18 +225,20 @@ def make_jobs(served: Served, values: NativeRequest, prompts: list[list[int]], b
     return reasoning_budget.native_jobs(served.bridge.vocab, values, body, jobs, control)
 
 
-async def run_all(served: Served, jobs: list[Job]) -> list[Finished]:
-    """Non-streaming: every job's final record, in job order (a disconnect
-    cancels us, and closing the handle cancels what is still running)."""
-    results: dict[int, Finished] = {}
+async def run_all(served: Served, jobs: Sequence, result: type = Finished,
+                  what: str = "generation") -> list:
+    """Non-streaming: every job's final `result` record (Finished, or an
+    embedding job's Embedded), in job order (a disconnect cancels us, and
+    closing the handle cancels what is still running)."""
+    results: dict[int, Any] = {}
     async with served.bridge.submit(*jobs) as events:
         async for ev in events:
-            if isinstance(ev, Finished):
+            if isinstance(ev, result):
                 results[ev.job_id] = ev
             elif isinstance(ev, Failed):
                 raise ApiError.from_failed(ev)
     if len(results) != len(jobs):
-        raise ApiError("generation ended without a result", "server_error")
+        raise ApiError(f"{what} ended without a result", "server_error")
     return [results[job.id] for job in jobs]
 
 

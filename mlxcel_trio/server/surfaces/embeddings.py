@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from ...protocol.records import EmbedJob, Embedded, Failed
+from ...protocol.records import Embedded, EmbedJob
 from ..http.errors import ApiError, json_response, json_type_name, not_supported
-from ..request.jobs import Served, off_loop, tokenize_prompts
+from ..request.jobs import Served, off_loop, run_all, tokenize_prompts
 
 
 def _json_value(body: dict, key: str, default: Any, ok) -> Any:
@@ -63,16 +63,7 @@ def _reranker(served: Served):
 
 
 async def _run(served: Served, jobs: list[EmbedJob]) -> list[Embedded]:
-    results: dict[int, Embedded] = {}
-    async with served.bridge.submit(*jobs) as events:
-        async for ev in events:
-            if isinstance(ev, Embedded):
-                results[ev.job_id] = ev
-            elif isinstance(ev, Failed):
-                raise ApiError.from_failed(ev)
-    if len(results) != len(jobs):
-        raise ApiError("embedding ended without a result", "server_error")
-    return [results[job.id] for job in jobs]
+    return await run_all(served, jobs, Embedded, "embedding")
 
 
 # -- embeddings --------------------------------------------------------------------
