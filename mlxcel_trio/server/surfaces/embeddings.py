@@ -43,6 +43,21 @@ def _is_int(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _listed(body: dict, served: Served, side, results: list[Embedded], key: str,
+            items: list):
+    """The OpenAI-style list envelope both families answer with: the model
+    (the request's own string, else the served name), the usage counted over
+    every input, and the items under `key`."""
+    n_tokens = sum(ev.n_tokens for ev in results)
+    return json_response({
+        "model": _json_value(body, "model", _model_name(served, side),
+                             lambda v: isinstance(v, str)),
+        "object": "list",
+        "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
+        key: items,
+    })
+
+
 def _model_name(served: Served, side) -> str:
     """The name a response carries when the body names none: -m's, or the
     side model's id (its directory name) beside a chat model."""
@@ -123,14 +138,7 @@ async def embeddings(served: Served, default_normalize: int, read_body, oai: boo
                          "index": i, "object": "embedding", "encoding_format": "base64"})
         else:
             data.append({"embedding": vec.tolist(), "index": i, "object": "embedding"})
-    n_tokens = sum(ev.n_tokens for ev in results)
-    return json_response({
-        "model": _json_value(body, "model", _model_name(served, emb),
-                             lambda v: isinstance(v, str)),
-        "object": "list",
-        "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
-        "data": data,
-    })
+    return _listed(body, served, emb, results, "data", data)
 
 
 # -- rerank --------------------------------------------------------------------------
@@ -187,11 +195,4 @@ async def rerank(served: Served, read_body):
     elements = elements[:max(0, top_n)]
     if tei:
         return json_response(elements)
-    n_tokens = sum(ev.n_tokens for ev in results)
-    return json_response({
-        "model": _json_value(body, "model", _model_name(served, ranker),
-                             lambda v: isinstance(v, str)),
-        "object": "list",
-        "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
-        "results": elements,
-    })
+    return _listed(body, served, ranker, results, "results", elements)
