@@ -157,6 +157,35 @@ def start_server(model: Path, port: int, args: list[str], env: dict) -> subproce
 
 
 
+def stream_completion(url: str, prompt, n_predict: int, client, barrier=None) -> dict:
+    """One streaming greedy `/completion` (EOS ignored) to mlxcel or
+    llama-server: {t_send, events: [(seconds since send, tokens so far)],
+    ids: {n: token id} where frames carry ids, final: the stop frame}.  A
+    frame without `tokens_predicted` (llama-server's partials) counts one."""
+    body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0,
+            "ignore_eos": True, "stream": True}
+    if barrier is not None:
+        barrier.wait()
+    events, ids, final = [], {}, None
+    t_send = time.perf_counter()
+    with client.stream("POST", url + "/completion", json=body) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {r.read()[:500]!r}")
+        for line in r.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            now = time.perf_counter()
+            obj = json.loads(line[6:])
+            if obj.get("stop"):
+                final = obj
+            elif obj.get("tokens") or obj.get("content"):
+                n = obj.get("tokens_predicted") or (events[-1][1] + 1 if events else 1)
+                events.append((now - t_send, n))
+                if obj.get("tokens"):
+                    ids[n] = obj["tokens"][-1]
+    return {"t_send": t_send, "events": events, "ids": ids, "final": final}
+
+
 # -- metrics -------------------------------------------------------------------
 
 def median(xs):

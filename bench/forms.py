@@ -130,27 +130,10 @@ def eos_ids(model: Path) -> list[int]:
 def stream_llama(url: str, prompt, n: int, client: httpx.Client, barrier=None) -> dict:
     """One streaming /completion (mlxcel, llama-server); events are
     (seconds since send, tokens so far)."""
-    body = {"prompt": prompt, "n_predict": n, "temperature": 0, "ignore_eos": True,
-            "stream": True}
-    if barrier is not None:
-        barrier.wait()
-    events, final = [], None
-    t_send = time.perf_counter()
-    with client.stream("POST", url + "/completion", json=body) as r:
-        if r.status_code != 200:
-            raise RuntimeError(f"HTTP {r.status_code}: {r.read()[:300]!r}")
-        for line in r.iter_lines():
-            if not line.startswith("data: "):
-                continue
-            now = time.perf_counter()
-            obj = json.loads(line[6:])
-            if obj.get("stop"):
-                final = obj
-            elif obj.get("tokens") or obj.get("content"):
-                n_so_far = obj.get("tokens_predicted") or (events[-1][1] + 1 if events else 1)
-                events.append((now - t_send, n_so_far))
+    run = C.stream_completion(url, prompt, n, client, barrier)
+    final, events = run["final"], run["events"]
     timings = (final or {}).get("timings") or {}
-    return {"t_send": t_send, "events": events, "prompt_n": timings.get("prompt_n"),
+    return {"t_send": run["t_send"], "events": events, "prompt_n": timings.get("prompt_n"),
             "timings": timings, "stopped_early": bool(final and final.get("stop_type") == "eos"),
             "generated": (final or {}).get("tokens_predicted", events[-1][1] if events else 0)}
 

@@ -124,35 +124,12 @@ class Server:
 
 def stream_once(url: str, prompt: list[int], n_predict: int, barrier=None,
                 client: httpx.Client | None = None) -> dict:
-    """One streaming /completion; events are (seconds since send, tokens so far)."""
-    body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0,
-            "ignore_eos": True, "stream": True}
-    own = client is None
-    client = client or httpx.Client(timeout=httpx.Timeout(3600, connect=30))
-    events, ids, final = [], {}, None
-    try:
-        if barrier is not None:
-            barrier.wait()
-        t_send = time.perf_counter()
-        with client.stream("POST", url + "/completion", json=body) as r:
-            if r.status_code != 200:
-                raise RuntimeError(f"HTTP {r.status_code}: {r.read()[:500]!r}")
-            for line in r.iter_lines():
-                if not line.startswith("data: "):
-                    continue
-                now = time.perf_counter()
-                obj = json.loads(line[6:])
-                if obj.get("stop"):
-                    final = obj
-                    continue
-                if obj.get("tokens"):
-                    n = obj["tokens_predicted"]
-                    events.append((now - t_send, n))
-                    ids[n] = obj["tokens"][-1]
-    finally:
-        if own:
-            client.close()
-    return {"t_send": t_send, "events": events, "ids": ids, "final": final}
+    """One streaming /completion (bench/_common.py's), on its own client
+    when none is given."""
+    if client is not None:
+        return C.stream_completion(url, prompt, n_predict, client, barrier)
+    with httpx.Client(timeout=httpx.Timeout(3600, connect=30)) as own:
+        return C.stream_completion(url, prompt, n_predict, own, barrier)
 
 
 def concurrent(url: str, prompts: list[list[int]], n_predict: int) -> dict:
