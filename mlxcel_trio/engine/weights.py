@@ -52,21 +52,16 @@ def stored_form(model: nn.Module) -> str | None:
 
 def float32_bytes(model: nn.Module) -> int:
     """The resident size of the weights once converted to float32."""
+    modules = dict(model.named_modules())
     total = 0
     for name, p in tree_flatten(model.parameters()):
         if name.endswith((".scales", ".biases")):
             continue
-        if p.dtype == mx.uint32:    # packed: 32 / bits values per word
-            module_bits = _bits_of(model, name)
-            total += p.size * (32 // module_bits) * 4
+        if p.dtype == mx.uint32:    # packed: 32 / bits values per word of its module
+            total += p.size * (32 // modules[name.rsplit(".", 1)[0]].bits) * 4
         else:
             total += p.size * 4
     return total
-
-
-def _bits_of(model: nn.Module, param: str) -> int:
-    owner = param.rsplit(".", 1)[0]
-    return dict(model.named_modules())[owner].bits
 
 
 def available_bytes() -> int | None:
