@@ -14,6 +14,8 @@ import json
 import pkgutil
 from pathlib import Path
 
+from ..protocol.kv_types import DEFAULT_PAIR as DEFAULT_KV
+
 
 def _resolved_type(config: dict) -> str:
     """mlx-lm's own resolution of the module name (utils._get_classes)."""
@@ -43,7 +45,7 @@ def supported() -> list[str]:
     return sorted(names | set(MODEL_REMAPPING))
 
 
-def problem(path: str | Path, kv_types: tuple[str, str] = ("f16", "f16")) -> str | None:
+def problem(path: str | Path, kv_types: tuple[str, str] = DEFAULT_KV) -> str | None:
     """None when mlx-lm can build the checkpoint at `path` and give it the
     KV cache types `kv_types`, else one line."""
     try:

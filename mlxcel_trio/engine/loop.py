@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..config import RopeOverrides
+from ..protocol.kv_types import DEFAULT_PAIR as DEFAULT_KV
 from ..protocol.records import (
     Cancel,
     ClearPromptCache,
@@ -53,9 +54,9 @@ from ..protocol.records import (
     ModelInfo,
     SamplingParams,
     Shutdown,
+    Sleeping,
     SlotAction,
     SlotTokens,
-    Sleeping,
     StepEvents,
     Submit,
     Woke,
@@ -208,7 +209,7 @@ class EngineLoop:
                  cache_ram_mib: int = 0, sleep_idle_s: float | None = None,
                  context_shift: bool = False, cont_batching: bool = True,
                  rope: RopeOverrides = RopeOverrides(),
-                 kv_types: tuple[str, str] = ("f16", "f16"), blas: str = "auto",
+                 kv_types: tuple[str, str] = DEFAULT_KV, blas: str = "auto",
                  weights: str = "auto", encoder_only: str | None = None,
                  embedding_model: str | None = None, reranker_model: str | None = None,
                  pooling: str | None = None, embd_n_batch: int = 512) -> None:
@@ -250,7 +251,7 @@ class EngineLoop:
         self.n_busy_slots = 0   # sum over those steps of the slots computed
 
     @staticmethod
-    def checkpoint_problem(path: str, kv_types: tuple[str, str] = ("f16", "f16"),
+    def checkpoint_problem(path: str, kv_types: tuple[str, str] = DEFAULT_KV,
                            encoder_flag: str | None = None, rank: bool = False) -> str | None:
         """Why mlx-lm could not build the checkpoint at `path` with these KV
         cache types, or None (asked before anything loads; see
@@ -344,7 +345,7 @@ class EngineLoop:
         vocab = Vocab(self._path, int(config.get("vocab_size", 0)) or None)
         self.vocab = vocab
         scheduler = self._new_scheduler(model)
-        if self._kv_types != ("f16", "f16"):
+        if self._kv_types != DEFAULT_KV:
             from ..protocol.kv_types import KV_CACHE_TYPES
 
             k, v = self._kv_types

@@ -35,6 +35,7 @@ from collections import deque
 import attrs
 from mlx_lm.generate import BatchGenerator
 
+from ..protocol.kv_types import DEFAULT_PAIR as DEFAULT_KV
 from ..protocol.records import (
     CacheStats,
     Failed,
@@ -126,7 +127,7 @@ class Scheduler:
     def __init__(self, model, vocab: Vocab, *, n_slots: int, n_ctx_slot: int,
                  batch_size: int, special: bool = False,
                  prompt_cache: PromptCache | None = None, context_shift: bool = False,
-                 cont_batching: bool = True, kv_types: tuple[str, str] = ("f16", "f16")) -> None:
+                 cont_batching: bool = True, kv_types: tuple[str, str] = DEFAULT_KV) -> None:
         self.vocab = vocab
         self.context_shift = context_shift
         self.cont_batching = cont_batching

@@ -54,6 +54,7 @@ KV_CACHE_TYPES: dict[str, KvFormat] = {
     "q5_1": KvFormat(bits=5),
 }
 DEFAULT = "f16"
+DEFAULT_PAIR = (DEFAULT, DEFAULT)   # -ctk, -ctv as upstream starts
 
 
 def pair_problem(k: str, v: str) -> str | None:
