@@ -150,6 +150,12 @@ class ServerConfig:
     cache_type_v: str = "f16"
     blas: str = "auto"               # --blas: auto | bundled | a library path (blas.py)
     weights: str = "auto"            # --weights: auto | keep | float32 (engine/weights.py)
+    # -- LoRA adapters (engine/lora.py) --
+    lora: tuple[tuple[str, float], ...] = ()         # --lora, as given
+    lora_scaled: tuple[tuple[str, float], ...] = ()  # --lora-scaled, as given
+    lora_init_without_apply: bool = False            # every adapter starts at scale 0
+    # both options' adapters in command-line order: (path, scale) by adapter id
+    adapters: tuple[tuple[str, float], ...] = ()
     slot_save_path: str | None = None  # canonical directory; None = slot actions 501
     # -- embeddings and reranking (engine/embedder.py) --
     embeddings: bool = False         # --embeddings: -m is an encoder, generation is off

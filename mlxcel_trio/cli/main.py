@@ -90,8 +90,30 @@ def build_config(
         elif by_dest[dest].status not in _INERT and dest not in _CLI_ONLY:
             raise AssertionError(f"{by_dest[dest].name} has no ServerConfig field {dest!r}")
     top.update(model=model_path,
-               model_ref=parsed.values.get("hf_repo") or parsed.values.get("model"))
+               model_ref=parsed.values.get("hf_repo") or parsed.values.get("model"),
+               adapters=adapters_in_order(parsed))
     return ServerConfig(**top, sampling=SamplingDefaults(**sampling), rope=RopeOverrides(**rope))
+
+
+def adapters_in_order(parsed: Parsed) -> tuple[tuple[str, float], ...]:
+    """--lora and --lora-scaled adapters numbered as upstream numbers them:
+    each occurrence's items in command-line order, across both options."""
+    values = parsed.values
+    if not (values.get("lora") or values.get("lora_scaled")):
+        return ()
+    taken = {"lora": 0, "lora_scaled": 0}
+    out: list[tuple[str, float]] = []
+    for dest in parsed.order:
+        if dest in taken:
+            occurrences = values.get(dest) or ()
+            if taken[dest] < len(occurrences):
+                out.extend(occurrences[taken[dest]])
+            taken[dest] += 1
+    if not parsed.order:  # built without the command line's order (tests)
+        for dest in taken:
+            for items in values.get(dest) or ():
+                out.extend(items)
+    return tuple(out)
 
 
 def check_rope(parsed: Parsed) -> None:

@@ -6,7 +6,8 @@ GGUF-only sources (a URL, a Docker Hub repo, one file inside a HF repo) and
 the separate projector file have no MLX meaning and are refused with the
 MLX way to say the same thing.  --hf-token authenticates the snapshot
 download, --hf-repo resolves like --model, --offline forbids downloads
-process-wide; LoRA waits for its issue.
+process-wide.  LoRA adapters (--lora, --lora-scaled) are numbered across
+both options in command-line order, as upstream numbers them.
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ from mlxcel_trio.cli.refusals import (
     equals,
     not_applicable,
 )
-from mlxcel_trio.cli.values import CsvList, Int, IntPair, Text
+from mlxcel_trio.cli.values import CsvList, Int, IntPair, LoraList, Text
 
 MODEL_ISSUE = 2
-ADAPTER_ISSUE = 3  # LoRA has no implementation issue yet: the boundary issue owns it
+ADAPTER_ISSUE = 16
 POINT_AT_MLX = "point --model at an MLX checkpoint instead"
 
 
@@ -102,14 +103,18 @@ STEER_LOGITS = ("omit it; the nearest feature is logit-level steering "
                 "(-l/--logit-bias, or the per-request logit_bias field)")
 
 ADAPTERS: tuple[Option, ...] = (
-    deferred(("--lora",), "lora", "LoRA adapters to apply (comma-separated paths)",
-             value=Text(), metavar="FNAME", issue=ADAPTER_ISSUE),
-    deferred(("--lora-scaled",), "lora_scaled",
-             "LoRA adapters with a scale each (FNAME:SCALE,...)",
-             value=Text(), metavar="FNAME:SCALE,...", issue=ADAPTER_ISSUE),
-    deferred(("--lora-init-without-apply",), "lora_init_without_apply",
-             "load the LoRA adapters at scale 0 (raise them later over HTTP)",
-             kind="flag", default_text="disabled", issue=ADAPTER_ISSUE, section="server"),
+    Option(("--lora",), "lora",
+           "LoRA adapter directories (mlx-lm or PEFT layout) to load at scale 1.0; "
+           "comma-separated, repeatable",
+           value=LoraList(), metavar="FNAME", default=(), repeat=True, owner=ADAPTER_ISSUE),
+    Option(("--lora-scaled",), "lora_scaled",
+           "LoRA adapters with a scale each (FNAME:SCALE,...); repeatable",
+           value=LoraList(scaled=True), metavar="FNAME:SCALE,...", default=(), repeat=True,
+           owner=ADAPTER_ISSUE),
+    Option(("--lora-init-without-apply",), "lora_init_without_apply",
+           "load the LoRA adapters at scale 0 (raise them later with POST /lora-adapters)",
+           kind="flag", default=False, default_text="disabled", owner=ADAPTER_ISSUE,
+           section="server"),
     not_applicable(("--control-vector",), "control_vector",
                    "add control vectors (comma-separated paths)",
                    value=Text(), metavar="FNAME",

@@ -64,6 +64,9 @@ class Parsed:
     diagnostics; the two arguments of a nargs=2 option are joined by a space."""
     problems: tuple[str, ...] = ()
     """Unknown options and bad values, one line each (see `parse_all`)."""
+    order: tuple[str, ...] = ()
+    """The dest of each repeatable option's occurrence on the command line, in
+    command-line order (--lora and --lora-scaled number adapters across both)."""
 
 
 class _ArgParser(argparse.ArgumentParser):
@@ -114,6 +117,19 @@ class _SetTrue(argparse.Action):
         setattr(namespace, self.dest, option_string not in self.negations)
 
 
+class _Append(argparse._AppendAction):
+    """append, also recording which repeatable option came when."""
+
+    def __call__(  # type: ignore[no-untyped-def]
+        self, parser, namespace, values, option_string=None
+    ) -> None:
+        super().__call__(parser, namespace, values, option_string)
+        namespace.__dict__.setdefault(ORDER_KEY, []).append(self.dest)
+
+
+ORDER_KEY = " order"  # not a valid dest, so it never collides with an option
+
+
 def help_text(opt: Option) -> str:
     """The help column for one option: description, default, env variable;
     a deferred option says what it accepts until it is implemented."""
@@ -154,7 +170,7 @@ def build_parser(
         common = dict(dest=opt.dest, default=argparse.SUPPRESS, help=shown)
         if opt.kind == "value":
             nargs = None if opt.nargs == 1 else opt.nargs
-            group.add_argument(*opt.spellings, action="append" if opt.repeat else "store",
+            group.add_argument(*opt.spellings, action=_Append if opt.repeat else "store",
                                metavar=opt.metavar, nargs=nargs, **common)
         else:
             group.add_argument(*opt.all_spellings, action=_SetTrue,
@@ -247,6 +263,7 @@ def parse_all(
     unknown = [e for e in extras if e.startswith("-")] or extras[:1]
     problems = [f"invalid argument: {e} (no such option; see --help)" for e in unknown]
     raw: dict[str, Any] = vars(namespace)
+    order = tuple(raw.pop(ORDER_KEY, ()))
     for opt in table:
         if opt.kind == "action" and opt.dest in raw:
             return Parsed(values={}, given={}, action=opt.dest)
@@ -262,7 +279,7 @@ def parse_all(
             problems.extend(exc.lines)
             values[opt.dest] = opt.default
             given.pop(opt.dest, None)
-    return Parsed(values=values, given=given, raw=texts, problems=tuple(problems))
+    return Parsed(values=values, given=given, raw=texts, problems=tuple(problems), order=order)
 
 
 def _merge_one(opt: Option, raw: Mapping[str, Any], env: Mapping[str, str],

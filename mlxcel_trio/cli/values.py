@@ -219,6 +219,41 @@ class IntPair:
 
 
 @attrs.frozen
+class LoraList:
+    """--lora (scaled False): comma-separated adapter paths, scale 1.0 each;
+    --lora-scaled (scaled True): comma-separated FNAME:SCALE pairs.  Parses
+    to ((path, scale), ...) in the order given."""
+
+    scaled: bool = False
+
+    @property
+    def domain(self) -> str:
+        if self.scaled:
+            return "comma-separated FNAME:SCALE pairs with a finite numeric SCALE"
+        return "comma-separated adapter paths"
+
+    def parse(self, text: str) -> tuple[tuple[str, float], ...]:
+        items = [item for item in text.split(",") if item]
+        if not items:
+            raise BadValue("no adapter named")
+        if not self.scaled:
+            return tuple((item, 1.0) for item in items)
+        out = []
+        for item in items:
+            parts = item.split(":")
+            if len(parts) != 2 or not parts[0]:
+                raise BadValue(f"lora-scaled format: FNAME:SCALE (got {item!r})")
+            try:
+                scale = float(parts[1])
+            except ValueError:
+                raise BadValue(f"scale {parts[1]!r} of {parts[0]!r} is not a number") from None
+            if not math.isfinite(scale):
+                raise BadValue(f"scale {parts[1]!r} of {parts[0]!r} is not finite")
+            out.append((parts[0], scale))
+        return tuple(out)
+
+
+@attrs.frozen
 class CsvList:
     """A comma-separated list; items are kept verbatim (no trimming, as
     upstream), empty ones are dropped, order is kept."""

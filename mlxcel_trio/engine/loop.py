@@ -161,6 +161,8 @@ def _model_facts(model, config: dict, path: Path, n_ctx: int, n_ctx_slot: int,
     size = 0
     dtype = "unknown"
     for name, p in params:
+        if ".lora_" in name:  # LoRA adapters are not the model's parameters
+            continue
         size += p.nbytes
         if name.endswith((".scales", ".biases")):
             continue
@@ -212,8 +214,10 @@ class EngineLoop:
                  kv_types: tuple[str, str] = DEFAULT_KV, blas: str = "auto",
                  weights: str = "auto", encoder_only: str | None = None,
                  embedding_model: str | None = None, reranker_model: str | None = None,
-                 pooling: str | None = None, embd_n_batch: int = 512) -> None:
+                 pooling: str | None = None, embd_n_batch: int = 512,
+                 lora: tuple[str, ...] = ()) -> None:
         self._path = Path(model_path)
+        self._lora = lora                # adapter paths, in id order (engine/lora.py)
         # The encoder side: -m itself (encoder_only names its role, "embed" or
         # "rank"), or models beside the chat one (--embedding-model,
         # --reranker-model).  Each role is one Embedder; a job goes to the
@@ -265,6 +269,18 @@ class EngineLoop:
             return checkpoint_problem(path, encoder_flag, rank=rank)
 
         return problem(path, kv_types)
+
+    @staticmethod
+    def adapter_problem(paths: tuple[str, ...], encoder_flag: str | None = None) -> str | None:
+        """Why LoRA adapters at `paths` cannot be served (every problem, one
+        line each), from their configs alone; None when they can be loaded."""
+        if encoder_flag is not None:
+            return (f"--lora applies to a generating model; {encoder_flag} serves an "
+                    "encoder: drop one of them")
+        from .lora_files import adapter_problem
+
+        problems = [p for p in map(adapter_problem, paths) if p is not None]
+        return "; ".join(f"LoRA adapter {p}" for p in problems) or None
 
     def post(self, command) -> None:
         """Thread-safe, never blocks: callable from trio or from a cancel path."""
@@ -372,6 +388,13 @@ class EngineLoop:
         model, config = rope.load(self._path, self._rope, lazy=True)
         model, note = weights.apply(model, self._weights)
         mx.eval(model.parameters())
+        if self._lora:
+            from . import lora
+            from .lora_files import read_adapter
+
+            # after the weight policy: the adapters take the served dtype
+            model = lora.install(model, [read_adapter(p) for p in self._lora])
+            log.info("LoRA: %d adapter(s) loaded: %s", len(self._lora), ", ".join(self._lora))
         if note is not None:
             if self._weights_note is None:  # said once, not again at each wake
                 log.info("%s", note)
@@ -392,7 +415,7 @@ class EngineLoop:
                          batch_size=self._batch_size, special=self._special,
                          context_shift=self._context_shift,
                          cont_batching=self._cont_batching,
-                         kv_types=self._kv_types,
+                         kv_types=self._kv_types, n_adapters=len(self._lora),
                          prompt_cache=(PromptCache(budget_from_mib(self._cache_ram_mib))
                                        if self._cache_ram_mib != 0 else None))
 

@@ -24,6 +24,9 @@ Rules:
 - A job holds its slot from admission until `SlotFreed` is emitted.
 - The prompt cache (prompt_cache.py) is consulted once at admission and fed
   once at release; nothing of it runs per decode step.
+- With LoRA adapters loaded (lora.py), every sequence's cache list ends with
+  its scale vector (`AdapterRows`), which mlx-lm's batch bookkeeping carries
+  with the KV; the prompt cache keys entries by that vector too.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from collections import deque
 
 import attrs
 from mlx_lm.generate import BatchGenerator
+from mlx_lm.models.cache import make_prompt_cache
 
 from ..protocol.kv_types import DEFAULT_PAIR as DEFAULT_KV
 from ..protocol.records import (
@@ -54,6 +58,7 @@ from ..protocol.records import (
 from . import context_shift
 from .detokenizer import IncrementalDetokenizer
 from .kv_cache import CacheFactory
+from .lora import AdapterRows, split_rows
 from .prompt_cache import PromptCache, supported
 from .samplers.batch import BatchSampler, dry_on
 from .samplers.history import breakers_for
@@ -81,11 +86,17 @@ class _Sequence:
         "job", "slot", "uid", "detok", "stops", "tokens", "content", "max_tokens",
         "stop_type", "stopping_word", "truncated", "t_start", "t_first",
         "t_prompt_ms", "last_nl_pos", "done", "processed", "row", "probs", "n_cache",
-        "kv", "sampler", "processors", "prefilled", "n_shifts", "cached",
+        "kv", "sampler", "processors", "prefilled", "n_shifts", "cached", "scales", "ns",
     )
 
-    def __init__(self, job: Job, slot: int, vocab: Vocab, max_tokens: int) -> None:
+    def __init__(self, job: Job, slot: int, vocab: Vocab, max_tokens: int,
+                 n_adapters: int) -> None:
         self.job = job
+        # the LoRA scales this job decodes with (one per loaded adapter), and
+        # the prompt-cache namespace they imply: KV computed under other
+        # scales is another model's
+        self.scales = lora_scales(job.lora, n_adapters)
+        self.ns = scaled_namespace(job.cache_ns, self.scales)
         self.slot = slot
         self.uid: int | None = None
         self.detok = IncrementalDetokenizer(vocab.table)
@@ -123,12 +134,26 @@ class _Sequence:
         )
 
 
+def lora_scales(requested: tuple[float, ...] | None, n_adapters: int) -> tuple[float, ...]:
+    """A job's scale per loaded adapter: what it resolved, zeros elsewhere."""
+    given = tuple(requested or ())[:n_adapters]
+    return given + (0.0,) * (n_adapters - len(given))
+
+
+def scaled_namespace(ns: str | None, scales: tuple[float, ...]) -> str | None:
+    if ns is None or not any(scales):
+        return ns
+    return f"{ns}|lora=" + ",".join(repr(float(s)) for s in scales)
+
+
 class Scheduler:
     def __init__(self, model, vocab: Vocab, *, n_slots: int, n_ctx_slot: int,
                  batch_size: int, special: bool = False,
                  prompt_cache: PromptCache | None = None, context_shift: bool = False,
-                 cont_batching: bool = True, kv_types: tuple[str, str] = DEFAULT_KV) -> None:
+                 cont_batching: bool = True, kv_types: tuple[str, str] = DEFAULT_KV,
+                 n_adapters: int = 0) -> None:
         self.vocab = vocab
+        self.n_adapters = n_adapters  # the model is lora.AdaptedModel when > 0
         self.context_shift = context_shift
         self.cont_batching = cont_batching
         self._add_bos = bool(getattr(vocab, "add_bos", False))
@@ -365,11 +390,12 @@ class Scheduler:
         # shift on, only n_predict bounds a generation.
         want = (UNBOUNDED if self.context_shift else room) if job.n_predict < 0 \
             else max(1, job.n_predict)
-        seq = _Sequence(job, slot, self.vocab, want if self.context_shift else min(want, room))
+        seq = _Sequence(job, slot, self.vocab, want if self.context_shift else min(want, room),
+                        self.n_adapters)
         self._by_job[job.id] = seq
         n_cache, caches = 0, None
-        if self._cache is not None and job.cache_ns is not None and n_prompt > 1:
-            n_cache, caches = self._cache.lookup(job.cache_ns, job.prompt)
+        if self._cache is not None and seq.ns is not None and n_prompt > 1:
+            n_cache, caches = self._cache.lookup(seq.ns, job.prompt)
             seq.n_cache, seq.cached = n_cache, caches
             self._cache_stats(out)
         out.append(Started(job.id, slot, n_prompt, n_cache))
@@ -398,6 +424,10 @@ class Scheduler:
         caches, seq.cached = seq.cached, None
         n = seq.n_cache if caches else 0
         fresh = None if caches else self._new_caches()
+        if self.n_adapters:
+            # the scales ride at the end of the cache list (lora.py)
+            layers = caches or fresh or make_prompt_cache(self._model)
+            caches = fresh = [*layers, AdapterRows([seq.scales])]
         (uid,) = self._gen.insert(
             [list(seq.kv[n:])], max_tokens=[gen_max],
             caches=[caches or fresh] if caches or fresh else None,
@@ -574,7 +604,7 @@ class Scheduler:
                                            else seq.job.prompt + tuple(seq.tokens))
             self._slot_ns[seq.slot] = seq.job.cache_ns
         if seq.uid is not None:
-            donate = self._cache is not None and seq.job.cache_ns is not None
+            donate = self._cache is not None and seq.ns is not None
             if donate and held is None:
                 try:
                     held = self._gen.extract_cache([seq.uid]).get(seq.uid)
@@ -582,7 +612,7 @@ class Scheduler:
                     log.debug("job %s: no KV to donate", seq.job.id, exc_info=True)
             self._gen.remove([seq.uid])
             if donate and held is not None and held[0]:
-                self._donate(seq.job.cache_ns, held, out)
+                self._donate(seq.ns, held, out)
             del self._by_uid[seq.uid]
         del self._by_job[seq.job.id]
         self._free.append(seq.slot)
@@ -591,6 +621,7 @@ class Scheduler:
 
     def _donate(self, ns: str, held, out: list) -> None:
         layers, tokens = held
+        layers, _ = split_rows(layers)
         n = layers[0].offset if layers else 0
         if len(tokens) < n:
             return  # the token record does not cover the KV: nothing trustworthy

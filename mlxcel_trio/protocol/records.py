@@ -123,6 +123,9 @@ class Job:
     # prompt-cache namespace (engine/prompt_cache.py); None = cache_prompt
     # false: no lookup and no donate-back
     cache_ns: str | None = None
+    # LoRA scale per loaded adapter, by adapter id (engine/lora.py); shorter
+    # than the adapter list (or empty) = the rest at 0, the base model
+    lora: tuple[float, ...] = ()
     # a compiled grammar (grammar/compile.CompiledGrammar), possibly wrapped
     # in a reasoning budget (chat/budget.BudgetGrammar); None = unconstrained
     grammar: Grammar | None = attrs.field(default=None, eq=False, repr=False)

@@ -37,7 +37,7 @@ from .sessions import slot_files, streams
 from .state import AppState
 from .surfaces.vertex import Predictor
 from .surfaces.metrics import Metrics
-from .surfaces import chat_routes
+from .surfaces import chat_routes, lora
 from .request.jobs import Served, server_defaults
 from .http.body import read_json_body
 from .http.resources import SCOPE_KEY, RequestResources
@@ -178,8 +178,8 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
                                                        oai=True),
         "rerank": lambda: embeddings.rerank(ctx(), read_body),
         "feature_disabled": feature_disabled,
-        "lora_adapters": unserved.lora_adapters,
-        "set_lora_adapters": unserved.set_lora_adapters,
+        "lora_adapters": lambda: lora.list_adapters(state.adapters),
+        "set_lora_adapters": lambda body: lora.set_adapters(state.adapters, body),
         "transcriptions": unserved.transcriptions,
         "stream_get": lambda: streams.get_stream(state.streams),
         "stream_delete": lambda: streams.delete_stream(state.streams),

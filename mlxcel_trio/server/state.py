@@ -21,6 +21,7 @@ import trio
 from ..bridge import Bridge
 from ..chat import settings as chat_settings
 from ..config import ServerConfig
+from .adapters import AdapterTable
 from .sessions.control import ControlRegistry
 from .sessions.detached import Detached
 from .sessions.response_store import ResponseStore
@@ -36,6 +37,7 @@ class AppState:
     control: ControlRegistry
     responses: ResponseStore = attrs.field(factory=ResponseStore)
     slot_identities: dict[str, dict[str, str]] = attrs.field(factory=dict)
+    adapters: AdapterTable = attrs.field(factory=AdapterTable)  # LoRA: paths, global scales
     # Tokenizing and template rendering run on worker threads (request/jobs.py
     # off_loop): two at once, so a flood of huge bodies queues instead of
     # taking every core from the engine thread.
@@ -46,7 +48,7 @@ class AppState:
     def create(cls, config: ServerConfig, bridge: Bridge) -> "AppState":
         detached = Detached()
         return cls(config, bridge, detached, StreamRegistry.from_env(detached),
-                   ControlRegistry(bridge))
+                   ControlRegistry(bridge), adapters=AdapterTable.from_config(config))
 
     def chat_settings(self) -> chat_settings.ChatSettings:
         """The server's chat settings, built on first use: they need the

@@ -49,10 +49,15 @@ def test_transcriptions_answer_a_text_only_models_501(server, path):
                                   "message": "The current model does not support audio input."}}
 
 
-def test_lora_adapters_without_adapters_are_upstreams_answers(server):
+def test_lora_adapters_without_adapters(server):
+    """Upstream's answers, except that an id naming no adapter is refused
+    (upstream ignores it): the client believes an adapter applied."""
     assert httpx.get(server.url + "/lora-adapters").json() == []
-    r = httpx.post(server.url + "/lora-adapters", json=[{"id": 0, "scale": 1.0}])
+    r = httpx.post(server.url + "/lora-adapters", json=[])
     assert r.status_code == 200 and r.json() == {"success": True}
+    r = httpx.post(server.url + "/lora-adapters", json=[{"id": 0, "scale": 1.0}])
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith(
+        "invalid adapter id 0: this server has 0 LoRA adapter(s)")
     r = httpx.post(server.url + "/lora-adapters", json={"id": 0})
     assert r.status_code == 400 and r.json()["error"]["message"] == "Request body must be an array"
 

@@ -131,7 +131,7 @@ NATIVE_FIELDS: tuple[Field, ...] = (
     # compiled out upstream (#if 0): accepted and ignored there too
     *(F(f"speculative.{n}", "json", None, status="inert")
       for n in ("n_max", "n_min", "p_min", "type", "ngram_size_n", "ngram_size_m", "ngram_min_hits")),
-    F("lora", "json", None, status=D),
+    F("lora", "json", None, doc="LoRA scales by adapter id; unlisted adapters get 0"),
     F("dry_sequence_breakers", "json", None),
     F("json_schema", "json", None, aliases=("grammar",), doc="JSON schema, or GBNF as grammar"),
     F("grammar_lazy", "bool", False, doc="constrain only once a trigger fired"),

@@ -154,6 +154,8 @@ def resolve(body: Any, served: Served) -> NativeRequest:
     rec = sampling.resolve(body, rec, served)
     sampling.check(rec)
     rec = grammar.resolve(body, rec, served)
+    # the LoRA scales this request runs with, fixed now (server/adapters.py)
+    rec = attrs.evolve(rec, lora=served.state.adapters.request_scales(body))
     cap = served.n_predict_cap
     if cap > 0 and rec.n_predict > cap:
         # upstream lowers a request's n_predict to the server's -n
@@ -207,6 +209,7 @@ def make_job(served: Served, values: NativeRequest, prompt: list[int], copy: int
         shared_prompt=values.n_cmpl > 1,
         return_progress=values.return_progress and values.stream,
         cache_ns=cache_ns,
+        lora=values.lora or (),
         settings=values,
     )
 

@@ -7,8 +7,8 @@ a NATIVE_FIELDS row projects the record's value by its kind: a float as
 nlohmann writes a C++ float (non-finite -> null), a tuple as an array, the
 rest as they are.  The other keys are derived from the record, or fixed
 where the request cannot change them here (the deferred chat_format /
-reasoning_format / generation_prompt / lora rows report upstream's value
-for "nothing applied").  backend_sampling and speculative.types are left
+reasoning_format / generation_prompt rows report upstream's value for
+"nothing applied"); lora reports the scale vector the request runs with.  backend_sampling and speculative.types are left
 out (no analogue), as the spec records.
 """
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
+from ..adapters import report
 from .fields import FIELDS_BY_NAME
 from .schema import NativeRequest
 
@@ -63,7 +64,7 @@ _DERIVED: dict[str, Callable[[Any], Any]] = {
     "reasoning_format": lambda rec: "none",
     "reasoning_in_content": lambda rec: False,
     "generation_prompt": lambda rec: "",
-    "lora": lambda rec: [],
+    "lora": lambda rec: report(rec.lora or ()),
 }
 
 

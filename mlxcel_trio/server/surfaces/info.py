@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import time
+
+import attrs
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +29,9 @@ def health():
 
 
 def _default_values(served: Served) -> NativeRequest:
-    """What an empty request resolves to: the server's defaults record."""
-    return served.defaults
+    """What an empty request resolves to: the server's defaults record,
+    with the LoRA scales in force now."""
+    return attrs.evolve(served.defaults, lora=served.state.adapters.scales)
 
 
 FTYPE_NAMES = {"float32": "all F32", "float16": "F16", "bfloat16": "BF16"}

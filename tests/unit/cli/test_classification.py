@@ -110,7 +110,6 @@ REFUSED = [
     (["--cache-idle-slots"], "already goes to the process-wide prompt cache"),
     (["--cache-reuse", "1"], "nothing re-rotates a cached key"),
     (["--log-prompts-dir", "/tmp/prompts"], "--log-prompts-dir"),
-    (["--lora", "a"], "not implemented yet"),
     (["-hf", "ggml-org/x-GGUF:Q4_K_M"], "GGUF"),
 ]
 

@@ -69,6 +69,8 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "cache_type_k": ("q8_0", "q8_0"),
     "cache_type_v": ("bf16", "bf16"),
     "blas": ("bundled", "bundled"),
+    "lora": ("a,b", ((("a", 1.0), ("b", 1.0)),)),
+    "lora_scaled": ("a:0.5", ((("a", 0.5),),)),
     "weights": ("keep", "keep"),
     "slot_save_path": (str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent)),
     # issue #5: the sampler chain, logit bias, reverse prompts

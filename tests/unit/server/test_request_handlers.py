@@ -8,6 +8,7 @@ import math
 import attrs
 import pytest
 
+from mlxcel_trio.server.adapters import AdapterTable
 from mlxcel_trio.config import SamplingDefaults, ServerConfig
 from mlxcel_trio.protocol.records import SamplingParams
 from mlxcel_trio.grammar.compile import GrammarSpec
@@ -51,7 +52,11 @@ class _Bridge:
 def _served(**sampling) -> jobs.Served:
     config = ServerConfig(model="x", sampling=SamplingDefaults(**sampling))
     return jobs.Served(_Bridge(), "m", jobs.server_defaults(config, _Vocab()), "b", n_slots=4,
-                       state=None)
+                       state=_State())
+
+
+class _State:
+    adapters = AdapterTable()
 
 
 def test_resolve_returns_a_new_record_and_leaves_its_input() -> None:
