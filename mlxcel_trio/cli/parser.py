@@ -290,7 +290,15 @@ def _merge_one(opt: Option, raw: Mapping[str, Any], env: Mapping[str, str],
         value = raw[opt.dest]
         if opt.kind == "value" and opt.repeat:
             texts[opt.dest] = " ".join(value)
-            value = tuple(_typed(opt, v, None) for v in value)
+            typed, bad = [], []
+            for v in value:  # every bad occurrence, not only the first
+                try:
+                    typed.append(_typed(opt, v, None))
+                except CliError as exc:
+                    bad.extend(exc.lines)
+            if bad:
+                raise CliError(*bad)
+            value = tuple(typed)
         elif opt.kind == "value":
             if isinstance(value, list):  # nargs > 1
                 value = " ".join(value)
