@@ -117,12 +117,13 @@ def main() -> int:
           f"prompt | BLAS {C.blas_in_use()['kind']}", flush=True)
 
     r: dict = {}
-    decode(model, vocab, prompts[:1], 4, [()], 0)  # warm-up
-    r["base"] = decode(model, vocab, prompts[:1], a.tokens, [()], 0)
+    plain, _ = load_model(path)  # a second copy: installing changes `model` in place
     adapted = install(model, [read_adapter(str(adapter))])
+    decode(plain, vocab, prompts[:1], 4, [()], 0)  # warm-up
     decode(adapted, vocab, prompts[:1], 4, [(1.0,)], 1)
     mixes = [(0.25 * (i + 1),) for i in range(a.streams)]
     runs = {
+        "base": lambda: decode(plain, vocab, prompts[:1], a.tokens, [()], 0),
         "adapter": lambda: decode(adapted, vocab, prompts[:1], a.tokens, [(1.0,)], 1),
         "adapter_scale_0": lambda: decode(adapted, vocab, prompts[:1], a.tokens, [(0.0,)], 1),
         "batch_shared": lambda: decode(adapted, vocab, prompts, a.tokens,
@@ -132,7 +133,7 @@ def main() -> int:
     for _ in range(a.rounds):  # interleaved, so a busy moment hits every configuration
         for key, run in runs.items():
             r[key] = max(r.get(key, 0.0), run())
-    del model, adapted, runs
+    del model, plain, adapted, runs
     r["raw_base"] = raw_rate(path, None, prompts[0], a.tokens)
     r["raw_adapter"] = raw_rate(path, adapter, prompts[0], a.tokens)
 

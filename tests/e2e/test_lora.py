@@ -65,6 +65,10 @@ def test_the_request_field_overrides_the_global_scales(lora_server, server):
     only0 = _run(lora_server, lora=[{"id": 0, "scale": 1.0}])
     assert only0["generation_settings"]["lora"] == [{"id": 0, "scale": 1.0},
                                                     {"id": 1, "scale": 0.0}]
+    # /slots reports each slot's last task with the vector it ran with
+    reported = [s["params"]["lora"] for s in httpx.get(lora_server.url + "/slots").json()
+                if "params" in s]
+    assert [{"id": 0, "scale": 1.0}, {"id": 1, "scale": 0.0}] in reported
     off = _run(lora_server, lora=[])
     assert off["content"] == base  # every scale 0: the base model's output
     explicit = _run(lora_server, lora=[{"id": 1, "scale": 0.5}, {"id": 0, "scale": 1.0}])
