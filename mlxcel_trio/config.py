@@ -150,6 +150,13 @@ class ServerConfig:
     cache_type_v: str = "f16"
     blas: str = "auto"               # --blas: auto | bundled | a library path (blas.py)
     weights: str = "auto"            # --weights: auto | keep | float32 (engine/weights.py)
+    # -- router mode (server/router/): no -m, models discovered and served by children --
+    models_dir: str | None = None    # --models-dir, canonical; None = not router mode
+    models_preset: str | None = None
+    models_max: int = 4              # loaded at once; 0 = unlimited
+    models_autoload: bool = True
+    router: bool = False             # this process is the router
+    child_args: tuple[str, ...] = () # the command line each model's server gets
     # -- LoRA adapters (engine/lora.py) --
     lora: tuple[tuple[str, float], ...] = ()         # --lora, as given
     lora_scaled: tuple[tuple[str, float], ...] = ()  # --lora-scaled, as given

@@ -22,9 +22,9 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 from mlxcel_trio.cli.options import OPTIONS, Option
+from mlxcel_trio.model_store import cached_models
 
 _PATH_METAVAR = re.compile(r"FNAME|FILE|PATH")
 
@@ -84,36 +84,6 @@ def completion_bash(prog: str, table: Sequence[Option] = OPTIONS) -> str:
         "}\n"
         f"complete -F {func} {command}\n"
     )
-
-
-def hub_cache_dir(env: Mapping[str, str]) -> Path:
-    """Where huggingface_hub keeps its cache, by its own precedence."""
-    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
-        if env.get(var):
-            return Path(env[var]).expanduser()
-    if env.get("HF_HOME"):
-        return Path(env["HF_HOME"]).expanduser() / "hub"
-    base = env.get("XDG_CACHE_HOME") or os.path.join(env.get("HOME") or "~", ".cache")
-    return Path(base).expanduser() / "huggingface" / "hub"
-
-
-def _is_checkpoint(snapshot: Path) -> bool:
-    return (snapshot / "config.json").is_file() and any(snapshot.glob("*.safetensors"))
-
-
-def cached_models(env: Mapping[str, str]) -> list[str]:
-    """Repo ids in the hub cache with at least one MLX checkpoint snapshot."""
-    root = hub_cache_dir(env)
-    found = []
-    try:
-        repos = sorted(root.glob("models--*"))
-    except OSError:
-        return []
-    for repo in repos:
-        snapshots = repo / "snapshots"
-        if snapshots.is_dir() and any(_is_checkpoint(s) for s in snapshots.iterdir()):
-            found.append(repo.name.removeprefix("models--").replace("--", "/", 1))
-    return found
 
 
 def cache_list(env: Mapping[str, str]) -> str:

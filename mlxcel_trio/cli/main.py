@@ -181,6 +181,16 @@ def configure(parsed: Parsed, env: Mapping[str, str] | None = None) -> ServerCon
         ref = repo
     if parsed.values.get("offline"):
         os.environ["HF_HUB_OFFLINE"] = "1"  # process-wide, as upstream's --offline
+    models_dir = parsed.values.get("models_dir")
+    if ref and models_dir:
+        raise CliError(f"{describe(BY_DEST['models_dir'], parsed)}: --models-dir serves a "
+                       "directory of models in router mode, which has no -m/--model; drop "
+                       "one of them")
+    if not ref and models_dir:
+        from mlxcel_trio.cli.passthrough import child_argv
+
+        return attrs.evolve(build_config(parsed, ""), router=True, no_effect=without_effect(parsed),
+                            child_args=child_argv(parsed.argv), **io)
     if not ref:
         raise CliError(
             "no model given: pass -m/--model (or set LLAMA_ARG_MODEL) with "
@@ -265,7 +275,7 @@ def server_main(
         for line in exc.lines:
             print(f"error: {line}", file=sys.stderr)
         return 1
-    if env is None:  # a real process: MLX is not loaded yet, so a BLAS can still be preloaded
+    if env is None and not config.router:  # MLX not loaded yet: a BLAS can still be preloaded
         blas.reexec_if_useful(config.blas)
     from mlxcel_trio.server.runner import run  # heavy: imported only now
 

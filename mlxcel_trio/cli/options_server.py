@@ -23,6 +23,7 @@ from mlxcel_trio.cli.values import BadValue, Choice, Int, Text
 
 TRANSPORT_ISSUE = 7
 ENDPOINTS_ISSUE = 6
+ROUTER_ISSUE = 18
 
 
 def _m(spellings: tuple[str, ...], dest: str, help: str, **kw: Any) -> Option:
@@ -159,16 +160,21 @@ ENDPOINTS: tuple[Option, ...] = (
     _m(("--sleep-idle-seconds",), "sleep_idle_seconds",
        "unload the model after this many idle seconds (the next request reloads it)",
        value=Int(), metavar="SECONDS", default=-1, default_text="-1; -1 = disabled"),
-    _e(("--models-dir",), "models_dir", "router mode: directory of models to serve",
-       value=Text(), metavar="PATH", default_text="disabled", env="LLAMA_ARG_MODELS_DIR",
-       instead="serve one model with --model"),
-    _e(("--models-preset",), "models_preset", "router mode: INI file of model presets",
-       value=Text(), metavar="PATH", default_text="disabled",
-       env="LLAMA_ARG_MODELS_PRESET", instead="serve one model with --model"),
-    _e(("--models-max",), "models_max", "router mode: most models loaded at once",
-       value=Int(), metavar="N", default=4, default_text="4, 0 = unlimited",
-       env="LLAMA_ARG_MODELS_MAX"),
-    _e(("--models-autoload",), "models_autoload", "router mode: load models on demand",
-       kind="bool", negations=("--no-models-autoload",), default=True,
-       env="LLAMA_ARG_MODELS_AUTOLOAD"),
+    Option(("--models-dir",), "models_dir",
+           "router mode (no -m): serve every checkpoint directory under PATH, and the "
+           "Hugging Face cache's, each loaded on its first request",
+           value=Directory(), metavar="PATH", default_text="disabled",
+           env="LLAMA_ARG_MODELS_DIR", section="server", owner=ROUTER_ISSUE),
+    deferred(("--models-preset",), "models_preset", "router mode: INI file of model presets",
+             value=Text(), metavar="PATH", default_text="disabled",
+             env="LLAMA_ARG_MODELS_PRESET", instead="list the models in --models-dir",
+             issue=ROUTER_ISSUE, section="server"),
+    Option(("--models-max",), "models_max",
+           "router mode: most models loaded at once (the least recently used is unloaded)",
+           value=Int(), metavar="N", default=4, default_text="4, 0 = unlimited",
+           env="LLAMA_ARG_MODELS_MAX", section="server", owner=ROUTER_ISSUE),
+    Option(("--models-autoload",), "models_autoload",
+           "router mode: load a model on its first request (?autoload= per request)",
+           kind="bool", negations=("--no-models-autoload",), default=True,
+           env="LLAMA_ARG_MODELS_AUTOLOAD", section="server", owner=ROUTER_ISSUE),
 )

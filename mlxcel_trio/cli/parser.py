@@ -64,6 +64,8 @@ class Parsed:
     diagnostics; the two arguments of a nargs=2 option are joined by a space."""
     problems: tuple[str, ...] = ()
     """Unknown options and bad values, one line each (see `parse_all`)."""
+    argv: tuple[str, ...] = ()
+    """The command line as given (a router passes most of it to its children)."""
     order: tuple[str, ...] = ()
     """The dest of each repeatable option's occurrence on the command line, in
     command-line order (--lora and --lora-scaled number adapters across both)."""
@@ -279,7 +281,8 @@ def parse_all(
             problems.extend(exc.lines)
             values[opt.dest] = opt.default
             given.pop(opt.dest, None)
-    return Parsed(values=values, given=given, raw=texts, problems=tuple(problems), order=order)
+    return Parsed(values=values, given=given, raw=texts, problems=tuple(problems), order=order,
+                  argv=tuple(argv))
 
 
 def _merge_one(opt: Option, raw: Mapping[str, Any], env: Mapping[str, str],

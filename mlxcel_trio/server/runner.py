@@ -182,7 +182,7 @@ def run(config: ServerConfig) -> int:
     if config.no_effect:  # copied llama-server tuning flags: accepted, said once
         log.warning("has no effect on MLX: %s", ", ".join(config.no_effect))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    problem = checkpoint_problem(config)
+    problem = None if config.router else checkpoint_problem(config)
     if problem is not None:  # before the socket listens and before any weight is read
         print(f"error: failed to load model '{config.model}': {problem}", file=sys.stderr,
               flush=True)
@@ -194,7 +194,12 @@ def run(config: ServerConfig) -> int:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         sinks.close()
         return 1
-    code = trio.run(_main, config, sock, lifecycle)
+    if config.router:
+        from .router.runner import main as router_main
+
+        code = trio.run(router_main, config, sock, lifecycle, _hypercorn_config(config))
+    else:
+        code = trio.run(_main, config, sock, lifecycle)
     # Everything is shut down by now (sockets closed, engine thread joined).
     # Skip interpreter finalization: MLX aborts in its static destructors
     # ("terminate called without an active exception") once a model forward

@@ -117,7 +117,7 @@ def plausible(rec: dict[str, Any], some_file: Path, model: Path) -> list[str]:
     default = rec["default"]
     if opt.dest == "model":
         return [opt.name, str(model)]
-    if opt.dest == "slot_save_path":
+    if opt.dest in ("slot_save_path", "models_dir"):
         return [opt.name, str(some_file.parent)]  # an existing directory
     if opt.dest == "chat_template_kwargs":
         return [opt.name, '{"enable_thinking": false}']

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from mlxcel_trio.cli.actions import cache_list, completion_bash, hub_cache_dir
+from mlxcel_trio.cli.actions import cache_list, completion_bash
+from mlxcel_trio.model_store import hub_cache_dir
 from mlxcel_trio.cli.options import OPTIONS
 
 from ._proc import run_cli

@@ -1,0 +1,215 @@
+"""The router's HTTP surface.
+
+Its own routes: /health, GET /models and /v1/models (the inventory with
+each model's status), GET /props without ?model= (the router's props),
+POST /models/load and /models/unload.  Every other route of the route
+table is forwarded to the child serving the model the request names: the
+body's `model` on POST, `?model=` on GET (upstream's router contract);
+`?autoload=` overrides --models-autoload per request.  The stream-session
+routes reach the child that took the session's first request (by its
+X-Conversation-Id).  The API-key gate and CORS are the single-model
+server's own.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from quart import Response, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from ...config import ServerConfig
+from ..app import BUILD_INFO, MAX_BODY_BYTES, _authorized, _PerRequest
+from ..http.cors import CorsMiddleware, CorsPolicy
+from ..http.errors import ApiError, error_response, invalid_api_key, json_response, not_found
+from ..routes import ROUTES, quart_rule
+from . import catalog, proxy
+from .pool import Pool
+
+log = logging.getLogger("mlxcel.router")
+
+# answered by the router itself (everything else in ROUTES is forwarded)
+OWN = {("GET", "/health"), ("GET", "/v1/health"), ("GET", "/models"), ("GET", "/v1/models"),
+       ("GET", "/props")}
+STREAM_ROUTES = {("GET", "/v1/stream"), ("DELETE", "/v1/stream"), ("POST", "/v1/streams/lookup")}
+CONV_HEADER = "X-Conversation-Id"
+CONV_MEMORY = 4096  # conversation ids remembered for the stream routes (oldest dropped)
+
+
+def inventory(pool: Pool) -> dict:
+    """upstream's router listing: one OpenAI model object per model, with
+    its status, and the child's own facts merged in once it is loaded."""
+    now = int(time.time())
+    data = []
+    for inst in pool.instances.values():
+        status: dict = {"value": inst.status, "args": list(inst.args)}
+        if inst.failed:
+            status.update(exit_code=inst.exit_code, failed=True)
+        entry = {"id": inst.name, "aliases": [], "tags": [], "object": "model",
+                 "owned_by": "llamacpp", "created": now, "status": status,
+                 "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]},
+                 "source": inst.entry.source, "can_remove": inst.entry.source == "cache"}
+        if inst.status == "loaded":
+            for k, v in inst.info.items():
+                entry.setdefault(k, v)
+        data.append(entry)
+    return {"data": data, "object": "list"}
+
+
+def create_router_app(config: ServerConfig, pool: Pool, env) -> QuartTrio:
+    app = QuartTrio("mlxcel_trio.router")
+    app.config.update(RESPONSE_TIMEOUT=None, BODY_TIMEOUT=config.timeout,
+                      MAX_CONTENT_LENGTH=MAX_BODY_BYTES)
+    keys = [k.encode() for k in config.api_keys]
+    public = {r.path for r in ROUTES if r.public}
+    prefix = config.api_prefix
+    http = proxy.client()
+    app.mlxcel_http = http
+    conversations: dict[str, str] = {}  # conv id -> model, for the stream routes
+
+    def autoload() -> bool:
+        given = request.args.get("autoload")
+        return config.models_autoload if given is None else given in ("true", "1")
+
+    def known(name: str) -> str:
+        """upstream's router_validate_model."""
+        if not name:
+            raise ApiError("model name is missing from the request")
+        if name not in pool.instances:
+            raise ApiError(f"model '{name}' not found")
+        if not autoload() and pool.instances[name].status != "loaded":
+            raise ApiError("model is not loaded")
+        return name
+
+    async def to_child(name: str, body: bytes) -> Response:
+        inst = await pool.ready(name) if autoload() else pool.instances[name]
+        return await proxy.forward(http, inst, request.method, request.path,
+                                   request.query_string, request.headers.items(), body)
+
+    async def forward_post():
+        body = await request.get_data()
+        try:
+            parsed = json.loads(body) if body else {}
+        except ValueError:
+            raise ApiError("the request body is not JSON; the router reads its \"model\" "
+                           "field to pick the model") from None
+        name = known(parsed.get("model", "") if isinstance(parsed, dict) else "")
+        conv = request.headers.get(CONV_HEADER)
+        if conv:
+            conversations[conv] = name
+            while len(conversations) > CONV_MEMORY:
+                conversations.pop(next(iter(conversations)))
+        return await to_child(name, body)
+
+    async def forward_get():
+        return await to_child(known(request.args.get("model", "")), b"")
+
+    async def forward_stream():
+        body = await request.get_data()
+        conv = request.args.get("conv_id") or request.headers.get(CONV_HEADER)
+        if not conv and body:
+            try:
+                conv = json.loads(body).get("conv_id")
+            except (ValueError, AttributeError):
+                conv = None
+        name = conversations.get(conv or "")
+        inst = pool.instances.get(name or "")
+        if inst is None or inst.status != "loaded":
+            raise ApiError("Stream not found or expired", "not_found_error")
+        return await proxy.forward(http, inst, request.method, request.path,
+                                   request.query_string, request.headers.items(), body)
+
+    async def health():
+        return json_response({"status": "ok"})
+
+    async def models():
+        if request.args.get("reload"):
+            pool.update(catalog.discover(config.models_dir, env))
+        return json_response(inventory(pool))
+
+    async def props():
+        if request.args.get("model"):
+            return await forward_get()
+        return json_response({
+            "role": "router", "max_instances": config.models_max,
+            "models_autoload": config.models_autoload, "model_alias": "llama-server",
+            "model_path": "none", "default_generation_settings": {"params": {}, "n_ctx": 0},
+            "ui_settings": {}, "build_info": BUILD_INFO, "cors_proxy_enabled": False})
+
+    async def load():
+        body = await request.get_json(force=True, silent=True) or {}
+        inst = pool.instances.get(body.get("model", "") if isinstance(body, dict) else "")
+        if inst is None:
+            raise ApiError("model is not found", "not_found_error")
+        if inst.running:
+            raise ApiError("model is already running")
+        pool.start(inst)
+        return json_response({"success": True})
+
+    async def unload():
+        body = await request.get_json(force=True, silent=True) or {}
+        inst = pool.instances.get(body.get("model", "") if isinstance(body, dict) else "")
+        if inst is None:
+            raise ApiError("model is not found")
+        if not inst.running:
+            raise ApiError("model is not running")
+        pool.stop(inst)
+        return json_response({"success": True})
+
+    own = {"/health": health, "/v1/health": health, "/models": models, "/v1/models": models,
+           "/props": props}
+    for route in ROUTES:
+        if route.vertex:
+            continue
+        key = (route.method, route.path)
+        view = (own[route.path] if key in OWN else forward_stream if key in STREAM_ROUTES
+                else forward_post if route.method == "POST" else forward_get)
+        app.add_url_rule(prefix + quart_rule(route.path), f"{route.method} {route.path}",
+                         _ignore_params(view), methods=[route.method])
+    app.add_url_rule(prefix + "/models/load", "POST /models/load", load, methods=["POST"])
+    app.add_url_rule(prefix + "/models/unload", "POST /models/unload", unload, methods=["POST"])
+
+    @app.before_request
+    async def _gate():
+        if keys and request.path not in public:
+            if _authorized(keys) < 0:
+                log.warning("unauthorized: Invalid API Key")
+                return invalid_api_key()
+        return None
+
+    @app.errorhandler(ApiError)
+    async def _on_api_error(err: ApiError):
+        return error_response(err)
+
+    @app.errorhandler(HTTPException)
+    async def _on_http_error(err: HTTPException):
+        if err.code in (404, 405):
+            return not_found()
+        kind = "invalid_request_error" if err.code < 500 else "server_error"
+        return error_response(ApiError(err.description or err.name, kind, status=err.code))
+
+    @app.errorhandler(Exception)
+    async def _on_error(err: Exception):
+        log.exception("request failed")
+        return error_response(ApiError(str(err) or type(err).__name__, "server_error"))
+
+    @app.after_request
+    async def _headers(resp: Response):
+        resp.headers["Server"] = "llama.cpp"
+        return resp
+
+    policy = CorsPolicy(config.cors_origins, config.cors_methods, config.cors_headers,
+                        config.cors_credentials)
+    app.asgi_app = CorsMiddleware(_PerRequest(app.asgi_app), policy, [("Server", "llama.cpp")])
+    return app
+
+
+def _ignore_params(view):
+    """Path parameters (`/slots/:id_slot`) travel in the forwarded path."""
+    async def wrapped(**_params):
+        return await view()
+    wrapped.__name__ = view.__name__
+    return wrapped

@@ -1,0 +1,216 @@
+"""The router's model instances: one `mlxcel-server -m MODEL` child each.
+
+States are upstream's: "unloaded" (no process; `exit_code` set when the
+last one exited on its own), "loading" (started, its model not loaded
+yet), "loaded".  A child is loaded once it prints the single-model server's
+"main: model loaded" line (it is listening by then).  Every child runs under
+the router's nursery: a child that exits, whether asked to or not, goes
+back to "unloaded" and the next request for it starts a new one.
+
+Rules:
+- One start per model at a time: concurrent first requests wait on the
+  same start.
+- --models-max bounds the running children; starting one past the bound
+  stops the least recently used loaded child with no request in flight, or
+  refuses with upstream's "model limit reached, try again later".
+- The router's shutdown cancels every supervising task, and each stops its
+  child (SIGTERM, then SIGKILL after the grace) before it returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Mapping
+
+import trio
+
+from ..http.errors import ApiError
+from .catalog import ModelEntry
+
+log = logging.getLogger("mlxcel.router")
+
+LOADED_LINE = b"main: model loaded"
+STOP_GRACE_S = 10.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Instance:
+    def __init__(self, entry: ModelEntry) -> None:
+        self.entry = entry
+        self.status = "unloaded"
+        self.exit_code: int | None = None   # of the last child that exited on its own
+        self.port: int | None = None
+        self.process: trio.Process | None = None
+        self.ready = trio.Event()           # set when a start ends: loaded, or failed
+        self.last_used = 0.0
+        self.inflight = 0                   # requests being forwarded to it now
+        self.args: tuple[str, ...] = ()
+        self.info: dict = {}                # the child's own /v1/models entry, once loaded
+        self._stopping = False
+
+    @property
+    def name(self) -> str:
+        return self.entry.name
+
+    @property
+    def running(self) -> bool:
+        return self.status in ("loading", "loaded")
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "unloaded" and self.exit_code not in (None, 0)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+class Pool:
+    def __init__(self, entries: Mapping[str, ModelEntry], child_args: tuple[str, ...],
+                 models_max: int, env: Mapping[str, str]) -> None:
+        self.instances = {name: Instance(e) for name, e in entries.items()}
+        self.child_args = child_args
+        self.models_max = models_max
+        self.env = dict(env)
+        self._nursery: trio.Nursery | None = None
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Own the children: they live in this nursery; cancelling it (the
+        router's shutdown) stops them all."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
+
+    def update(self, entries: Mapping[str, ModelEntry]) -> None:
+        """A rescan: new models appear; a running model keeps its instance."""
+        for name, entry in entries.items():
+            inst = self.instances.get(name)
+            if inst is None or (not inst.running and inst.entry != entry):
+                self.instances[name] = Instance(entry)
+        for name in [n for n, i in self.instances.items() if n not in entries and not i.running]:
+            del self.instances[name]
+
+    # -- load ------------------------------------------------------------------
+
+    def start(self, inst: Instance) -> None:
+        """Begin loading `inst` (no-op when it is already running)."""
+        if inst.running:
+            return
+        self._make_room()
+        assert self._nursery is not None
+        inst.status, inst.exit_code, inst.info = "loading", None, {}
+        inst.ready = trio.Event()
+        inst.port = free_port()
+        inst.last_used = time.monotonic()
+        inst.args = ("-m", str(inst.entry.path), "--host", "127.0.0.1",
+                     "--port", str(inst.port), "--alias", inst.name, *self.child_args)
+        self._nursery.start_soon(self._supervise, inst)
+
+    async def ready(self, name: str) -> Instance:
+        """`name` loaded, starting it if needed; 503 when it cannot load."""
+        inst = self.instances[name]
+        if inst.status != "loaded":
+            self.start(inst)
+            await inst.ready.wait()
+        if inst.status != "loaded":
+            raise ApiError(f"model name={name} failed to load", "unavailable_error")
+        inst.last_used = time.monotonic()
+        return inst
+
+    def _make_room(self) -> None:
+        if self.models_max <= 0:
+            return
+        running = [i for i in self.instances.values() if i.running]
+        if len(running) < self.models_max:
+            return
+        idle = sorted((i for i in running if i.status == "loaded" and i.inflight == 0),
+                      key=lambda i: i.last_used)
+        if not idle:
+            raise ApiError("model limit reached, try again later", "server_error")
+        log.info("unloading %s (least recently used) to stay within --models-max %d",
+                 idle[0].name, self.models_max)
+        self.stop(idle[0])
+
+    async def _supervise(self, inst: Instance) -> None:
+        argv = [sys.executable, "-m", "mlxcel_trio", *inst.args]
+        log.info("starting %s on port %d", inst.name, inst.port)
+        try:
+            proc = await trio.lowlevel.open_process(
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+        except OSError as exc:
+            log.error("%s: cannot start its server: %s", inst.name, exc)
+            inst.status, inst.exit_code = "unloaded", -1
+            inst.ready.set()
+            return
+        inst.process = proc
+        try:
+            await self._relay(inst, proc)
+            await proc.wait()
+        finally:
+            if proc.returncode is None:  # the router is shutting down
+                inst._stopping = True
+                with trio.CancelScope(shield=True):
+                    await self._terminate(proc)
+            inst.process = None
+            if inst._stopping:
+                inst.exit_code, inst._stopping = None, False
+            else:
+                inst.exit_code = proc.returncode
+                if proc.returncode is not None:
+                    log.warning("%s: its server exited with code %d", inst.name, proc.returncode)
+            inst.status = "unloaded"
+            inst.ready.set()
+
+    async def _relay(self, inst: Instance, proc: trio.Process) -> None:
+        """The child's output, line by line, into the router's log; its
+        "model loaded" line marks it ready."""
+        assert proc.stdout is not None
+        buf = b""
+        async for chunk in proc.stdout:
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                log.info("[%s] %s", inst.name, line.decode(errors="replace").rstrip())
+                if inst.status == "loading" and line.startswith(LOADED_LINE):
+                    inst.status = "loaded"
+                    inst.ready.set()
+
+    # -- unload ----------------------------------------------------------------
+
+    def stop(self, inst: Instance) -> None:
+        """Stop `inst`'s child (it turns "unloaded" once it has exited)."""
+        proc = inst.process
+        if proc is None or proc.returncode is not None:
+            return
+        inst._stopping = True
+        inst.status = "unloaded"  # no new request reaches it
+        assert self._nursery is not None
+        self._nursery.start_soon(self._terminate, proc)
+
+    @staticmethod
+    async def _terminate(proc: trio.Process) -> None:
+        try:
+            proc.send_signal(signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        with trio.move_on_after(STOP_GRACE_S):
+            await proc.wait()
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            proc.kill()
+        await proc.wait()

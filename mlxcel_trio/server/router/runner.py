@@ -1,0 +1,53 @@
+"""The router's process: one trio nursery tree, as the single-model server's.
+
+    trio.run(main)
+    └── root nursery
+        ├── _signals        SIGINT / SIGTERM -> graceful shutdown
+        ├── pool.run        every model's child process (stopped on the way out)
+        └── listen.serve    hypercorn, one task per connection/request
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from functools import partial
+
+import trio
+
+from ...config import ServerConfig
+from . import catalog
+from .app import create_router_app
+from .pool import Pool
+
+log = logging.getLogger("mlxcel.router")
+logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per forwarded request
+
+
+async def main(config: ServerConfig, sock, lifecycle, hc) -> int:
+    from ..http import listen
+    from ..runner import _signals, _warn_open_cors
+    from ...cli.passthrough import child_env
+
+    env = child_env(os.environ)
+    entries = catalog.discover(config.models_dir, os.environ)
+    pool = Pool(entries, config.child_args, config.models_max, env)
+    app = create_router_app(config, pool, os.environ)
+    shutdown = trio.Event()
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as root:
+            root.start_soon(_signals, signals, shutdown)
+            await root.start(pool.run)
+            async with trio.open_nursery() as http:
+                await http.start(partial(listen.serve, app, hc, [sock],
+                                         write_timeout=config.timeout,
+                                         read_timeout=config.timeout + 1,
+                                         shutdown_trigger=shutdown.wait))
+                address = listen.listening_address(sock, hc.ssl_enabled)
+                lifecycle.say(f"main: router is listening on {address}, "
+                              f"{len(entries)} model(s) available")
+                _warn_open_cors(config)
+            await app.mlxcel_http.aclose()
+            root.cancel_scope.cancel()
+    return 0
