@@ -1,0 +1,242 @@
+"""Router mode on real processes: `mlxcel-server --models-dir DIR` without -m
+serves every checkpoint under DIR through one child server per model."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+
+import httpx
+import pytest
+
+from ..conftest import ServerProcess, wait_until
+from .sse import iter_sse_lines, post
+
+pytestmark = pytest.mark.e2e
+
+BODY = {"prompt": "hello there", "n_predict": 8, "temperature": 0.0, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def models_dir(tmp_path_factory, tiny_model, tiny_wide_model):
+    root = tmp_path_factory.mktemp("models")
+    shutil.copytree(tiny_model, root / "alpha")
+    shutil.copytree(tiny_wide_model, root / "beta")
+    shutil.copytree(tiny_model, root / "gamma")
+    (root / "notes").mkdir()  # no config.json: not a model
+    (root / "outside").symlink_to(tiny_model)  # resolves outside the directory: skipped
+    return root
+
+
+class Router(ServerProcess):
+    def __init__(self, models_dir, *args, env=None):
+        super().__init__("unused", *args, env={"HF_HUB_CACHE": str(models_dir / ".no-hub"),
+                                                **(env or {})})
+        self.argv = [sys.executable, "-m", "mlxcel_trio", "--models-dir", str(models_dir),
+                     "--host", "127.0.0.1", "--port", str(self.port), *args]
+
+    def start(self, wait_ready: bool = True) -> "Router":
+        super().start(wait_ready=False)
+        self.wait_for_line("main: router is listening")
+        return self
+
+    def statuses(self) -> dict[str, str]:
+        models = httpx.get(self.url + "/models", timeout=10).json()["data"]
+        return {m["id"]: m["status"]["value"] for m in models}
+
+    def child_pid(self, name: str) -> int:
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid), "-f", "--", f"--alias {name} "],
+                             capture_output=True, text=True)
+        pids = [int(p) for p in out.stdout.split()]
+        assert len(pids) == 1, (name, pids)
+        return pids[0]
+
+
+@pytest.fixture(scope="module")
+def router(models_dir):
+    r = Router(models_dir, "--models-max", "2", "-np", "2", "-c", "2048").start()
+    yield r
+    r.stop()
+
+
+def _complete(r, model, **extra):
+    res = post(r.url, {**BODY, "model": model, **extra})
+    assert res.status_code == 200, res.text
+    return res.json()
+
+
+def test_the_inventory_lists_what_the_directory_holds(router):
+    models = httpx.get(router.url + "/v1/models").json()
+    assert models["object"] == "list"
+    by_id = {m["id"]: m for m in models["data"]}
+    assert set(by_id) == {"alpha", "beta", "gamma"}
+    alpha = by_id["alpha"]
+    assert alpha["source"] == "models_dir" and alpha["can_remove"] is False
+    assert alpha["owned_by"] == "llamacpp" and alpha["object"] == "model"
+    props = httpx.get(router.url + "/props").json()
+    assert props["role"] == "router" and props["max_instances"] == 2
+    assert props["models_autoload"] is True
+
+
+def test_requests_route_by_model_and_match_a_direct_server(router, server):
+    got = _complete(router, "alpha")
+    assert got["model"] == "alpha"
+    assert got["content"] == post(server.url, BODY).json()["content"]
+    assert router.statuses()["alpha"] == "loaded"
+    # GET routes name the model in the query
+    props = httpx.get(router.url + "/props", params={"model": "alpha"}).json()
+    assert props["model_alias"] == "alpha" and props["total_slots"] == 2
+    assert httpx.get(router.url + "/slots", params={"model": "alpha"}).status_code == 200
+
+
+@pytest.mark.parametrize(("body", "status", "message"), [
+    ({"prompt": "x"}, 400, "model name is missing from the request"),
+    ({"prompt": "x", "model": "delta"}, 400, "model 'delta' not found"),
+    ({"prompt": "x", "model": "outside"}, 400, "model 'outside' not found"),
+])
+def test_unknown_models_are_refused_with_upstreams_wording(router, body, status, message):
+    r = post(router.url, body)
+    assert r.status_code == status and r.json()["error"]["message"] == message
+
+
+def test_load_and_unload_answer_as_upstream(router):
+    def call(path, model):
+        return httpx.post(router.url + path, json={"model": model}, timeout=30)
+
+    r = call("/models/load", "nope")
+    assert r.status_code == 404 and r.json()["error"]["message"] == "model is not found"
+    r = call("/models/unload", "gamma")
+    assert r.status_code == 400 and r.json()["error"]["message"] == "model is not running"
+    assert call("/models/load", "gamma").json() == {"success": True}
+    r = call("/models/load", "gamma")
+    assert r.status_code == 400 and r.json()["error"]["message"] == "model is already running"
+    wait_until(lambda: router.statuses()["gamma"], "gamma loaded", until="loaded".__eq__)
+    pid = router.child_pid("gamma")
+    assert call("/models/unload", "gamma").json() == {"success": True}
+    wait_until(lambda: not os.path.exists(f"/proc/{pid}"), "gamma's process gone")
+    assert router.statuses()["gamma"] == "unloaded"
+    # no autoload: an unloaded model is refused, not loaded
+    r = post(router.url + "/completion?autoload=false", {**BODY, "model": "gamma"}, path="")
+    assert r.status_code == 400 and r.json()["error"]["message"] == "model is not loaded"
+
+
+def test_models_max_unloads_the_least_recently_used(models_dir):
+    r = Router(models_dir, "--models-max", "1", "-np", "1", "-c", "1024").start()
+    try:
+        _complete(r, "alpha")
+        pid = r.child_pid("alpha")
+        _complete(r, "beta")
+        wait_until(lambda: not os.path.exists(f"/proc/{pid}"),
+                   "alpha's process gone (its memory returned) once beta loaded")
+        assert r.statuses() == {"alpha": "unloaded", "beta": "loaded", "gamma": "unloaded"}
+    finally:
+        r.stop()
+
+
+def test_concurrent_first_requests_load_once(models_dir):
+    r = Router(models_dir, "-np", "4", "-c", "2048").start()
+    try:
+        results = []
+        threads = [threading.Thread(target=lambda: results.append(post(
+            r.url, {**BODY, "model": "gamma"}).status_code)) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert results == [200] * 4
+        starts = [ln for ln in r.stdout + r.stderr if "starting gamma on port" in ln]
+        assert len(starts) == 1, starts
+    finally:
+        r.stop()
+
+
+def test_a_crashed_model_reloads_while_another_keeps_streaming(router):
+    _complete(router, "alpha")
+    _complete(router, "beta")
+    victim = router.child_pid("beta")
+    frames = []
+    with httpx.Client(timeout=60) as c, c.stream(
+            "POST", router.url + "/completion",
+            json={**BODY, "model": "alpha", "n_predict": 200, "stream": True}) as stream:
+        lines = iter_sse_lines(stream)
+        for line in lines:
+            if line.startswith("data: "):
+                frames.append(json.loads(line[6:]))
+                break
+        os.kill(victim, signal.SIGKILL)
+        wait_until(lambda: router.statuses()["beta"], "beta seen as exited",
+                   until="unloaded".__eq__)
+        failed = next(m for m in httpx.get(router.url + "/models").json()["data"]
+                      if m["id"] == "beta")["status"]
+        assert failed["failed"] is True and failed["exit_code"] == -signal.SIGKILL
+        for line in lines:
+            if line.startswith("data: "):
+                frames.append(json.loads(line[6:]))
+    assert frames[-1]["stop"] is True and frames[-1]["tokens_predicted"] == 200
+    # the next request for the crashed model starts it again
+    assert _complete(router, "beta")["model"] == "beta"
+    assert router.child_pid("beta") != victim
+
+
+def test_a_disconnect_frees_the_childs_slot(router):
+    with httpx.Client(timeout=60) as c, c.stream(
+            "POST", router.url + "/completion",
+            json={**BODY, "model": "alpha", "n_predict": 100000, "stream": True}) as stream:
+        for line in iter_sse_lines(stream):
+            if line.startswith("data: "):
+                break
+
+    def busy():
+        slots = httpx.get(router.url + "/slots", params={"model": "alpha"}).json()
+        return [s["id"] for s in slots if s["is_processing"]]
+    wait_until(busy, "every slot of alpha free after the client left", until=lambda b: not b)
+
+
+def test_a_stream_session_resumes_through_the_router(router):
+    conv = "router-resume-1"
+    body = {**BODY, "model": "alpha", "n_predict": 24, "stream": True}
+    whole = []
+    with httpx.Client(timeout=60) as c:
+        with c.stream("POST", router.url + "/completion", json=body,
+                      headers={"X-Conversation-Id": conv}) as r:
+            assert r.status_code == 200
+            raw = b"".join(r.iter_raw())
+        whole.append(raw)
+        resumed = c.get(router.url + "/v1/stream", params={"conv_id": conv, "from": 10})
+        assert resumed.status_code == 200, resumed.text
+        assert resumed.content == raw[10:]
+
+
+def test_the_api_key_guards_the_router_and_its_models(models_dir):
+    r = Router(models_dir, "--api-key", "sekrit", "-np", "1", "-c", "1024").start()
+    try:
+        assert httpx.get(r.url + "/health").status_code == 200
+        assert httpx.get(r.url + "/models").status_code == 401
+        assert post(r.url, {**BODY, "model": "alpha"}).status_code == 401
+        auth = {"Authorization": "Bearer sekrit"}
+        assert httpx.get(r.url + "/models", headers=auth).status_code == 200
+        ok = post(r.url, {**BODY, "model": "alpha"}, headers=auth)
+        assert ok.status_code == 200, ok.text
+    finally:
+        r.stop()
+
+
+def test_models_dir_with_a_model_is_refused(models_dir, tiny_model):
+    proc = subprocess.run([sys.executable, "-m", "mlxcel_trio", "--models-dir", str(models_dir),
+                           "-m", str(tiny_model), "--port", "0"], capture_output=True, text=True,
+                          timeout=60, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 1 and "router mode, which has no -m/--model" in proc.stderr
+
+
+def test_sigterm_stops_every_child(models_dir):
+    r = Router(models_dir, "-np", "1", "-c", "1024").start()
+    _complete(r, "alpha")
+    pid = r.child_pid("alpha")
+    r.signal(signal.SIGTERM)
+    assert r.wait(30) == 0
+    wait_until(lambda: not os.path.exists(f"/proc/{pid}"), "the child gone with its router")
