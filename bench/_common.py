@@ -157,13 +157,14 @@ def start_server(model: Path, port: int, args: list[str], env: dict) -> subproce
 
 
 
-def stream_completion(url: str, prompt, n_predict: int, client, barrier=None) -> dict:
+def stream_completion(url: str, prompt, n_predict: int, client, barrier=None,
+                      extra: dict | None = None) -> dict:
     """One streaming greedy `/completion` (EOS ignored) to mlxcel or
     llama-server: {t_send, events: [(seconds since send, tokens so far)],
     ids: {n: token id} where frames carry ids, final: the stop frame}.  A
     frame without `tokens_predicted` (llama-server's partials) counts one."""
     body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0,
-            "ignore_eos": True, "stream": True}
+            "ignore_eos": True, "stream": True, **(extra or {})}
     if barrier is not None:
         barrier.wait()
     events, ids, final = [], {}, None

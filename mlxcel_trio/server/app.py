@@ -210,7 +210,7 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
                          f"{route.method} {route.path}", view, methods=[route.method])
 
     for route in ROUTES:
-        if not route.vertex:
+        if not (route.vertex or route.router):
             mount(route)
 
     predictor = _mount_vertex(app, config) if config.aip_predict_route else None

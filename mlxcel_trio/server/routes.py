@@ -26,6 +26,7 @@ class Route:
     vertex: bool = False  # AIP_MODE=PREDICTION only; the path comes from the environment
     body: bool = False    # the handler takes the request's JSON body
     generates: bool = False  # runs the chat model: 501 on an --embeddings / --reranking server
+    router: bool = False  # mounted only in router mode (server/router/app.py), as upstream
 
     @property
     def params(self) -> tuple[str, ...]:
@@ -90,6 +91,9 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/tools", "feature_disabled"),
     Route("GET", "/cors-proxy", "feature_disabled"),
     Route("POST", "/cors-proxy", "feature_disabled"),
+    # router mode only (--models-dir without -m; server/router/)
+    Route("POST", "/models/load", "models_load", router=True),
+    Route("POST", "/models/unload", "models_unload", router=True),
     # Vertex AI (server/surfaces/vertex_env.py, server/surfaces/vertex.py)
     Route("GET", "$AIP_HEALTH_ROUTE", "health", vertex=True),
     Route("POST", "$AIP_PREDICT_ROUTE", "vertex_predict", vertex=True),

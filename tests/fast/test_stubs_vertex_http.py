@@ -149,3 +149,13 @@ async def test_cors_preflight_is_answered_for_any_path(serve):
     assert r.status_code == 200
     assert r.headers["Access-Control-Allow-Origin"] == "http://example.com"
     assert "POST" in r.headers["Access-Control-Allow-Methods"]
+
+
+@pytest.mark.parametrize("spec", [pytest.param(f"{r.method} {r.path}", marks=route(
+    f"{r.method} {r.path}"), id=r.path) for r in ROUTES if r.router])
+async def test_router_routes_are_not_mounted_on_a_single_model_server(serve, spec):
+    """Upstream registers the model-management routes in router mode only."""
+    s = await serve()
+    method, path = spec.split(" ", 1)
+    r = await s.open(path, method=method, json={"model": "x"})
+    assert r.status_code == 404 and await r.get_json() == NOT_FOUND

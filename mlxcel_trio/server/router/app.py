@@ -160,17 +160,16 @@ def create_router_app(config: ServerConfig, pool: Pool, env) -> QuartTrio:
         return json_response({"success": True})
 
     own = {"/health": health, "/v1/health": health, "/models": models, "/v1/models": models,
-           "/props": props}
+           "/props": props, "/models/load": load, "/models/unload": unload}
     for route in ROUTES:
         if route.vertex:
             continue
         key = (route.method, route.path)
-        view = (own[route.path] if key in OWN else forward_stream if key in STREAM_ROUTES
+        view = (own[route.path] if key in OWN or route.router
+                else forward_stream if key in STREAM_ROUTES
                 else forward_post if route.method == "POST" else forward_get)
         app.add_url_rule(prefix + quart_rule(route.path), f"{route.method} {route.path}",
                          _ignore_params(view), methods=[route.method])
-    app.add_url_rule(prefix + "/models/load", "POST /models/load", load, methods=["POST"])
-    app.add_url_rule(prefix + "/models/unload", "POST /models/unload", unload, methods=["POST"])
 
     @app.before_request
     async def _gate():
