@@ -13,6 +13,8 @@ is written once.
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
 from .protocol.sampler_names import DEFAULT_LETTERS, DEFAULT_NAMES
@@ -155,6 +157,9 @@ class ServerConfig:
     models_preset: str | None = None
     models_max: int = 4              # loaded at once; 0 = unlimited
     models_autoload: bool = True
+    # --models-preset, read at startup (cli/presets.py): [*], then the model sections
+    preset_global: Any = None
+    presets: tuple = ()
     router: bool = False             # this process is the router
     child_args: tuple[str, ...] = () # the command line each model's server gets
     # -- LoRA adapters (engine/lora.py) --

@@ -182,15 +182,24 @@ def configure(parsed: Parsed, env: Mapping[str, str] | None = None) -> ServerCon
     if parsed.values.get("offline"):
         os.environ["HF_HUB_OFFLINE"] = "1"  # process-wide, as upstream's --offline
     models_dir = parsed.values.get("models_dir")
-    if ref and models_dir:
-        raise CliError(f"{describe(BY_DEST['models_dir'], parsed)}: --models-dir serves a "
-                       "directory of models in router mode, which has no -m/--model; drop "
-                       "one of them")
-    if not ref and models_dir:
+    preset_file = parsed.values.get("models_preset")
+    for dest, given in (("models_dir", models_dir), ("models_preset", preset_file)):
+        if ref and given:
+            raise CliError(f"{describe(BY_DEST[dest], parsed)}: {BY_DEST[dest].name} configures "
+                           "router mode, which has no -m/--model; drop one of them")
+    if not ref and (models_dir or preset_file):
+        from mlxcel_trio.cli import presets
         from mlxcel_trio.cli.passthrough import child_argv
 
+        glob, sections = None, ()
+        if preset_file:
+            try:
+                glob, sections = presets.load(preset_file)
+            except presets.PresetError as exc:
+                raise CliError(f"{describe(BY_DEST['models_preset'], parsed)}: {exc}") from None
         return attrs.evolve(build_config(parsed, ""), router=True, no_effect=without_effect(parsed),
-                            child_args=child_argv(parsed.argv), **io)
+                            child_args=child_argv(parsed.argv), preset_global=glob,
+                            presets=sections, **io)
     if not ref:
         raise CliError(
             "no model given: pass -m/--model (or set LLAMA_ARG_MODEL) with "

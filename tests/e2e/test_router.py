@@ -240,3 +240,43 @@ def test_sigterm_stops_every_child(models_dir):
     r.signal(signal.SIGTERM)
     assert r.wait(30) == 0
     wait_until(lambda: not os.path.exists(f"/proc/{pid}"), "the child gone with its router")
+
+
+def test_presets_define_configure_and_alias_models(models_dir, tiny_model, tmp_path):
+    preset = tmp_path / "models.ini"
+    preset.write_text(
+        "; the router's presets\n"
+        "[*]\n"
+        "LLAMA_ARG_CTX_SIZE = 2048\n"
+        "[alpha]\n"
+        "parallel = 3          ; a discovered model's options\n"
+        "alias = first,a\n"
+        "tags = small\n"
+        "load-on-startup = true\n"
+        "[delta]\n"
+        f"model = {tiny_model}\n"
+        "n-predict = 3\n")
+    r = Router(models_dir, "--models-preset", str(preset)).start()
+    try:
+        wait_until(lambda: r.statuses().get("alpha"), "alpha loaded at startup",
+                   until="loaded".__eq__)
+        listed = {m["id"]: m for m in httpx.get(r.url + "/models").json()["data"]}
+        assert listed["alpha"]["aliases"] == ["first", "a"] and listed["alpha"]["tags"] == ["small"]
+        assert listed["delta"]["source"] == "preset"
+        props = httpx.get(r.url + "/props", params={"model": "first"}).json()  # by alias
+        assert props["total_slots"] == 3 and props["default_generation_settings"]["n_ctx"] == 682
+        # the [*] options reach every model, a section's only its own
+        got = _complete(r, "delta")  # n_predict 8, capped by the section's -n 3
+        assert got["tokens_predicted"] == 3
+    finally:
+        r.stop()
+
+
+def test_a_preset_with_an_unknown_key_fails_startup(models_dir, tmp_path):
+    preset = tmp_path / "bad.ini"
+    preset.write_text("[alpha]\nmodel-colour = red\n")
+    proc = subprocess.run([sys.executable, "-m", "mlxcel_trio", "--models-preset", str(preset),
+                           "--port", "0"], capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 1
+    assert "option 'model-colour' not recognized in preset 'alpha'" in proc.stderr

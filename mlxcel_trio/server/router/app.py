@@ -48,7 +48,8 @@ def inventory(pool: Pool) -> dict:
         status: dict = {"value": inst.status, "args": list(inst.args)}
         if inst.failed:
             status.update(exit_code=inst.exit_code, failed=True)
-        entry = {"id": inst.name, "aliases": [], "tags": [], "object": "model",
+        entry = {"id": inst.name, "aliases": list(inst.entry.aliases),
+                 "tags": list(inst.entry.tags), "object": "model",
                  "owned_by": "llamacpp", "created": now, "status": status,
                  "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]},
                  "source": inst.entry.source, "can_remove": inst.entry.source == "cache"}
@@ -78,8 +79,10 @@ def create_router_app(config: ServerConfig, pool: Pool, env) -> QuartTrio:
         """upstream's router_validate_model."""
         if not name:
             raise ApiError("model name is missing from the request")
-        if name not in pool.instances:
+        canonical = pool.resolve(name)
+        if canonical is None:
             raise ApiError(f"model '{name}' not found")
+        name = canonical
         if not autoload() and pool.instances[name].status != "loaded":
             raise ApiError("model is not loaded")
         return name
@@ -127,7 +130,7 @@ def create_router_app(config: ServerConfig, pool: Pool, env) -> QuartTrio:
 
     async def models():
         if request.args.get("reload"):
-            pool.update(catalog.discover(config.models_dir, env))
+            pool.update(catalog.discover(config.models_dir, env, config.presets))
         return json_response(inventory(pool))
 
     async def props():
@@ -141,7 +144,8 @@ def create_router_app(config: ServerConfig, pool: Pool, env) -> QuartTrio:
 
     async def load():
         body = await request.get_json(force=True, silent=True) or {}
-        inst = pool.instances.get(body.get("model", "") if isinstance(body, dict) else "")
+        name = pool.resolve(body.get("model", "") if isinstance(body, dict) else "")
+        inst = pool.instances.get(name or "")
         if inst is None:
             raise ApiError("model is not found", "not_found_error")
         if inst.running:
@@ -151,7 +155,8 @@ def create_router_app(config: ServerConfig, pool: Pool, env) -> QuartTrio:
 
     async def unload():
         body = await request.get_json(force=True, silent=True) or {}
-        inst = pool.instances.get(body.get("model", "") if isinstance(body, dict) else "")
+        name = pool.resolve(body.get("model", "") if isinstance(body, dict) else "")
+        inst = pool.instances.get(name or "")
         if inst is None:
             raise ApiError("model is not found")
         if not inst.running:

@@ -78,9 +78,11 @@ class Instance:
 
 class Pool:
     def __init__(self, entries: Mapping[str, ModelEntry], child_args: tuple[str, ...],
-                 models_max: int, env: Mapping[str, str]) -> None:
+                 models_max: int, env: Mapping[str, str],
+                 global_args: tuple[str, ...] = ()) -> None:
         self.instances = {name: Instance(e) for name, e in entries.items()}
         self.child_args = child_args
+        self.global_args = global_args      # the [*] preset's options
         self.models_max = models_max
         self.env = dict(env)
         self._nursery: trio.Nursery | None = None
@@ -92,6 +94,12 @@ class Pool:
             self._nursery = nursery
             task_status.started()
             await trio.sleep_forever()
+
+    def resolve(self, name: str) -> str | None:
+        """A model's name from its name or one of its preset aliases."""
+        if name in self.instances:
+            return name
+        return next((n for n, i in self.instances.items() if name in i.entry.aliases), None)
 
     def update(self, entries: Mapping[str, ModelEntry]) -> None:
         """A rescan: new models appear; a running model keeps its instance."""
@@ -114,8 +122,11 @@ class Pool:
         inst.ready = trio.Event()
         inst.port = free_port()
         inst.last_used = time.monotonic()
+        # the [*] preset, the model's own, then the router's command line: the
+        # last spelling of an option wins, so the router's flags win (upstream's order)
         inst.args = ("-m", str(inst.entry.path), "--host", "127.0.0.1",
-                     "--port", str(inst.port), "--alias", inst.name, *self.child_args)
+                     "--port", str(inst.port), "--alias", inst.name, *self.global_args,
+                     *inst.entry.args, *self.child_args)
         self._nursery.start_soon(self._supervise, inst)
 
     async def ready(self, name: str) -> Instance:

@@ -19,6 +19,7 @@ import trio
 from ...config import ServerConfig
 from . import catalog
 from .app import create_router_app
+from ..http.errors import ApiError
 from .pool import Pool
 
 log = logging.getLogger("mlxcel.router")
@@ -31,14 +32,22 @@ async def main(config: ServerConfig, sock, lifecycle, hc) -> int:
     from ...cli.passthrough import child_env
 
     env = child_env(os.environ)
-    entries = catalog.discover(config.models_dir, os.environ)
-    pool = Pool(entries, config.child_args, config.models_max, env)
+    entries = catalog.discover(config.models_dir, os.environ, config.presets)
+    glob = config.preset_global
+    pool = Pool(entries, config.child_args, config.models_max, env,
+                glob.args if glob is not None else ())
     app = create_router_app(config, pool, os.environ)
     shutdown = trio.Event()
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as root:
             root.start_soon(_signals, signals, shutdown)
             await root.start(pool.run)
+            for inst in pool.instances.values():
+                if inst.entry.load_on_startup:  # a preset's load-on-startup
+                    try:
+                        pool.start(inst)
+                    except ApiError as exc:  # past --models-max
+                        log.warning("not loading %s at startup: %s", inst.name, exc.message)
             async with trio.open_nursery() as http:
                 await http.start(partial(listen.serve, app, hc, [sock],
                                          write_timeout=config.timeout,
