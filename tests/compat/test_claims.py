@@ -147,10 +147,10 @@ def test_a_supported_option_may_not_refuse_values() -> None:
 
 
 def test_mounting_an_unclaimed_route_fails_the_route_check() -> None:
-    extra = Route("GET", "/models/sse", "health")
+    extra = Route("POST", "/models", "health")
     problems = claims.route_problems(entries(), routes=(*ROUTES, extra))
-    assert "route GET /models/sse: mounted, but the entry has no claim" in problems
-    assert "ROUTES mounts GET /models/sse but no manifest entry claims it" in problems
+    assert "route POST /models: mounted, but the entry has no claim" in problems
+    assert "ROUTES mounts POST /models but no manifest entry claims it" in problems
 
 
 def test_mounting_a_route_upstream_lacks_fails_the_route_check() -> None:

@@ -280,3 +280,50 @@ def test_a_preset_with_an_unknown_key_fails_startup(models_dir, tmp_path):
                           stdin=subprocess.DEVNULL)
     assert proc.returncode == 1
     assert "option 'model-colour' not recognized in preset 'alpha'" in proc.stderr
+
+
+def test_cache_models_list_stream_events_and_delete_within_the_cache(models_dir, tiny_model,
+                                                                     tmp_path):
+    hub = tmp_path / "hub"
+    snapshot = hub / "models--test--tiny" / "snapshots" / "0123abcd"
+    shutil.copytree(tiny_model, snapshot)
+    outside = tmp_path / "precious"
+    outside.mkdir()
+    (hub / "models--test--link").symlink_to(outside)  # a repository that is a link out
+    r = Router(models_dir, "-np", "1", "-c", "1024", env={"HF_HUB_CACHE": str(hub)}).start()
+    try:
+        listed = {m["id"]: m for m in httpx.get(r.url + "/models").json()["data"]}
+        assert listed["test/tiny"]["source"] == "cache" and listed["test/tiny"]["can_remove"]
+        assert listed["alpha"]["can_remove"] is False
+        events: list = []
+        ready = threading.Event()
+
+        def watch():
+            with httpx.Client(timeout=60) as c, c.stream("GET", r.url + "/models/sse") as s:
+                ready.set()
+                for line in iter_sse_lines(s):
+                    if line.startswith("data: "):
+                        events.append(json.loads(line[6:]))
+                        if events[-1]["event"] == "model_remove":
+                            return
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        assert ready.wait(30)
+        wait_until(lambda: _complete(r, "test/tiny")["model"], "the cache model served")
+        for name, message in (("", "model must be a non-empty string"),
+                              ("alpha", "model name=alpha is not removable (not from cache)"),
+                              ("../precious", "model name=../precious is not found")):
+            bad = httpx.delete(r.url + "/models", params={"model": name})
+            assert bad.json()["error"]["message"] == message, bad.text
+        gone = httpx.delete(r.url + "/models", params={"model": "test/tiny"}, timeout=60)
+        assert gone.json() == {"success": True}
+        assert not (hub / "models--test--tiny").exists() and outside.exists()
+        watcher.join(30)
+        seen = [(e["model"], e["event"], e.get("data", {}).get("status")) for e in events]
+        assert seen == [("test/tiny", "status_change", "loading"),
+                        ("test/tiny", "status_change", "loaded"),
+                        ("test/tiny", "status_change", "unloaded"),
+                        ("test/tiny", "model_remove", None)], seen
+        assert "test/tiny" not in {m["id"] for m in httpx.get(r.url + "/models").json()["data"]}
+    finally:
+        r.stop()

@@ -22,6 +22,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from ...config import ServerConfig
+from ...model_store import hub_cache_dir
 from ..app import BUILD_INFO, MAX_BODY_BYTES, _authorized, _PerRequest
 from ..http.cors import CorsMiddleware, CorsPolicy
 from ..http.errors import ApiError, error_response, invalid_api_key, json_response, not_found
@@ -131,7 +132,28 @@ def create_router_app(config: ServerConfig, pool: Pool, env) -> QuartTrio:
     async def models():
         if request.args.get("reload"):
             pool.update(catalog.discover(config.models_dir, env, config.presets))
+            pool.notify("models_reload", "*")
         return json_response(inventory(pool))
+
+    async def remove():
+        name = request.args.get("model", "")
+        if not name:
+            raise ApiError("model must be a non-empty string")
+        await pool.remove(name, hub_cache_dir(env))
+        return json_response({"success": True})
+
+    async def events():
+        """GET /models/sse: one `data:` frame per pool event until the
+        client leaves (or is too slow to keep up)."""
+        receive = pool.watch()
+
+        async def frames():
+            async with receive:
+                async for message in receive:
+                    yield f"data: {json.dumps(message)}\n\n".encode()
+        resp = Response(frames(), content_type="text/event-stream")
+        resp.timeout = None
+        return resp
 
     async def props():
         if request.args.get("model"):
@@ -165,12 +187,14 @@ def create_router_app(config: ServerConfig, pool: Pool, env) -> QuartTrio:
         return json_response({"success": True})
 
     own = {"/health": health, "/v1/health": health, "/models": models, "/v1/models": models,
-           "/props": props, "/models/load": load, "/models/unload": unload}
+           "/props": props, "/models/load": load, "/models/unload": unload,
+           "/models/sse": events}
     for route in ROUTES:
         if route.vertex:
             continue
         key = (route.method, route.path)
-        view = (own[route.path] if key in OWN or route.router
+        view = (remove if key == ("DELETE", "/models")
+                else own[route.path] if key in OWN or route.router
                 else forward_stream if key in STREAM_ROUTES
                 else forward_post if route.method == "POST" else forward_get)
         app.add_url_rule(prefix + quart_rule(route.path), f"{route.method} {route.path}",

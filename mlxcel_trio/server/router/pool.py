@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Mapping
 
 import trio
@@ -86,6 +88,36 @@ class Pool:
         self.models_max = models_max
         self.env = dict(env)
         self._nursery: trio.Nursery | None = None
+        self._watchers: set[trio.MemorySendChannel] = set()
+
+    # -- events (GET /models/sse) ---------------------------------------------
+
+    def notify(self, event: str, model: str, data: dict | None = None) -> None:
+        """upstream's {"model", "event"[, "data"]} to every watcher; a watcher
+        too slow to take it is dropped (its stream ends)."""
+        message = {"model": model, "event": event}
+        if data is not None:
+            message["data"] = data
+        for ch in list(self._watchers):
+            try:
+                ch.send_nowait(message)
+            except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+                self._watchers.discard(ch)
+                ch.close()
+
+    def watch(self) -> trio.MemoryReceiveChannel:
+        send, receive = trio.open_memory_channel(256)
+        self._watchers.add(send)
+        return receive
+
+    def _status(self, inst: Instance, status: str) -> None:
+        if inst.status == status:
+            return
+        inst.status = status
+        data: dict = {"status": status}
+        if status == "unloaded":
+            data["exit_code"] = inst.exit_code if inst.exit_code is not None else 0
+        self.notify("status_change", inst.name, data)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Own the children: they live in this nursery; cancelling it (the
@@ -100,6 +132,28 @@ class Pool:
         if name in self.instances:
             return name
         return next((n for n, i in self.instances.items() if name in i.entry.aliases), None)
+
+    async def remove(self, name: str, cache_root: Path) -> None:
+        """DELETE /models: stop a cache model's server, then delete its
+        repository from the cache, never anything outside `cache_root`."""
+        inst = self.instances.get(name)
+        if inst is None:
+            raise ApiError(f"model name={name} is not found", "server_error")
+        if inst.entry.source != "cache":
+            raise ApiError(f"model name={name} is not removable (not from cache)", "server_error")
+        proc = inst.process
+        if proc is not None:
+            self.stop(inst)
+            await proc.wait()
+        root = cache_root.resolve()
+        repo = cache_root / ("models--" + name.replace("/", "--"))
+        # the repository folder itself must not be a link, and must sit in the cache
+        if repo.is_symlink() or repo.resolve().parent != root:
+            raise ApiError(f"model name={name} is not removable (not from cache)", "server_error")
+        await trio.to_thread.run_sync(shutil.rmtree, repo, True)
+        del self.instances[name]
+        log.info("removed %s from the cache (%s)", name, repo)
+        self.notify("model_remove", name, {})
 
     def update(self, entries: Mapping[str, ModelEntry]) -> None:
         """A rescan: new models appear; a running model keeps its instance."""
@@ -118,7 +172,8 @@ class Pool:
             return
         self._make_room()
         assert self._nursery is not None
-        inst.status, inst.exit_code, inst.info = "loading", None, {}
+        inst.exit_code, inst.info = None, {}
+        self._status(inst, "loading")
         inst.ready = trio.Event()
         inst.port = free_port()
         inst.last_used = time.monotonic()
@@ -163,7 +218,8 @@ class Pool:
                 stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
         except OSError as exc:
             log.error("%s: cannot start its server: %s", inst.name, exc)
-            inst.status, inst.exit_code = "unloaded", -1
+            inst.exit_code = -1
+            self._status(inst, "unloaded")
             inst.ready.set()
             return
         inst.process = proc
@@ -182,7 +238,7 @@ class Pool:
                 inst.exit_code = proc.returncode
                 if proc.returncode is not None:
                     log.warning("%s: its server exited with code %d", inst.name, proc.returncode)
-            inst.status = "unloaded"
+            self._status(inst, "unloaded")
             inst.ready.set()
 
     async def _relay(self, inst: Instance, proc: trio.Process) -> None:
@@ -196,7 +252,7 @@ class Pool:
             for line in lines:
                 log.info("[%s] %s", inst.name, line.decode(errors="replace").rstrip())
                 if inst.status == "loading" and line.startswith(LOADED_LINE):
-                    inst.status = "loaded"
+                    self._status(inst, "loaded")
                     inst.ready.set()
 
     # -- unload ----------------------------------------------------------------
@@ -207,7 +263,7 @@ class Pool:
         if proc is None or proc.returncode is not None:
             return
         inst._stopping = True
-        inst.status = "unloaded"  # no new request reaches it
+        self._status(inst, "unloaded")  # no new request reaches it
         assert self._nursery is not None
         self._nursery.start_soon(self._terminate, proc)
 
