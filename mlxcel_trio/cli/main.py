@@ -294,6 +294,9 @@ def server_main(
 # The `mlxcel` subcommands: name -> one-line description.
 COMMANDS: dict[str, str] = {
     "serve": "run the llama-server compatible HTTP server (same as mlxcel-server)",
+    "download": "fetch an MLX checkpoint (owner/name) into the Hugging Face cache",
+    "list": "list the MLX checkpoints in the Hugging Face cache",
+    "rm": "remove a checkpoint (owner/name) from the Hugging Face cache",
 }
 
 
@@ -322,6 +325,10 @@ def mlxcel_main(argv: Sequence[str] | None = None) -> int:
         return 0
     if argv[0] == "serve":
         return server_main(argv[1:], prog="mlxcel serve")
+    if argv[0] in ("download", "list", "rm"):
+        from mlxcel_trio.cli import store
+
+        return store.main(argv[0], argv[1:])
     print(f"error: unknown command {argv[0]!r} (commands: {', '.join(COMMANDS)})",
           file=sys.stderr)
     return 1

@@ -32,12 +32,6 @@ _SPLIT_SHARD = re.compile(r"-[0-9]{5}-of-[0-9]{5}\.gguf", re.IGNORECASE)
 _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+")
 _HF_HOSTS = frozenset({"huggingface.co", "www.huggingface.co", "hf.co"})
 
-# What an MLX checkpoint needs from a Hub snapshot: configs, weights,
-# tokenizer files and chat templates; GGUF or PyTorch blobs stay behind.
-_ALLOW_PATTERNS = [
-    "*.json", "*.safetensors", "*.py", "*.txt", "*.jsonl", "*.jinja",
-    "*.model", "*.tiktoken",
-]
 
 
 class ModelRefError(Exception):
@@ -114,52 +108,12 @@ def resolve(value: str, token: str | None = None) -> ResolvedModel:
 
 
 def _download(repo_id: str, token: str | None = None) -> str:
-    """Fetch (or find in the cache) a Hub snapshot; failures become one line."""
+    """Fetch (or find in the cache) a Hub snapshot, with a progress bar on
+    stderr; failures become one line."""
+    from mlxcel_trio import downloads
+
     try:
-        from huggingface_hub import snapshot_download
-        from huggingface_hub.utils import LocalEntryNotFoundError
-    except ImportError as exc:  # pragma: no cover - a declared dependency
-        raise ModelRefError(f"huggingface_hub is unavailable ({exc})") from None
-    try:
-        if token:
-            return snapshot_download(repo_id, allow_patterns=_ALLOW_PATTERNS, token=token)
-        return snapshot_download(repo_id, allow_patterns=_ALLOW_PATTERNS)
-    except LocalEntryNotFoundError as exc:
-        raise ModelRefError(f"not in the local Hugging Face cache, and {_why_offline(exc)}; "
-                            "download it once where the Hub is reachable, or pass a "
-                            "local checkpoint directory") from None
-    except Exception as exc:  # any Hub or network failure: one line, no traceback
-        raise ModelRefError(f"could not fetch it from Hugging Face: {_hub_failure(exc)}") from None
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[0] if lines else type(exc).__name__
-
-
-def _why_offline(exc: BaseException) -> str:
-    """huggingface_hub says "not in the cache" both when downloading is off
-    and when the Hub could not be reached; tell the two apart, with the
-    underlying network error in the second case."""
-    from huggingface_hub import constants
-
-    if constants.HF_HUB_OFFLINE:
-        return "downloading is off (HF_HUB_OFFLINE or --offline is set)"
-    cause = exc.__cause__ or exc.__context__
-    if cause is None:
-        return "the Hub could not be reached"
-    return f"the Hub could not be reached ({type(cause).__name__}: {_first_line(cause)})"
-
-
-def _hub_failure(exc: BaseException) -> str:
-    """One line naming the real cause: the HTTP status the Hub answered
-    (401 needs a token, 404 is no such repository), else the error itself."""
-    response = getattr(exc, "response", None)
-    status = getattr(response, "status_code", None)
-    if status == 401:
-        return ("401 Unauthorized: the repository is private or gated; pass --hf-token "
-                "or set HF_TOKEN")
-    if status == 404:
-        return "404 Not Found: no such repository (check the owner/name spelling)"
-    prefix = f"HTTP {status}: " if status else f"{type(exc).__name__}: "
-    return prefix + _first_line(exc)
+        return str(downloads.fetch(repo_id, token=token,
+                                   on_progress=downloads.TerminalBar(repo_id)))
+    except downloads.DownloadError as exc:
+        raise ModelRefError(str(exc)) from None

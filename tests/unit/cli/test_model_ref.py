@@ -73,28 +73,30 @@ def test_unknown_bare_name_is_refused() -> None:
 
 
 def _fake_hub(monkeypatch: pytest.MonkeyPatch, download) -> None:  # type: ignore[no-untyped-def]
-    import huggingface_hub
+    from mlxcel_trio import downloads
 
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", download)
+    monkeypatch.setattr(downloads, "fetch", download)
 
 
-def test_repo_id_resolves_through_snapshot_download(
+def test_repo_id_resolves_through_the_download(
     monkeypatch: pytest.MonkeyPatch, checkpoint: Path
 ) -> None:
     seen = []
 
-    def download(repo_id: str, **kwargs: object) -> str:
+    def download(repo_id: str, **kwargs: object) -> Path:
         seen.append(repo_id)
-        return str(checkpoint)
+        return checkpoint
 
     _fake_hub(monkeypatch, download)
     got = resolve("owner/name")
     assert seen == ["owner/name"] and got.source == "hub" and got.path == str(checkpoint)
 
 
-def test_hub_failure_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    def download(repo_id: str, **kwargs: object) -> str:
-        raise RuntimeError("500 Server Error\nsomething for url: x")
+def test_a_failed_download_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlxcel_trio.downloads import DownloadError, hub_failure
+
+    def download(repo_id: str, **kwargs: object) -> Path:
+        raise DownloadError(hub_failure(RuntimeError("500 Server Error\nsomething for url: x")))
 
     _fake_hub(monkeypatch, download)
     with pytest.raises(ModelRefError) as err:
@@ -111,42 +113,25 @@ class _HttpError(Exception):
 @pytest.mark.parametrize(("status", "needle"), [
     (401, "401 Unauthorized: the repository is private or gated; pass --hf-token"),
     (404, "404 Not Found: no such repository"), (503, "HTTP 503: 503 Client Error")])
-def test_hub_http_status_is_named(monkeypatch: pytest.MonkeyPatch, status: int,
-                                  needle: str) -> None:
-    def download(repo_id: str, **kwargs: object) -> str:
-        raise _HttpError(status)
+def test_hub_http_status_is_named(status: int, needle: str) -> None:
+    from mlxcel_trio.downloads import hub_failure
 
-    _fake_hub(monkeypatch, download)
-    with pytest.raises(ModelRefError) as err:
-        resolve("owner/name")
-    assert needle in str(err.value) and "\n" not in str(err.value)
+    line = hub_failure(_HttpError(status))
+    assert needle in line and "\n" not in line
 
 
-def test_an_unreachable_hub_is_not_called_offline(monkeypatch: pytest.MonkeyPatch) -> None:
-    """huggingface_hub answers "not in the cache" for a network failure too;
-    the line names the network error, not HF_HUB_OFFLINE."""
-    from huggingface_hub import constants
-    from huggingface_hub.utils import LocalEntryNotFoundError
+def test_an_unreachable_hub_is_not_called_offline() -> None:
+    from mlxcel_trio.downloads import hub_failure
 
-    def download(repo_id: str, **kwargs: object) -> str:
-        try:
-            raise ConnectionError("Name or service not known")
-        except ConnectionError as net:
-            raise LocalEntryNotFoundError("cannot find the requested files") from net
-
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    _fake_hub(monkeypatch, download)
-    with pytest.raises(ModelRefError) as err:
-        resolve("owner/name")
-    line = str(err.value)
+    line = hub_failure(ConnectionError("Name or service not known"))
     assert "HF_HUB_OFFLINE" not in line
-    assert "the Hub could not be reached (ConnectionError: Name or service not known)" in line
+    assert line.endswith("ConnectionError: Name or service not known")
 
 
 def test_hub_snapshot_that_is_not_mlx_is_refused(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    _fake_hub(monkeypatch, lambda repo_id, **kw: str(tmp_path))
+    _fake_hub(monkeypatch, lambda repo_id, **kw: tmp_path)
     with pytest.raises(ModelRefError, match="owner/name has no config.json"):
         resolve("owner/name")
 

@@ -1,0 +1,223 @@
+"""Fetching MLX checkpoints from the Hugging Face Hub into its cache.
+
+One function, `fetch`, serves `-m owner/name`, `mlxcel download` and the
+router's `POST /models`.  It honours HF_ENDPOINT, HF_HUB_OFFLINE and
+HF_TOKEN / a token argument the way huggingface_hub does, and adds:
+
+- progress in bytes (done, total, rate, ETA) through a callback, from the
+  file sizes the Hub lists and the bytes on disk so far;
+- all or nothing: the snapshot is downloaded into a staging folder inside
+  the cache and moved into place only once every file is there, so a
+  download that fails (404, 401, a dropped connection, a stop) leaves no
+  half snapshot that a later load would take for a checkpoint;
+- one line naming the real cause when it fails (`DownloadError`).
+
+The standard library and attrs at import; huggingface_hub only when called.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import shutil
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Callable, TextIO
+
+import attrs
+
+from .model_store import hub_cache_dir, is_checkpoint
+
+# What an MLX checkpoint needs from a Hub snapshot: configs, weights,
+# tokenizer files and chat templates; GGUF or PyTorch blobs stay behind.
+ALLOW_PATTERNS = (
+    "*.json", "*.safetensors", "*.py", "*.txt", "*.jsonl", "*.jinja",
+    "*.model", "*.tiktoken",
+)
+STAGING = ".mlxcel-staging"
+POLL_S = 0.25
+
+
+class DownloadError(Exception):
+    """A download that failed; str() is one line naming the cause."""
+
+
+@attrs.frozen
+class Progress:
+    done: int                 # bytes on disk so far
+    total: int                # bytes the Hub lists for the files to fetch
+    rate: float               # bytes per second since the start
+    eta: float | None         # seconds left at that rate
+
+    def to_json(self) -> dict:
+        return {"done": self.done, "total": self.total, "rate": round(self.rate),
+                "eta": None if self.eta is None else round(self.eta, 1)}
+
+
+def repo_dir(cache: Path, repo_id: str) -> Path:
+    return cache / ("models--" + repo_id.replace("/", "--"))
+
+
+def cached(repo_id: str, cache: Path | None = None) -> Path | None:
+    """The repository's checkpoint snapshot in the cache, if one is there."""
+    snapshots = repo_dir(cache or hub_cache_dir(os.environ), repo_id) / "snapshots"
+    if not snapshots.is_dir():
+        return None
+    usable = [s for s in snapshots.iterdir() if is_checkpoint(s)]
+    return max(usable, key=lambda s: s.stat().st_mtime) if usable else None
+
+
+def fetch(repo_id: str, *, token: str | None = None, cache: Path | None = None,
+          on_progress: Callable[[Progress], None] | None = None,
+          stop: threading.Event | None = None) -> Path:
+    """The snapshot directory of `repo_id`: from the cache when it is there,
+    else downloaded (all or nothing).  Raises DownloadError."""
+    cache = cache or hub_cache_dir(os.environ)
+    found = cached(repo_id, cache)
+    if found is not None:
+        return found
+    try:
+        from huggingface_hub import HfApi, constants, snapshot_download
+    except ImportError as exc:  # pragma: no cover - a declared dependency
+        raise DownloadError(f"huggingface_hub is unavailable ({exc})") from None
+    if constants.HF_HUB_OFFLINE:
+        raise DownloadError("not in the local Hugging Face cache, and downloading is off "
+                            "(HF_HUB_OFFLINE or --offline is set); download it once where the "
+                            "Hub is reachable, or pass a local checkpoint directory")
+    try:
+        total = sum(f.size or 0 for f in HfApi(token=token).list_repo_tree(repo_id, recursive=True)
+                    if getattr(f, "size", None) is not None and _wanted(f.path))
+    except Exception as exc:
+        raise DownloadError(hub_failure(exc)) from None
+    if on_progress is not None:  # ours replaces huggingface_hub's per-file bars
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    t0 = time.monotonic()
+    staging = cache / STAGING / uuid.uuid4().hex
+    staging.mkdir(parents=True, exist_ok=True)
+    done = threading.Event()
+    watcher = threading.Thread(target=_watch, args=(staging, total, on_progress, done),
+                               daemon=True) if on_progress else None
+    try:
+        if watcher:
+            watcher.start()
+        if stop is not None and stop.is_set():
+            raise DownloadError("the download was stopped")
+        snapshot = Path(snapshot_download(repo_id, allow_patterns=list(ALLOW_PATTERNS),
+                                          cache_dir=str(staging), token=token))
+        if stop is not None and stop.is_set():
+            raise DownloadError("the download was stopped")
+        if not is_checkpoint(snapshot):
+            raise DownloadError(f"the repository {repo_id} holds no MLX checkpoint "
+                                "(config.json and *.safetensors)")
+        final = _publish(staging, cache, repo_id, snapshot)
+    except DownloadError:
+        raise
+    except Exception as exc:
+        raise DownloadError(hub_failure(exc)) from None
+    finally:
+        done.set()
+        if watcher:
+            watcher.join(5)
+        shutil.rmtree(staging, ignore_errors=True)
+    if on_progress:
+        elapsed = time.monotonic() - t0
+        on_progress(Progress(total, total, total / elapsed if elapsed > 0 else 0.0, 0.0))
+    return final
+
+
+def _wanted(path: str) -> bool:
+    name = path.rsplit("/", 1)[-1]
+    return any(fnmatch.fnmatch(name, p) or fnmatch.fnmatch(path, p) for p in ALLOW_PATTERNS)
+
+
+def _watch(staging: Path, total: int, on_progress, done: threading.Event) -> None:
+    t0 = time.monotonic()
+    while not done.wait(POLL_S):
+        size = 0
+        for root, _dirs, files in os.walk(staging):
+            for f in files:
+                try:
+                    size += os.lstat(os.path.join(root, f)).st_size
+                except OSError:
+                    pass
+        elapsed = time.monotonic() - t0
+        rate = size / elapsed if elapsed > 0 else 0.0
+        eta = (total - size) / rate if rate > 0 and total >= size else None
+        on_progress(Progress(min(size, total) if total else size, total, rate, eta))
+
+
+def _publish(staging: Path, cache: Path, repo_id: str, snapshot: Path) -> Path:
+    """Move the staged repository into the cache: blobs first, then the
+    snapshot links and refs, so a reader never sees a link to a missing blob."""
+    source = repo_dir(staging, repo_id)
+    target = repo_dir(cache, repo_id)
+    for part in ("blobs", "snapshots", "refs"):
+        src = source / part
+        if not src.is_dir():
+            continue
+        for root, dirs, files in os.walk(src):
+            rel = Path(root).relative_to(source)
+            (target / rel).mkdir(parents=True, exist_ok=True)
+            for f in files:
+                os.replace(Path(root) / f, target / rel / f)
+    return target / snapshot.relative_to(source)
+
+
+# -- failures -------------------------------------------------------------------
+
+def first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def hub_failure(exc: BaseException) -> str:
+    """One line naming the real cause: the HTTP status the Hub answered
+    (401 needs a token, 404 is no such repository), else the error itself."""
+    response = getattr(exc, "response", None)
+    status = getattr(response, "status_code", None)
+    if status == 401:
+        return ("could not fetch it from Hugging Face: 401 Unauthorized: the repository is "
+                "private or gated; pass --hf-token or set HF_TOKEN")
+    if status == 404:
+        return ("could not fetch it from Hugging Face: 404 Not Found: no such repository "
+                "(check the owner/name spelling)")
+    prefix = f"HTTP {status}: " if status else f"{type(exc).__name__}: "
+    return "could not fetch it from Hugging Face: " + prefix + first_line(exc)
+
+
+# -- the terminal's progress bar ---------------------------------------------------
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+class TerminalBar:
+    """Progress on stderr: one line redrawn in place on a terminal, a line
+    per tenth otherwise (a log or a pipe)."""
+
+    def __init__(self, repo_id: str, stream: TextIO | None = None) -> None:
+        self.repo_id = repo_id
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self._tenth = -1
+
+    def __call__(self, p: Progress) -> None:
+        pct = 100 * p.done / p.total if p.total else 100.0
+        eta = f", ETA {p.eta:.0f} s" if p.eta is not None and p.done < p.total else ""
+        line = (f"downloading {self.repo_id}: {_size(p.done)} / {_size(p.total)} "
+                f"({pct:.0f}%), {_size(p.rate)}/s{eta}")
+        if self.tty:
+            self.stream.write("\r" + line + ("\n" if p.done >= p.total else ""))
+        elif int(pct // 10) > self._tenth:
+            self._tenth = int(pct // 10)
+            self.stream.write(line + "\n")
+        self.stream.flush()
