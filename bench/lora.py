@@ -81,6 +81,30 @@ def raw_rate(path: Path, adapter: Path | None, prompt: list[int], n: int) -> flo
     return (len(times) - 1) / (times[-1] - times[0])
 
 
+def measure_server(load_model, install, read_adapter, path, adapter, vocab, prompts,
+                   a) -> dict:
+    """The server-side rows; the models are freed when this returns."""
+    model, _ = load_model(path)
+    r: dict = {}
+    plain, _ = load_model(path)  # a second copy: installing changes `model` in place
+    adapted = install(model, [read_adapter(str(adapter))])
+    decode(plain, vocab, prompts[:1], 4, [()], 0)  # warm-up
+    decode(adapted, vocab, prompts[:1], 4, [(1.0,)], 1)
+    mixes = [(0.25 * (i + 1),) for i in range(a.streams)]
+    runs = {
+        "base": lambda: decode(plain, vocab, prompts[:1], a.tokens, [()], 0),
+        "adapter": lambda: decode(adapted, vocab, prompts[:1], a.tokens, [(1.0,)], 1),
+        "adapter_scale_0": lambda: decode(adapted, vocab, prompts[:1], a.tokens, [(0.0,)], 1),
+        "batch_shared": lambda: decode(adapted, vocab, prompts, a.tokens,
+                                       [(1.0,)] * a.streams, 1),
+        "batch_mixed": lambda: decode(adapted, vocab, prompts, a.tokens, mixes, 1),
+    }
+    for _ in range(a.rounds):  # interleaved, so a busy moment hits every configuration
+        for key, run in runs.items():
+            r[key] = max(r.get(key, 0.0), run())
+    return r
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     src = ap.add_mutually_exclusive_group()
@@ -109,31 +133,14 @@ def main() -> int:
         ap.error("--model needs --adapter")
     path = a.model or ensure(a.fixture)
     adapter = a.adapter or ensure(f"{a.fixture}-lora")
-    model, config = load_model(path)
+    config = json.loads((path / "config.json").read_text())
     vocab = Vocab(path, int(config.get("vocab_size", 0)) or None)
     ids = C.vocab_ids(path)
     prompts = [C.make_prompt(ids, a.prompt_tokens, seed=i) for i in range(a.streams)]
     print(f"model {path} | adapter {adapter} | {a.tokens} tokens after a {a.prompt_tokens}-token "
           f"prompt | BLAS {C.blas_in_use()['kind']}", flush=True)
 
-    r: dict = {}
-    plain, _ = load_model(path)  # a second copy: installing changes `model` in place
-    adapted = install(model, [read_adapter(str(adapter))])
-    decode(plain, vocab, prompts[:1], 4, [()], 0)  # warm-up
-    decode(adapted, vocab, prompts[:1], 4, [(1.0,)], 1)
-    mixes = [(0.25 * (i + 1),) for i in range(a.streams)]
-    runs = {
-        "base": lambda: decode(plain, vocab, prompts[:1], a.tokens, [()], 0),
-        "adapter": lambda: decode(adapted, vocab, prompts[:1], a.tokens, [(1.0,)], 1),
-        "adapter_scale_0": lambda: decode(adapted, vocab, prompts[:1], a.tokens, [(0.0,)], 1),
-        "batch_shared": lambda: decode(adapted, vocab, prompts, a.tokens,
-                                       [(1.0,)] * a.streams, 1),
-        "batch_mixed": lambda: decode(adapted, vocab, prompts, a.tokens, mixes, 1),
-    }
-    for _ in range(a.rounds):  # interleaved, so a busy moment hits every configuration
-        for key, run in runs.items():
-            r[key] = max(r.get(key, 0.0), run())
-    del model, plain, adapted, runs
+    r = measure_server(load_model, install, read_adapter, path, adapter, vocab, prompts, a)
     r["raw_base"] = raw_rate(path, None, prompts[0], a.tokens)
     r["raw_adapter"] = raw_rate(path, adapter, prompts[0], a.tokens)
 

@@ -161,6 +161,7 @@ class ServerConfig:
     preset_global: Any = None
     presets: tuple = ()
     router: bool = False             # this process is the router
+    hf_token: str | None = attrs.field(default=None, repr=False)  # the router's downloads
     child_args: tuple[str, ...] = () # the command line each model's server gets
     # -- LoRA adapters (engine/lora.py) --
     lora: tuple[tuple[str, float], ...] = ()         # --lora, as given

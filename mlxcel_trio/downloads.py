@@ -130,6 +130,16 @@ def fetch(repo_id: str, *, token: str | None = None, cache: Path | None = None,
     return final
 
 
+def probe(repo_id: str, token: str | None = None) -> None:
+    """The Hub knows `repo_id` (and lets this token read it); else DownloadError."""
+    from huggingface_hub import HfApi
+
+    try:
+        HfApi(token=token).model_info(repo_id)
+    except Exception as exc:
+        raise DownloadError(hub_failure(exc)) from None
+
+
 def _wanted(path: str) -> bool:
     name = path.rsplit("/", 1)[-1]
     return any(fnmatch.fnmatch(name, p) or fnmatch.fnmatch(path, p) for p in ALLOW_PATTERNS)

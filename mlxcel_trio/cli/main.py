@@ -48,7 +48,7 @@ SERVER_PROG = "mlxcel-server"
 # The inert classifications: such an option may have no ServerConfig field.
 _INERT = frozenset({"deferred", "not_applicable"})
 # Options the cli consumes itself while resolving the model.
-_CLI_ONLY = frozenset({"hf_token", "hf_repo"})
+_CLI_ONLY = frozenset({"hf_repo"})
 
 
 def version_text() -> str:

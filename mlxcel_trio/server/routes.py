@@ -96,6 +96,7 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/models/unload", "models_unload", router=True),
     Route("GET", "/models/sse", "models_events", router=True),
     Route("DELETE", "/models", "models_remove", router=True),
+    Route("POST", "/models", "models_add", router=True),
     # Vertex AI (server/surfaces/vertex_env.py, server/surfaces/vertex.py)
     Route("GET", "$AIP_HEALTH_ROUTE", "health", vertex=True),
     Route("POST", "$AIP_PREDICT_ROUTE", "vertex_predict", vertex=True),

@@ -147,8 +147,7 @@ def test_a_supported_option_may_not_refuse_values() -> None:
 
 
 def test_mounting_an_unclaimed_route_fails_the_route_check() -> None:
-    extra = Route("POST", "/models", "health")
-    problems = claims.route_problems(entries(), routes=(*ROUTES, extra))
+    problems = claims.route_problems(replaced("POST /models", mlxcel=None))
     assert "route POST /models: mounted, but the entry has no claim" in problems
     assert "ROUTES mounts POST /models but no manifest entry claims it" in problems
 

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
+
+import trio
 
 from quart import Response, request
 from quart_trio import QuartTrio
@@ -35,6 +38,7 @@ log = logging.getLogger("mlxcel.router")
 # answered by the router itself (everything else in ROUTES is forwarded)
 OWN = {("GET", "/health"), ("GET", "/v1/health"), ("GET", "/models"), ("GET", "/v1/models"),
        ("GET", "/props")}
+_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
 STREAM_ROUTES = {("GET", "/v1/stream"), ("DELETE", "/v1/stream"), ("POST", "/v1/streams/lookup")}
 CONV_HEADER = "X-Conversation-Id"
 CONV_MEMORY = 4096  # conversation ids remembered for the stream routes (oldest dropped)
@@ -135,6 +139,29 @@ def create_router_app(config: ServerConfig, pool: Pool, env) -> QuartTrio:
             pool.notify("models_reload", "*")
         return json_response(inventory(pool))
 
+    async def add():
+        """POST /models: upstream's order: the name, then the Hub's answer
+        about it, then whether it is here already; the download runs on."""
+        from ... import downloads
+
+        body = await request.get_json(force=True, silent=True)
+        name = body.get("model") if isinstance(body, dict) else None
+        if not isinstance(name, str) or not name:
+            raise ApiError("model must be a non-empty string")
+        if "/" not in name:  # a bare name: mlx-community's, as -m expands it
+            name = f"mlx-community/{name}"
+        if not _REPO_ID.fullmatch(name) or ".." in name:
+            raise ApiError(f"model '{name}' is not a Hugging Face repo id (owner/name)")
+        token = config.hf_token or env.get("HF_TOKEN") or None
+        try:
+            await trio.to_thread.run_sync(lambda: downloads.probe(name, token))
+        except downloads.DownloadError as exc:
+            raise ApiError(f"model validation failed, unable to download: {exc}") from None
+        if pool.resolve(name) is not None:
+            raise ApiError(f"model '{name}' already exists")
+        await pool.download(name, hub_cache_dir(env), token)
+        return json_response({"success": True})
+
     async def remove():
         name = request.args.get("model", "")
         if not name:
@@ -193,7 +220,7 @@ def create_router_app(config: ServerConfig, pool: Pool, env) -> QuartTrio:
         if route.vertex:
             continue
         key = (route.method, route.path)
-        view = (remove if key == ("DELETE", "/models")
+        view = (remove if key == ("DELETE", "/models") else add if key == ("POST", "/models")
                 else own[route.path] if key in OWN or route.router
                 else forward_stream if key in STREAM_ROUTES
                 else forward_post if route.method == "POST" else forward_get)

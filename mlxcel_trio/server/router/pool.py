@@ -155,13 +155,53 @@ class Pool:
         log.info("removed %s from the cache (%s)", name, repo)
         self.notify("model_remove", name, {})
 
+    async def download(self, name: str, cache: Path, token: str | None) -> None:
+        """POST /models after its checks: fetch `name` into the cache as a
+        "downloading" model with download_progress events, then list it (or
+        drop it again with download_failed)."""
+        from ... import downloads
+
+        inst = Instance(ModelEntry(name, downloads.repo_dir(cache, name), "cache"))
+        inst.status = "downloading"
+        self.instances[name] = inst
+        self.notify("status_change", name, {"status": "downloading"})
+        token_ = trio.lowlevel.current_trio_token()
+
+        def progress(p: downloads.Progress) -> None:  # a worker thread
+            try:
+                trio.from_thread.run_sync(self.notify, "download_progress", name, p.to_json(),
+                                          trio_token=token_)
+            except trio.RunFinishedError:
+                pass
+
+        async def run() -> None:
+            try:
+                path = await trio.to_thread.run_sync(
+                    lambda: downloads.fetch(name, token=token, cache=cache, on_progress=progress),
+                    abandon_on_cancel=True)
+            except downloads.DownloadError as exc:
+                log.warning("download of %s failed: %s", name, exc)
+                if self.instances.get(name) is inst:
+                    del self.instances[name]
+                self.notify("download_failed", name, {"error": str(exc)})
+                return
+            inst.entry = ModelEntry(name, path, "cache")
+            inst.status = "unloaded"
+            log.info("downloaded %s to %s", name, path)
+            self.notify("download_finished", name, {})
+            self.notify("status_change", name, {"status": "unloaded", "exit_code": 0})
+
+        assert self._nursery is not None
+        self._nursery.start_soon(run)
+
     def update(self, entries: Mapping[str, ModelEntry]) -> None:
         """A rescan: new models appear; a running model keeps its instance."""
         for name, entry in entries.items():
             inst = self.instances.get(name)
             if inst is None or (not inst.running and inst.entry != entry):
                 self.instances[name] = Instance(entry)
-        for name in [n for n, i in self.instances.items() if n not in entries and not i.running]:
+        for name in [n for n, i in self.instances.items()
+                     if n not in entries and not i.running and i.status != "downloading"]:
             del self.instances[name]
 
     # -- load ------------------------------------------------------------------
