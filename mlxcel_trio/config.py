@@ -162,6 +162,7 @@ class ServerConfig:
     presets: tuple = ()
     router: bool = False             # this process is the router
     hf_token: str | None = attrs.field(default=None, repr=False)  # the router's downloads
+    model_store_root: str | None = None  # --model-store-root (model_store.py)
     child_args: tuple[str, ...] = () # the command line each model's server gets
     # -- LoRA adapters (engine/lora.py) --
     lora: tuple[tuple[str, float], ...] = ()         # --lora, as given

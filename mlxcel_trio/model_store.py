@@ -12,8 +12,10 @@ from typing import Mapping
 
 
 def hub_cache_dir(env: Mapping[str, str]) -> Path:
-    """Where huggingface_hub keeps its cache, by its own precedence."""
-    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+    """The model store: --model-store-root / MLXCEL_MODELS_DIR (or
+    MLXCEL_CACHE_DIR), else where huggingface_hub keeps its cache, by its
+    own precedence."""
+    for var in ("MLXCEL_MODELS_DIR", "MLXCEL_CACHE_DIR", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
         if env.get(var):
             return Path(env[var]).expanduser()
     if env.get("HF_HOME"):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -181,6 +182,8 @@ def configure(parsed: Parsed, env: Mapping[str, str] | None = None) -> ServerCon
         ref = repo
     if parsed.values.get("offline"):
         os.environ["HF_HUB_OFFLINE"] = "1"  # process-wide, as upstream's --offline
+    if parsed.values.get("model_store_root"):  # process-wide: a router's children inherit it
+        os.environ["MLXCEL_MODELS_DIR"] = str(Path(parsed.values["model_store_root"]).expanduser())
     models_dir = parsed.values.get("models_dir")
     preset_file = parsed.values.get("models_preset")
     for dest, given in (("models_dir", models_dir), ("models_preset", preset_file)):

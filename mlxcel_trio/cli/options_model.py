@@ -86,6 +86,11 @@ SOURCE: tuple[Option, ...] = (
            value=Text(allow_empty=True), metavar="TOKEN", env="HF_TOKEN",
            default_text="value from HF_TOKEN environment variable", secret=True,
            owner=3),
+    Option(("--model-store-root",), "model_store_root",
+           "mlxcel-trio: the model store, a Hugging Face cache layout that -m owner/name, "
+           "mlxcel download / list / rm and router mode read and fill",
+           value=Text(), metavar="PATH", default_text="the Hugging Face cache",
+           env="MLXCEL_MODELS_DIR", upstream=False, owner=18),
     Option(("--offline",), "offline",
            "never download: resolve models from the local Hugging Face cache only",
            kind="flag", default=False, env="LLAMA_ARG_OFFLINE", owner=MODEL_ISSUE),

@@ -43,8 +43,9 @@ def _leftovers(cache) -> list[str]:
 
 
 def test_a_repo_id_downloads_with_progress_and_serves(hub, tmp_path, tiny_model):
-    cache = tmp_path / "hub"
-    srv = ServerProcess("test/tiny", "-np", "1", "-c", "1024", env=_env(hub, cache)).start()
+    cache = tmp_path / "store"  # --model-store-root wins over the Hugging Face cache
+    srv = ServerProcess("test/tiny", "-np", "1", "-c", "1024", "--model-store-root", str(cache),
+                        env=_env(hub, tmp_path / "hf-cache")).start()
     try:
         progress = [ln for ln in srv.stderr if ln.startswith("downloading test/tiny: ")]
         assert progress and "(100%)" in progress[-1], srv.stderr

@@ -50,8 +50,8 @@ def test_every_upstream_entry_is_in_the_table() -> None:
     # choices (--blas, --weights) and the side encoders (--embedding-model,
     # --reranker-model)
     assert sorted(o.name for o in upstream_only) == [
-        "--blas", "--dump-flag-surface", "--embedding-model", "--reasoning-alias-field",
-        "--reranker-model", "--weights"]
+        "--blas", "--dump-flag-surface", "--embedding-model", "--model-store-root",
+        "--reasoning-alias-field", "--reranker-model", "--weights"]
     assert all(not o.upstream for o in upstream_only)
     assert [o.name for o in upstream_only if o.hidden] == ["--dump-flag-surface"]
 
@@ -61,12 +61,13 @@ def test_no_spelling_or_variable_upstream_lacks() -> None:
     theirs = set(data["long_spellings"]) | set(data["short_spellings"]) | {"--rpc"}
     mine = {s for o in OPTIONS for s in o.all_spellings}
     assert mine - theirs == {"--dump-flag-surface", "--reasoning-alias-field",  # ours
-                             "--blas", "--weights", "--embedding-model", "--reranker-model"}
+                             "--blas", "--weights", "--embedding-model", "--reranker-model",
+                             "--model-store-root"}
     assert theirs - mine == set()
     envs = {e for o in OPTIONS for e in (o.env, o.env_negated) if e}
     want = (set(data["env_vars_named_in_help"]) | set(data["implicit_LLAMA_ARG_NO_env_aliases"])
             | {"LLAMA_ARG_RPC"})
-    assert envs == want | {"MLXCEL_BLAS", "MLXCEL_WEIGHTS"}  # ours
+    assert envs == want | {"MLXCEL_BLAS", "MLXCEL_WEIGHTS", "MLXCEL_MODELS_DIR"}  # ours
 
 
 @pytest.mark.parametrize("rec", RECORDS, ids=record_id)

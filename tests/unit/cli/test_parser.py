@@ -72,6 +72,7 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "lora": ("a,b", ((("a", 1.0), ("b", 1.0)),)),
     "models_dir": (str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent)),
     "models_max": ("2", 2),
+    "model_store_root": ("/srv/models", "/srv/models"),
     "models_preset": ("models.ini", "models.ini"),
     "lora_scaled": ("a:0.5", ((("a", 0.5),),)),
     "weights": ("keep", "keep"),
