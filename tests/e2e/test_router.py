@@ -29,6 +29,9 @@ def models_dir(tmp_path_factory, tiny_model, tiny_wide_model):
     shutil.copytree(tiny_wide_model, root / "beta")
     shutil.copytree(tiny_model, root / "gamma")
     (root / "notes").mkdir()  # no config.json: not a model
+    (root / "broken").mkdir()  # a config.json, but nothing a server can load
+    (root / "broken" / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    (root / "broken" / "model.safetensors").write_bytes(b"")
     (root / "outside").symlink_to(tiny_model)  # resolves outside the directory: skipped
     return root
 
@@ -74,7 +77,7 @@ def test_the_inventory_lists_what_the_directory_holds(router):
     models = httpx.get(router.url + "/v1/models").json()
     assert models["object"] == "list"
     by_id = {m["id"]: m for m in models["data"]}
-    assert set(by_id) == {"alpha", "beta", "gamma"}
+    assert set(by_id) == {"alpha", "beta", "gamma", "broken"}
     alpha = by_id["alpha"]
     assert alpha["source"] == "models_dir" and alpha["can_remove"] is False
     assert alpha["owned_by"] == "llamacpp" and alpha["object"] == "model"
@@ -133,26 +136,25 @@ def test_models_max_unloads_the_least_recently_used(models_dir):
         _complete(r, "beta")
         wait_until(lambda: not os.path.exists(f"/proc/{pid}"),
                    "alpha's process gone (its memory returned) once beta loaded")
-        assert r.statuses() == {"alpha": "unloaded", "beta": "loaded", "gamma": "unloaded"}
+        assert r.statuses() == {"alpha": "unloaded", "beta": "loaded", "gamma": "unloaded",
+                                "broken": "unloaded"}
     finally:
         r.stop()
 
 
-def test_concurrent_first_requests_load_once(models_dir):
-    r = Router(models_dir, "-np", "4", "-c", "2048").start()
-    try:
-        results = []
-        threads = [threading.Thread(target=lambda: results.append(post(
-            r.url, {**BODY, "model": "gamma"}).status_code)) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        assert results == [200] * 4
-        starts = [ln for ln in r.stdout + r.stderr if "starting gamma on port" in ln]
-        assert len(starts) == 1, starts
-    finally:
-        r.stop()
+def test_concurrent_first_requests_load_once(router):
+    before = len([ln for ln in router.stdout + router.stderr if "starting gamma on port" in ln])
+    wait_until(lambda: router.statuses()["gamma"], "gamma unloaded", until="unloaded".__eq__)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(post(
+        router.url, {**BODY, "model": "gamma"}).status_code)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert results == [200] * 4
+    starts = [ln for ln in router.stdout + router.stderr if "starting gamma on port" in ln]
+    assert len(starts) == before + 1, starts
 
 
 def test_a_crashed_model_reloads_while_another_keeps_streaming(router):
@@ -212,7 +214,7 @@ def test_a_stream_session_resumes_through_the_router(router):
         assert resumed.content == raw[10:]
 
 
-def test_the_api_key_guards_the_router_and_its_models(models_dir):
+def test_the_api_key_guards_the_router_and_sigterm_stops_every_child(models_dir):
     r = Router(models_dir, "--api-key", "sekrit", "-np", "1", "-c", "1024").start()
     try:
         assert httpx.get(r.url + "/health").status_code == 200
@@ -222,6 +224,10 @@ def test_the_api_key_guards_the_router_and_its_models(models_dir):
         assert httpx.get(r.url + "/models", headers=auth).status_code == 200
         ok = post(r.url, {**BODY, "model": "alpha"}, headers=auth)
         assert ok.status_code == 200, ok.text
+        pid = r.child_pid("alpha")
+        r.signal(signal.SIGTERM)
+        assert r.wait(30) == 0
+        wait_until(lambda: not os.path.exists(f"/proc/{pid}"), "the child gone with its router")
     finally:
         r.stop()
 
@@ -231,15 +237,6 @@ def test_models_dir_with_a_model_is_refused(models_dir, tiny_model):
                            "-m", str(tiny_model), "--port", "0"], capture_output=True, text=True,
                           timeout=60, stdin=subprocess.DEVNULL)
     assert proc.returncode == 1 and "router mode, which has no -m/--model" in proc.stderr
-
-
-def test_sigterm_stops_every_child(models_dir):
-    r = Router(models_dir, "-np", "1", "-c", "1024").start()
-    _complete(r, "alpha")
-    pid = r.child_pid("alpha")
-    r.signal(signal.SIGTERM)
-    assert r.wait(30) == 0
-    wait_until(lambda: not os.path.exists(f"/proc/{pid}"), "the child gone with its router")
 
 
 def test_presets_define_configure_and_alias_models(models_dir, tiny_model, tmp_path):
@@ -327,3 +324,14 @@ def test_cache_models_list_stream_events_and_delete_within_the_cache(models_dir,
         assert "test/tiny" not in {m["id"] for m in httpx.get(r.url + "/models").json()["data"]}
     finally:
         r.stop()
+
+
+def test_a_model_that_cannot_load_answers_503_and_nothing_else_suffers(router):
+    r = post(router.url, {**BODY, "model": "broken"})
+    assert r.status_code == 503
+    assert r.json()["error"] == {"code": 503, "type": "unavailable_error",
+                                 "message": "model name=broken failed to load"}
+    broken = next(m for m in httpx.get(router.url + "/models").json()["data"]
+                  if m["id"] == "broken")["status"]
+    assert broken["value"] == "unloaded" and broken["failed"] is True and broken["exit_code"] == 1
+    assert _complete(router, "alpha")["model"] == "alpha"
