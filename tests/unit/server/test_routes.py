@@ -37,4 +37,19 @@ def test_the_app_mounts_every_route_with_a_handler_that_takes_its_arguments():
         mounted = {(m, rule.endpoint.split(" ", 1)[1])
                    for rule in app.url_map.iter_rules() if rule.endpoint != "static"
                    for m in rule.methods if m in ("GET", "POST", "DELETE")}
-        assert mounted >= {(r.method, r.path) for r in ROUTES if not r.vertex}
+        assert mounted >= {(r.method, r.path) for r in ROUTES if not (r.vertex or r.router)}
+        assert not mounted & {(r.method, r.path) for r in ROUTES if r.router}
+
+
+def test_the_router_mounts_every_route():
+    """Router mode answers the model-management routes itself and forwards
+    every other route of the table."""
+    from mlxcel_trio.config import ServerConfig
+    from mlxcel_trio.server.router.app import create_router_app
+    from mlxcel_trio.server.router.pool import Pool
+
+    app = create_router_app(ServerConfig(model="", router=True), Pool({}, (), 4, {}), {})
+    mounted = {(m, rule.endpoint.split(" ", 1)[1])
+               for rule in app.url_map.iter_rules() if rule.endpoint != "static"
+               for m in rule.methods if m in ("GET", "POST", "DELETE")}
+    assert mounted == {(r.method, r.path) for r in ROUTES if not r.vertex}
