@@ -76,7 +76,7 @@ def test_the_request_field_overrides_the_global_scales(lora_server, server):
     assert len({base, default["content"], only0["content"]}) == 3
 
 
-def test_the_field_works_on_the_chat_route(lora_server):
+def test_the_field_works_on_the_chat_routes(lora_server):
     def chat(lora):
         r = post(lora_server.url, {"messages": [{"role": "user", "content": "hi"}],
                                    "max_tokens": 12, "temperature": 0.0, "lora": lora},
@@ -85,6 +85,16 @@ def test_the_field_works_on_the_chat_route(lora_server):
         return r.json()["choices"][0]["message"]["content"]
 
     assert chat([]) != chat([{"id": 0, "scale": 1.0}])
+
+    def messages(lora):
+        r = post(lora_server.url, {"model": "x", "messages": [{"role": "user", "content": "hi"}],
+                                   "max_tokens": 12, "temperature": 0.0, "lora": lora},
+                 path="/v1/messages")
+        assert r.status_code == 200, r.text
+        return r.json()["content"][0]["text"]
+
+    assert messages([]) == chat([]) and messages([{"id": 0, "scale": 1.0}]) == chat(
+        [{"id": 0, "scale": 1.0}])
 
 
 def test_a_global_change_reaches_the_next_request_not_the_one_in_flight(lora_server):

@@ -168,7 +168,9 @@ def to_chat_body(body: Any) -> dict:
     if "stop_sequences" in body:
         out["stop"] = body["stop_sequences"]
     out["max_tokens"] = body["max_tokens"] if "max_tokens" in body else 4096
-    for key in ("temperature", "top_p", "top_k", "stream", "chat_template_kwargs"):
+    # upstream's pass-through list, plus LoRA scales (upstream drops `lora`
+    # here; a request naming adapters must get them on every route)
+    for key in ("temperature", "top_p", "top_k", "stream", "chat_template_kwargs", "lora"):
         if key in body:
             out[key] = body[key]
     thinking = body.get("thinking")
