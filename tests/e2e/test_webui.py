@@ -201,11 +201,14 @@ class Page:
         self.page.fill("#input", text)
         self.page.press("#input", "Enter")
 
+    def stored(self) -> list[dict]:
+        """The conversations as the page keeps them, newest first."""
+        return self.page.evaluate("JSON.parse(localStorage.getItem('mlxcel.conversations'))")
+
     def answer(self) -> dict:
         """The last answer as the page stored it (text, byte offset, state)."""
-        convs = self.page.evaluate("JSON.parse(localStorage.getItem('mlxcel.conversations'))")
         current = self.page.evaluate("localStorage.getItem('mlxcel.current')")
-        conv = next(c for c in convs if c["id"] == current)
+        conv = next(c for c in self.stored() if c["id"] == current)
         return [m for m in conv["messages"] if m["role"] == "assistant"][-1]
 
     def wait_state(self, state: str) -> dict:
@@ -384,6 +387,93 @@ def test_markup_in_an_answer_is_shown_as_text(ui_server, relay, open_page):
     assert tags == ["P", "STRONG"]
     assert p.page.evaluate("window.__xss") is None
     assert not p.errors, p.errors
+
+
+def test_reasoning_is_shown_apart_and_collapsible(ui_server, relay, open_page):
+    """An assistant prefill opens a thinking block and a budget of 3 tokens
+    closes it (the request fields ride in Custom JSON), so the model really
+    streams reasoning_content and then content."""
+    p = open_page(relay.url)
+    p.ready()
+    custom = {"messages": [{"role": "user", "content": "Think first."},
+                           {"role": "assistant", "content": "<think>\n"}],
+              "reasoning_budget_tokens": 3, "reasoning_budget_message": " Enough thinking.",
+              "max_tokens": 24}
+    p.settings(customJson=json.dumps(custom))
+    p.send("Think first.")
+    done = p.wait_state("done")
+    (body,) = p.chat_bodies()
+    want = {"content": "", "reasoning": ""}
+    with httpx.Client(timeout=60) as c, c.stream("POST", f"{ui_server.url}/{CHAT}", json=body) as r:
+        for line in iter_sse_lines(r):
+            if line.startswith("data: {"):
+                for choice in json.loads(line[6:])["choices"]:
+                    want["content"] += choice["delta"].get("content") or ""
+                    want["reasoning"] += choice["delta"].get("reasoning_content") or ""
+    assert want["reasoning"].endswith("Enough thinking.") and want["content"]
+    assert (done["reasoning"], done["content"]) == (want["reasoning"], want["content"])
+    details = p.page.locator(f"{LAST} details.reasoning")
+    assert details.evaluate("d => d.open") is False          # collapsed once the answer came
+    assert details.locator("div").text_content() == want["reasoning"]
+    p.page.click(f"{LAST} details.reasoning summary")
+    assert details.evaluate("d => d.open") is True
+    assert want["reasoning"] not in p.page.text_content(f"{LAST} .content")
+
+
+def test_conversations_are_kept_in_the_browser(ui_server, relay, open_page, tmp_path):
+    p = open_page(relay.url)
+    p.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    p.ready()
+    p.settings(top_p="0.9", top_k="7", min_p="0.1", systemMessage="Be brief.")
+    p.send("First question")
+    first = p.wait_state("done")
+    body = p.chat_bodies()[-1]
+    assert (body["top_p"], body["top_k"], body["min_p"]) == (0.9, 7, 0.1)
+    assert body["messages"] == [{"role": "system", "content": "Be brief."},
+                                {"role": "user", "content": "First question"}]
+    # regenerate: a new answer (a new stream) in place of the old one
+    p.page.click(f"{LAST} button.regenerate")
+    p.page.wait_for_selector(f'{LAST}[data-state="streaming"]', state="detached")
+    again = p.wait_state("done")
+    assert again["sid"] != first["sid"] and again["content"] == first["content"]  # greedy
+    # copy
+    p.page.click(f"{LAST} button.copy")
+    assert p.page.evaluate("navigator.clipboard.readText()") == again["content"]
+    # edit the question: what followed it is replaced
+    p.page.click("#messages article.user button.edit")
+    assert p.page.input_value("#input") == "First question"
+    p.send("Second question")
+    p.page.wait_for_selector(f'{LAST}[data-state="streaming"]', state="detached")
+    p.wait_state("done")
+    assert [m["content"] for m in p.stored()[0]["messages"]][0] == "Second question"
+    assert len(p.stored()[0]["messages"]) == 2
+    # a second conversation, a rename, an export, a delete, an import
+    p.page.click("#new-chat")
+    p.send("Another chat")
+    p.wait_state("done")
+    assert p.page.locator("#conv-list li").count() == 2
+    p.page.once("dialog", lambda d: d.accept("Renamed <b>chat</b>"))
+    p.page.click("#conv-list li:nth-child(2) button.rename")
+    assert p.page.text_content("#conv-list li:nth-child(2) .title") == "Renamed <b>chat</b>"
+    with p.page.expect_download() as download:
+        p.page.click("#export")
+    exported = tmp_path / "conversations.json"
+    download.value.save_as(exported)
+    doc = json.loads(exported.read_text())
+    assert doc["format"] == "mlxcel-trio-conversations"
+    assert [c["title"] for c in doc["conversations"]] == ["Another chat", "Renamed <b>chat</b>"]
+    p.page.once("dialog", lambda d: d.accept())
+    p.page.click("#conv-list li:nth-child(1) button.delete")
+    assert [c["title"] for c in p.stored()] == ["Renamed <b>chat</b>"]
+    p.page.set_input_files("#import-file", str(exported))
+    p.page.wait_for_selector("#conv-list li:nth-child(3)")
+    p.page.reload()
+    p.ready()
+    titles = [c["title"] for c in p.stored()]
+    assert titles == ["Another chat", "Renamed <b>chat</b>", "Renamed <b>chat</b>"]
+    assert [m["content"] for m in p.stored()[1]["messages"]] == \
+        [m["content"] for m in doc["conversations"][1]["messages"]]
+    assert p.page.locator("#conv-list li").count() == 3
 
 
 def test_the_page_asks_for_the_api_key(tiny_model, start_server, open_page):

@@ -439,16 +439,17 @@
       setStatus('import failed: no conversations in this file');
       return;
     }
-    let n = 0;
+    const imported = [];
     for (const c of list) {
       if (!c || !Array.isArray(c.messages)) continue;
       const messages = c.messages.map(cleanMessage).filter(Boolean);
-      convs.unshift({
+      imported.push({
         id: uid(), title: typeof c.title === 'string' ? c.title : 'Imported chat',
         created: Date.now(), messages,
       });
-      n += 1;
     }
+    const n = imported.length;
+    convs = [...imported, ...convs];      // in the file's order, before the others
     if (n) currentId = convs[0].id;
     save();
     setStatus('imported ' + n + ' conversation(s)');
