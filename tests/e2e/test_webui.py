@@ -59,29 +59,36 @@ LAST = "#messages article.assistant:last-of-type"
 
 
 class Relay:
-    """127.0.0.1 TCP relay to `port`.  `arm(mode, after)` applies to the next
-    POST /v1/chat/completions seen on any connection: after `after` bytes of
-    its response, "pause" stops forwarding until `release()`, "cut" resets
-    both sides of the connection.  `triggered` is set when that happens."""
+    """127.0.0.1 TCP relay to `port`.  `pause_after(n)` applies to the next
+    POST /v1/chat/completions seen on any connection: after n bytes of its
+    response the relay stops forwarding (`paused` is set) until `release()`
+    (forwarding goes on) or `cut()` (both sides of that connection are reset,
+    as a dropped network does; the page has applied what it got before)."""
 
     def __init__(self, port: int) -> None:
         self.target = port
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
-        self.triggered = threading.Event()
+        self.paused = threading.Event()
         self._released = threading.Event()
-        self._plan: tuple[str, int] | None = None
+        self._cut = False
+        self._plan: int | None = None
         self._lock = threading.Lock()
         self._socks: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
-    def arm(self, mode: str, after: int) -> None:
+    def pause_after(self, n: int) -> None:
         with self._lock:
-            self._plan = (mode, after)
-            self.triggered.clear()
+            self._plan = n
+            self.paused.clear()
             self._released.clear()
+            self._cut = False
 
     def release(self) -> None:
+        self._released.set()
+
+    def cut(self) -> None:
+        self._cut = True
         self._released.set()
 
     def close(self) -> None:
@@ -119,21 +126,20 @@ class Relay:
     def _downstream(self, server: socket.socket, client: socket.socket, state: dict) -> None:
         try:
             while data := server.recv(65536):
-                plan = state.get("plan")
-                if plan is not None:
-                    mode, after = plan
+                after = state.get("plan")
+                if after is not None:
                     room = after - state["sent"]
                     state["sent"] += len(data)
                     if len(data) >= room:
                         state["plan"] = None
                         client.sendall(data[:room])
-                        self.triggered.set()
-                        if mode == "cut":
+                        self.paused.set()
+                        self._released.wait(WAIT_MS / 1000)
+                        if self._cut:
                             for s in (client, server):
                                 s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
                                              struct.pack("ii", 1, 0))
                             break
-                        self._released.wait(WAIT_MS / 1000)
                         data = data[room:]
                 client.sendall(data)
         except OSError:
@@ -158,8 +164,24 @@ def _close(s: socket.socket) -> None:
 # ---- fixtures --------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def ui_server(tiny_model, start_server):
-    return start_server(tiny_model, "-c", "4096", "-np", "2", "--ui-config", json.dumps(UI_CONFIG))
+def servers(tiny_model, start_server) -> dict:
+    """The module's three servers, started together so their startups
+    overlap; a test waits (bounded) for the one it uses."""
+    out = {
+        "key": start_server(tiny_model, "-np", "1", "--api-key", "s3cret", "--ui-config",
+                            json.dumps({"temperature": 0, "max_tokens": 8}), wait_ready=False),
+        "no_ui": start_server(tiny_model, "-np", "1", "--no-ui", wait_ready=False),
+        "ui": start_server(tiny_model, "-c", "4096", "-np", "2",
+                           "--ui-config", json.dumps(UI_CONFIG)),
+    }
+    yield out
+    for srv in out.values():
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def ui_server(servers):
+    return servers["ui"]
 
 
 @pytest.fixture(scope="module")
@@ -290,9 +312,9 @@ def test_a_message_streams_into_the_page(ui_server, relay, open_page, tmp_path):
     p.ready()
     assert p.page.text_content("#model-name") == ui_server.argv[4].rstrip("/").rsplit("/", 1)[1]
     assert p.page.text_content("#model-ctx") == "context 2048"
-    relay.arm("pause", PAUSE_AT)
+    relay.pause_after(PAUSE_AT)
     p.send("Tell me about the engine.")
-    assert relay.triggered.wait(WAIT_MS / 1000), "the answer never started"
+    assert relay.paused.wait(WAIT_MS / 1000), "the answer never started"
     p.page.wait_for_selector(f"{LAST} .content:not(:empty)")
     partial = p.answer()
     assert partial["state"] == "streaming" and partial["content"] and partial["offset"] < PAUSE_AT
@@ -314,16 +336,17 @@ def test_a_message_streams_into_the_page(ui_server, relay, open_page, tmp_path):
 def test_reload_mid_answer_resumes_to_the_uninterrupted_text(ui_server, relay, open_page):
     p = open_page(relay.url)
     p.ready()
-    relay.arm("pause", PAUSE_AT)
+    relay.pause_after(PAUSE_AT)
     p.send("Tell me a story about the engine.")
-    assert relay.triggered.wait(WAIT_MS / 1000), "the answer never started"
+    assert relay.paused.wait(WAIT_MS / 1000), "the answer never started"
     p.page.wait_for_selector(f"{LAST} .content:not(:empty)")
     before = p.answer()
     assert before["state"] == "streaming" and 0 < before["offset"] < PAUSE_AT
     p.page.reload()
     relay.release()
     done = p.wait_state("done")
-    assert p.resumes(before["sid"]) == [before["offset"]]
+    (offset,) = p.resumes(before["sid"])   # what it had applied: maybe more than `before`
+    assert before["offset"] <= offset < PAUSE_AT
     (body,) = p.chat_bodies()
     assert done["content"] == uninterrupted(ui_server.url, body)
     assert len(done["content"]) > len(before["content"])
@@ -332,12 +355,15 @@ def test_reload_mid_answer_resumes_to_the_uninterrupted_text(ui_server, relay, o
 def test_a_dropped_connection_recovers(ui_server, relay, open_page):
     p = open_page(relay.url)
     p.ready()
-    relay.arm("cut", PAUSE_AT)
+    relay.pause_after(PAUSE_AT)
     p.send("Tell me a story about the relay.")
-    assert relay.triggered.wait(WAIT_MS / 1000), "the answer never started"
+    assert relay.paused.wait(WAIT_MS / 1000), "the answer never started"
+    p.page.wait_for_selector(f"{LAST} .content:not(:empty)")
+    before = p.answer()
+    relay.cut()
     done = p.wait_state("done")
-    offsets = p.resumes(done["sid"])
-    assert offsets and 0 < offsets[0] < PAUSE_AT, offsets
+    (offset,) = p.resumes(done["sid"])
+    assert 0 < before["offset"] <= offset < PAUSE_AT
     (body,) = p.chat_bodies()
     assert done["content"] == uninterrupted(ui_server.url, body)
     assert p.page.text_content("#status") == ""
@@ -347,9 +373,9 @@ def test_stop_cancels_the_generation(ui_server, relay, open_page):
     p = open_page(relay.url)
     p.ready()
     p.settings(max_tokens=str(LONG))
-    relay.arm("pause", PAUSE_AT)
+    relay.pause_after(PAUSE_AT)
     p.send("Go on for a long time.")
-    assert relay.triggered.wait(WAIT_MS / 1000), "the answer never started"
+    assert relay.paused.wait(WAIT_MS / 1000), "the answer never started"
     p.page.wait_for_selector(f"{LAST} .content:not(:empty)")
     sid = p.answer()["sid"]
     (info,) = lookup(ui_server.url, sid)
@@ -476,9 +502,9 @@ def test_conversations_are_kept_in_the_browser(ui_server, relay, open_page, tmp_
     assert p.page.locator("#conv-list li").count() == 3
 
 
-def test_the_page_asks_for_the_api_key(tiny_model, start_server, open_page):
-    srv = start_server(tiny_model, "-np", "1", "--api-key", "s3cret",
-                       "--ui-config", json.dumps({"temperature": 0, "max_tokens": 8}))
+def test_the_page_asks_for_the_api_key(servers, open_page):
+    srv = servers["key"]
+    srv.wait_ready()
     p = open_page(srv.url)
     p.page.wait_for_selector("#key-prompt", state="visible")
     assert p.page.is_disabled("#send")
@@ -500,3 +526,13 @@ def test_the_page_asks_for_the_api_key(tiny_model, start_server, open_page):
     p.page.reload()   # the key stays in this browser: no prompt the second time
     p.ready()
     assert p.page.is_hidden("#key-prompt")
+
+
+def test_no_ui_gives_upstreams_answer_at_root(servers, open_page):
+    srv = servers["no_ui"]
+    srv.wait_ready()
+    srv.wait_for_text("the web UI is disabled")
+    p = open_page(srv.url)
+    assert json.loads(p.page.text_content("body")) == {
+        "error": {"message": "File Not Found", "type": "not_found_error", "code": 404}}
+    assert httpx.get(srv.url + "/props").json()["ui"] is False
