@@ -393,6 +393,41 @@ def test_stop_cancels_the_generation(ui_server, relay, open_page):
     assert p.page.is_visible("#send") and not p.page.is_visible("#stop")
 
 
+def test_stop_before_the_answer_starts_still_cancels(ui_server, relay, open_page):
+    """Stop pressed while the request's headers are still on their way: a
+    DELETE sent then could reach the server before the session exists, so
+    the page sends it once the headers arrive."""
+    p = open_page(relay.url)
+    p.ready()
+    p.settings(max_tokens=str(LONG))
+    relay.pause_after(1)
+    p.send("Go on for a long time.")
+    assert relay.paused.wait(WAIT_MS / 1000), "the request never reached the server"
+    p.page.click("#stop")
+    sid = p.wait_state("stopped")["sid"]
+    (info,) = lookup(ui_server.url, sid)
+    assert info["is_done"] is False
+    assert not [r for r in p.requests if r.method == "DELETE"]
+    with p.page.expect_response(lambda r: r.request.method == "DELETE") as deleted:
+        relay.release()
+    assert deleted.value.status == 204 and deleted.value.url.endswith(f"conv_id={sid}")
+    assert lookup(ui_server.url, sid) == []
+    wait_until(lambda: slots_idle(ui_server.url), "every slot idle after Stop", timeout=10)
+    assert p.answer()["content"] == ""
+
+
+def test_an_error_answer_is_shown(relay, open_page):
+    p = open_page(relay.url)
+    p.ready()
+    p.settings(customJson=json.dumps({"temperature": "hot"}))
+    p.send("Hello")
+    failed = p.wait_state("error")
+    assert failed["error"] == ("Field 'temperature': [json.exception.type_error.302] type must "
+                               "be number, but is string")
+    assert p.page.text_content(f"{LAST} .error") == failed["error"]
+    assert p.page.is_enabled("#send")
+
+
 def test_markup_in_an_answer_is_shown_as_text(ui_server, relay, open_page):
     """The model is made to answer markup (a grammar admits only this text):
     it must appear as characters, and only Markdown makes elements."""

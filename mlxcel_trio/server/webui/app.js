@@ -50,9 +50,14 @@
   }
 
   function save() {
-    localStorage.setItem(STORE.convs, JSON.stringify(convs));
-    if (currentId) localStorage.setItem(STORE.current, currentId);
-    else localStorage.removeItem(STORE.current);
+    try {
+      localStorage.setItem(STORE.convs, JSON.stringify(convs));
+      if (currentId) localStorage.setItem(STORE.current, currentId);
+      else localStorage.removeItem(STORE.current);
+    } catch (e) {
+      // the page goes on; only a reload would lose what was not stored
+      setStatus('browser storage is full: delete or export some conversations');
+    }
   }
 
   function uid() {
@@ -172,6 +177,7 @@
       return;
     }
     const ctrl = new AbortController();
+    ctrl.opening = true;              // until the answer's headers (see stop)
     live.set(msg.id, ctrl);
     render();
     let resp = null;
@@ -182,6 +188,11 @@
       });
     } catch (e) {
       if (ctrl.signal.aborted) return;
+    }
+    ctrl.opening = false;
+    if (ctrl.onOpen) {
+      ctrl.onOpen();
+      return;
     }
     if (resp && !resp.ok) {
       if (resp.status === 401) showKeyPrompt('The server refused this key.');
@@ -318,9 +329,23 @@
     render();
   }
 
+  // The server has the session once the answer's headers came back; a DELETE
+  // sent before that could arrive first and leave the generation running, so a
+  // Stop pressed earlier waits for the headers, then cancels.
   function stop(msg) {
-    finish(msg, 'stopped');
-    api('v1/stream?conv_id=' + encodeURIComponent(msg.sid), { method: 'DELETE' }).catch(() => {});
+    const ctrl = live.get(msg.id);
+    live.delete(msg.id);
+    msg.state = 'stopped';
+    save();
+    setStatus('');
+    render();
+    const cancel = () => {
+      api('v1/stream?conv_id=' + encodeURIComponent(msg.sid), { method: 'DELETE' })
+        .catch(() => {});
+      if (ctrl) ctrl.abort();
+    };
+    if (ctrl && ctrl.opening) ctrl.onOpen = cancel;
+    else cancel();
   }
 
   // ---- actions -----------------------------------------------------------------
