@@ -168,8 +168,9 @@ def servers(tiny_model, start_server) -> dict:
     """The module's three servers, started together so their startups
     overlap; a test waits (bounded) for the one it uses."""
     out = {
-        "key": start_server(tiny_model, "-np", "1", "--api-key", "s3cret", "--ui-config",
-                            json.dumps({"temperature": 0, "max_tokens": 8}), wait_ready=False),
+        "key": start_server(tiny_model, "-np", "1", "--api-key", "s3cret", "--api-prefix",
+                            "/llm", "--ui-config", json.dumps({"temperature": 0, "max_tokens": 8}),
+                            wait_ready=False),
         "no_ui": start_server(tiny_model, "-np", "1", "--no-ui", wait_ready=False),
         "ui": start_server(tiny_model, "-c", "4096", "-np", "2",
                            "--ui-config", json.dumps(UI_CONFIG)),
@@ -538,9 +539,11 @@ def test_conversations_are_kept_in_the_browser(ui_server, relay, open_page, tmp_
 
 
 def test_the_page_asks_for_the_api_key(servers, open_page):
+    """With --api-key and --api-prefix /llm: the page loads from /llm/ without
+    the key, asks for it, and calls the API under the prefix with it."""
     srv = servers["key"]
     srv.wait_ready()
-    p = open_page(srv.url)
+    p = open_page(srv.url + "/llm")
     p.page.wait_for_selector("#key-prompt", state="visible")
     assert p.page.is_disabled("#send")
     p.page.fill("#key-input", "wrong")
@@ -557,7 +560,9 @@ def test_the_page_asks_for_the_api_key(servers, open_page):
     assert done["content"] and p.page.text_content(f"{LAST} .meta").startswith("8 tokens")
     (post,) = [r for r in p.requests if r.method == "POST"]
     assert post.headers["authorization"] == "Bearer s3cret"
-    assert "s3cret" not in post.url
+    assert post.url == srv.url + "/llm/v1/chat/completions"
+    assert all(r.url.startswith(srv.url + "/llm/") for r in p.requests)
+    assert not any("s3cret" in r.url for r in p.requests)
     p.page.reload()   # the key stays in this browser: no prompt the second time
     p.ready()
     assert p.page.is_hidden("#key-prompt")
