@@ -49,7 +49,7 @@ if CHROMIUM is None:
     pytest.skip("no Chromium executable: install Debian's chromium package (.ci/run does) "
                 "or set MLXCEL_CHROMIUM", allow_module_level=True)
 
-SHORT = 160      # tokens per answer unless a test asks for more (--ui-config max_tokens)
+SHORT = 64       # tokens per answer unless a test asks for more (--ui-config max_tokens)
 LONG = 1500      # an answer still generating long after the test acted on it
 UI_CONFIG = {"temperature": 0, "max_tokens": SHORT}
 PAUSE_AT = 3000  # response bytes (head included) the page gets before a pause or a cut
@@ -165,16 +165,15 @@ def _close(s: socket.socket) -> None:
 
 @pytest.fixture(scope="module")
 def servers(tiny_model, start_server) -> dict:
-    """The module's three servers, started together so their startups
-    overlap; a test waits (bounded) for the one it uses."""
-    out = {
-        "key": start_server(tiny_model, "-np", "1", "--api-key", "s3cret", "--api-prefix",
-                            "/llm", "--ui-config", json.dumps({"temperature": 0, "max_tokens": 8}),
-                            wait_ready=False),
-        "no_ui": start_server(tiny_model, "-np", "1", "--no-ui", wait_ready=False),
-        "ui": start_server(tiny_model, "-c", "4096", "-np", "2",
-                           "--ui-config", json.dumps(UI_CONFIG)),
-    }
+    """The module's three servers: the main one first, then the two the last
+    tests use, which start while the first tests run; a test waits (bounded)
+    for the one it uses."""
+    out = {"ui": start_server(tiny_model, "-c", "4096", "-np", "2",
+                              "--ui-config", json.dumps(UI_CONFIG))}
+    out["key"] = start_server(tiny_model, "-np", "1", "--api-key", "s3cret", "--api-prefix",
+                              "/llm", "--ui-config",
+                              json.dumps({"temperature": 0, "max_tokens": 8}), wait_ready=False)
+    out["no_ui"] = start_server(tiny_model, "-np", "1", "--no-ui", wait_ready=False)
     yield out
     for srv in out.values():
         srv.stop()
@@ -437,7 +436,7 @@ def test_markup_in_an_answer_is_shown_as_text(ui_server, relay, open_page):
     grammar = "root ::= " + json.dumps(markup)
     p = open_page(relay.url)
     p.ready()
-    p.settings(customJson=json.dumps({"grammar": grammar}))
+    p.settings(customJson=json.dumps({"grammar": grammar, "max_tokens": 200}))
     p.send("Say it.")
     done = p.wait_state("done")
     assert done["content"] == markup
@@ -449,6 +448,39 @@ def test_markup_in_an_answer_is_shown_as_text(ui_server, relay, open_page):
     assert tags == ["P", "STRONG"]
     assert p.page.evaluate("window.__xss") is None
     assert not p.errors, p.errors
+
+
+def test_markdown_builds_only_its_own_elements(relay, open_page, tmp_path):
+    """An imported answer with Markdown and markup: the structure comes from
+    Markdown alone, every character of the markup stays text, and a link
+    keeps its target only for http(s)."""
+    answer = "\n".join([
+        "# Title <i>x</i>", "", "Some `<b>code</b>` and *it* and [ok](https://example.org/a)",
+        "and [bad](javascript:alert(1)).", "", "- one <u>1</u>", "- two", "",
+        "1. first", "", "> quoted <script>x</script>", "", "```html",
+        "<img src=x onerror=alert(1)>", "```"])
+    doc = {"format": "mlxcel-trio-conversations", "version": 1, "conversations": [
+        {"title": "<i>md</i>", "messages": [{"role": "user", "content": "<b>q</b>"},
+                                            {"role": "assistant", "content": answer,
+                                             "state": "streaming"}]}]}
+    path = tmp_path / "md.json"
+    path.write_text(json.dumps(doc))
+    p = open_page(relay.url)
+    p.ready()
+    p.page.set_input_files("#import-file", str(path))
+    p.page.wait_for_selector(f"{LAST} .content h1")
+    content = p.page.locator(f"{LAST} .content")
+    tree = content.evaluate("""el => [...el.querySelectorAll('*')].map(n =>
+        n.tagName + (n.tagName === 'A' ? '=' + n.getAttribute('href') : ''))""")
+    assert tree == ["H1", "P", "CODE", "EM", "A=https://example.org/a", "BR", "UL", "LI", "LI",
+                    "OL", "LI", "BLOCKQUOTE", "P", "PRE", "CODE"]
+    assert p.page.text_content(f"{LAST} h1") == "Title <i>x</i>"
+    assert p.page.text_content(f"{LAST} pre") == "<img src=x onerror=alert(1)>"
+    assert "[bad](javascript:alert(1))" in content.text_content()
+    assert p.page.text_content("#messages article.user .content") == "<b>q</b>"
+    assert p.page.text_content("#conv-list li.current .title") == "<i>md</i>"
+    # an imported answer is never resumed: it was not this page's stream
+    assert p.answer()["state"] == "stopped" and not p.resumes(p.answer()["sid"])
 
 
 def test_reasoning_is_shown_apart_and_collapsible(ui_server, relay, open_page):

@@ -125,7 +125,8 @@
     $('key-prompt').hidden = true;
     const name = String(props.model_alias || props.model_path || 'model');
     // a local directory is shown by its last component, a repo id as it is
-    $('model-name').textContent = name.startsWith('/') ? name.split('/').filter(Boolean).pop() : name;
+    const shown = name.startsWith('/') ? name.split('/').filter(Boolean).pop() : name;
+    $('model-name').textContent = shown;
     $('model-name').title = name;
     const gen = props.default_generation_settings || {};
     $('model-ctx').textContent = gen.n_ctx ? 'context ' + gen.n_ctx : '';
@@ -617,7 +618,9 @@
     if (out.customJson.trim()) {
       try {
         const parsed = JSON.parse(out.customJson);
-        if (!parsed || typeof parsed !== 'object' || Array.isArray(parsed)) throw new Error('not an object');
+        if (!parsed || typeof parsed !== 'object' || Array.isArray(parsed)) {
+          throw new Error('not an object');
+        }
       } catch (e) {
         $('settings-error').textContent = 'Custom JSON must be a JSON object: ' + e.message;
         $('settings-error').hidden = false;

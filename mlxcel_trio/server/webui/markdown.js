@@ -9,7 +9,13 @@
 'use strict';
 
 (function () {
-  const INLINE = /(`+)([^`]|[^`][\s\S]*?[^`])\1(?!`)|\*\*(?=\S)([\s\S]*?\S)\*\*|\*(?=[^\s*])([^*]*?[^\s*])\*|\[([^\]\n]+)\]\(([^)\s]+)\)/g;
+  // one alternative per inline form: `code`, **bold**, *italic*, [text](url)
+  const INLINE = new RegExp([
+    /(`+)([^`]|[^`][\s\S]*?[^`])\1(?!`)/.source,
+    /\*\*(?=\S)([\s\S]*?\S)\*\*/.source,
+    /\*(?=[^\s*])([^*]*?[^\s*])\*/.source,
+    /\[([^\]\n]+)\]\(([^)\s]+)\)/.source,
+  ].join('|'), 'g');
   const SAFE_HREF = /^(https?:|mailto:)/i;
 
   function el(tag, text) {
