@@ -183,6 +183,11 @@ class ServerConfig:
     endpoint_props: bool = False     # --props: POST /props
     endpoint_slots: bool = True      # --slots / --no-slots: GET /slots
     sleep_idle_seconds: int = -1     # < 0 = never sleep
+    # -- the built-in web UI (server/surfaces/webui.py) --
+    ui: bool = True                  # --ui / --no-ui: serve the page at /
+    ui_config: str | None = None     # --ui-config, as given
+    ui_config_file: str | None = None  # --ui-config-file, as given
+    ui_settings: str = "{}"          # the JSON text in force (checked at startup), for /props
     # -- Vertex AI (AIP_MODE=PREDICTION; server/surfaces/vertex_env.py), None = not registered --
     aip_predict_route: str | None = None
     aip_health_route: str | None = None

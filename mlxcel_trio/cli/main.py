@@ -18,6 +18,7 @@ otherwise whatever the runner returns.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -150,6 +151,47 @@ def check_kv_types(parsed: Parsed) -> None:
         raise CliError(f"{', '.join(describe(opt, parsed) for opt in given)}: {reason}")
 
 
+_UI_CONFIG = ("ui_config", "ui_config_file")
+
+
+def ui_settings(parsed: Parsed) -> dict[str, Any]:
+    """The web UI's default settings (--ui-config, --ui-config-file) as the
+    JSON text /props reports.  Both set the same thing, as upstream: the
+    command line beats the environment, and between two given the same way
+    the later on the command line wins (from the environment, the file)."""
+    given = [d for d in _UI_CONFIG if d in parsed.given]
+    if not given:
+        return {}
+
+    def rank(dest: str) -> tuple[int, int]:
+        on_argv = parsed.given[dest] == "argv"
+        seen = [i for i, d in enumerate(parsed.order) if d == dest]
+        return (on_argv, seen[-1] if on_argv and seen else _UI_CONFIG.index(dest))
+
+    dest = max(given, key=rank)
+    label = describe(BY_DEST[dest], parsed)
+    text = parsed.values[dest]
+    if dest == "ui_config_file":
+        try:
+            with open(text, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as exc:
+            raise CliError(f"{label}: failed to open file ({exc.strerror}); name a readable "
+                           "JSON file of UI settings") from None
+        except UnicodeDecodeError:
+            raise CliError(f"{label}: not UTF-8 text; write the settings as JSON") from None
+    try:
+        value = json.loads(text, parse_constant=_no_constant)
+    except ValueError as exc:
+        raise CliError(f"{label}: failed to parse UI config ({exc}); give JSON such as "
+                       "'{\"temperature\": 0.7}'") from None
+    return {"ui_settings": json.dumps(value, ensure_ascii=False)}
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def _checked(parsed: Parsed, env: Mapping[str, str]) -> dict[str, Any]:
     """Every check that needs no model: refusals, option pairs, the files
     the server will use (log, keys, TLS) and the AIP_* environment.  All
@@ -158,6 +200,7 @@ def _checked(parsed: Parsed, env: Mapping[str, str]) -> dict[str, Any]:
     io: dict[str, Any] = {}
     for check in (validate, check_rope, check_chat_template, check_kv_types, check_blas,
                   lambda p: io.update(sinks.resolve(p, env)),
+                  lambda p: io.update(ui_settings(p)),
                   lambda p: io.update(_vertex(p, env))):
         try:
             check(parsed)

@@ -1,9 +1,13 @@
 """The web UI, server-side tools and MCP; upstream's twelve model presets;
---log-prompts-dir.  All not_applicable and hidden.
+--log-prompts-dir.
 
-* UI/tools/MCP: mlxcel-trio ships no web UI and executes nothing on a
-  model's behalf, so only the forms asking for that state (--no-ui,
-  --no-agent, --no-ui-mcp-proxy, an empty --path) are inert.
+* The web UI: --ui / --no-ui (default on) serves the built-in page at /,
+  and --ui-config / --ui-config-file give its default settings, reported in
+  /props as ui_settings (checked as JSON at startup, cli/main.py).
+  --path would replace the page with a directory of files; it is refused.
+* Tools/MCP: mlxcel-trio executes nothing on a model's behalf, so only the
+  forms asking for that state (--no-agent, --no-ui-mcp-proxy, an empty
+  --path) are inert; the rest is not_applicable and hidden.
 * Presets fetch a GGUF build and rewrite the serving options; each is refused
   naming the MLX checkpoint closest to it.  Those names appear in this
   diagnostic only and are never resolved on the operator's behalf.
@@ -15,15 +19,18 @@ from __future__ import annotations
 from typing import Any
 
 from mlxcel_trio.cli.record import Option
-from mlxcel_trio.cli.refusals import NO_DRAFTER, NO_UI, equals, not_applicable
+from mlxcel_trio.cli.refusals import NO_DRAFTER, NO_TOOLS, equals, not_applicable
 from mlxcel_trio.cli.values import Text
 
-USE_API = "use the HTTP API (/completion, /v1/completions) from any client"
 CLIENT_TOOLS = "run tools in the client; the server never executes them"
 
 
+NO_STATIC_PATH = ("mlxcel-trio serves its own built-in web UI and no directory of "
+                  "static files")
+
+
 def _ui(spellings: tuple[str, ...], dest: str, help: str, **kw: Any) -> Option:
-    kw.setdefault("why", NO_UI)
+    kw.setdefault("why", NO_TOOLS)
     kw.setdefault("section", "server")
     return not_applicable(spellings, dest, help, **kw)
 
@@ -31,12 +38,16 @@ def _ui(spellings: tuple[str, ...], dest: str, help: str, **kw: Any) -> Option:
 UI: tuple[Option, ...] = (
     _ui(("--path",), "static_path", "directory of static files to serve",
         value=Text(allow_empty=True), metavar="PATH", default="", default_text="",
-        env="LLAMA_ARG_STATIC_PATH", inert=equals(""), accepts='""', instead=USE_API),
-    _ui(("--ui-config", "--webui-config"), "ui_config", "web UI default settings (JSON)",
-        value=Text(), metavar="JSON", env="LLAMA_ARG_UI_CONFIG", instead=USE_API),
-    _ui(("--ui-config-file", "--webui-config-file"), "ui_config_file",
-        "web UI default settings from a JSON file", value=Text(), metavar="PATH",
-        env="LLAMA_ARG_UI_CONFIG_FILE", instead=USE_API),
+        env="LLAMA_ARG_STATIC_PATH", inert=equals(""), accepts='""', why=NO_STATIC_PATH,
+        instead="use the built-in UI at / (--ui), or serve the files from another "
+                "web server in front of this one"),
+    Option(("--ui-config", "--webui-config"), "ui_config",
+           "JSON that provides default UI settings (overrides UI defaults)",
+           value=Text(), metavar="JSON", env="LLAMA_ARG_UI_CONFIG", section="server", owner=20),
+    Option(("--ui-config-file", "--webui-config-file"), "ui_config_file",
+           "JSON file that provides default UI settings (overrides UI defaults)",
+           value=Text(), metavar="PATH", env="LLAMA_ARG_UI_CONFIG_FILE", section="server",
+           owner=20),
     _ui(("--ui-mcp-proxy", "--webui-mcp-proxy"), "ui_mcp_proxy",
         "open the MCP CORS proxy for the web UI", kind="bool",
         negations=("--no-ui-mcp-proxy", "--no-webui-mcp-proxy"), default=False,
@@ -58,10 +69,9 @@ UI: tuple[Option, ...] = (
         kind="bool", negations=("-no-ag", "--no-agent"), default=False,
         env="LLAMA_ARG_AGENT", inert=equals(False), accepts="--no-agent",
         instead="omit the option (--no-agent is accepted)"),
-    _ui(("--ui", "--webui"), "ui", "serve the web UI", kind="bool",
-        negations=("--no-ui", "--no-webui"), default=True, env="LLAMA_ARG_UI",
-        inert=equals(False), accepts="--no-ui",
-        instead=f"{USE_API} (--no-ui is accepted)"),
+    Option(("--ui", "--webui"), "ui", "whether to enable the Web UI", kind="bool",
+           negations=("--no-ui", "--no-webui"), default=True, env="LLAMA_ARG_UI",
+           section="server", status="by_design", owner=20),
 )
 
 # upstream preset -> the MLX checkpoint closest to it (None: nothing to name)

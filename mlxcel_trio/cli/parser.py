@@ -67,8 +67,9 @@ class Parsed:
     argv: tuple[str, ...] = ()
     """The command line as given (a router passes most of it to its children)."""
     order: tuple[str, ...] = ()
-    """The dest of each repeatable option's occurrence on the command line, in
-    command-line order (--lora and --lora-scaled number adapters across both)."""
+    """The dest of each value option's occurrence on the command line, in
+    command-line order (--lora and --lora-scaled number adapters across both;
+    of --ui-config and --ui-config-file the later wins)."""
 
 
 class _ArgParser(argparse.ArgumentParser):
@@ -129,6 +130,16 @@ class _Append(argparse._AppendAction):
         namespace.__dict__.setdefault(ORDER_KEY, []).append(self.dest)
 
 
+class _Store(argparse._StoreAction):
+    """store, also recording which value option came when."""
+
+    def __call__(  # type: ignore[no-untyped-def]
+        self, parser, namespace, values, option_string=None
+    ) -> None:
+        super().__call__(parser, namespace, values, option_string)
+        namespace.__dict__.setdefault(ORDER_KEY, []).append(self.dest)
+
+
 ORDER_KEY = " order"  # not a valid dest, so it never collides with an option
 
 
@@ -172,7 +183,7 @@ def build_parser(
         common = dict(dest=opt.dest, default=argparse.SUPPRESS, help=shown)
         if opt.kind == "value":
             nargs = None if opt.nargs == 1 else opt.nargs
-            group.add_argument(*opt.spellings, action=_Append if opt.repeat else "store",
+            group.add_argument(*opt.spellings, action=_Append if opt.repeat else _Store,
                                metavar=opt.metavar, nargs=nargs, **common)
         else:
             group.add_argument(*opt.all_spellings, action=_SetTrue,

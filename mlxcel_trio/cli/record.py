@@ -54,6 +54,7 @@ OWNERS: dict[int, str] = {
     15: "embeddings and reranking",
     16: "LoRA adapters",
     18: "router mode",
+    20: "web UI",
 }
 
 

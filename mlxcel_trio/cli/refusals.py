@@ -6,7 +6,7 @@ do.  So an option we do not act on still parses, and its value is classified
 before any model is resolved:
 
 * ``not_applicable`` -- the concept does not exist on MLX (the GGML thread
-  pool, layer offload, GGUF files, the web UI, ...).  Values that ask for
+  pool, layer offload, GGUF files, server-side tools, ...).  Values that ask for
   nothing, or for what MLX already does, are *inert* and accepted silently;
   anything else is refused with why and what to use instead.
 * ``deferred`` -- a later issue implements it.  The upstream default (or a
@@ -159,5 +159,5 @@ NO_PLACEMENT = "MLX has no CPU thread pool whose placement, priority or polling 
 NO_DRAFTER = "mlxcel-trio has no speculative decoding (no draft model, no n-gram drafter)"
 NO_PROJECTOR = ("mlxcel-trio serves text-only MLX checkpoints and has no separate "
                 "multimodal projector")
-NO_UI = "mlxcel-trio ships no web UI and runs nothing server-side on a model's behalf"
+NO_TOOLS = "mlxcel-trio runs nothing server-side on a model's behalf"
 GGUF_ONLY = "mlxcel-trio serves MLX SafeTensors checkpoints, not GGUF files"

@@ -37,7 +37,7 @@ from .sessions import slot_files, streams
 from .state import AppState
 from .surfaces.vertex import Predictor
 from .surfaces.metrics import Metrics
-from .surfaces import chat_routes, lora
+from .surfaces import chat_routes, lora, webui
 from .request.jobs import Served, server_defaults
 from .http.body import read_json_body
 from .http.resources import SCOPE_KEY, RequestResources
@@ -57,7 +57,7 @@ from .http.errors import (
     payload_too_large,
     request_timeout,
 )
-from .routes import ROUTES, Route, quart_rule
+from .routes import ROUTES, UI_ROUTES, Route, quart_rule
 from .http.key_scope import caller_scope
 
 log = logging.getLogger("mlxcel.http")
@@ -214,9 +214,12 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
             mount(route)
 
     predictor = _mount_vertex(app, config) if config.aip_predict_route else None
+    ui_paths = _mount_ui(app, config) if config.ui else frozenset()
 
     @app.before_request
     async def _gate():
+        if request.path in ui_paths:  # the page loads first, then asks for the key
+            return None
         if not bridge.ready:
             return loading()
         if keys and request.path not in public:
@@ -264,6 +267,25 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
         predictor.asgi = inner
     app.asgi_app = CorsMiddleware(inner, policy, [("Server", "llama.cpp")])
     return app
+
+
+def _mount_ui(app: QuartTrio, config: ServerConfig) -> frozenset[str]:
+    """--ui: the page's static files under --api-prefix; the full paths,
+    which answer before the model has loaded and without the API key (the
+    page asks for the key itself).  Upstream compares its exemption with the
+    unprefixed paths, which leaves a prefixed page unreachable with a key
+    set; here the page is reachable under the prefix too."""
+    assets = webui.Assets.load()
+    paths = set()
+    for route in UI_ROUTES:
+        path = config.api_prefix + route.path
+
+        async def view(route=route):
+            return assets.answer(route.path)
+
+        app.add_url_rule(path, f"UI {route.path}", view, methods=["GET"])
+        paths.add(path)
+    return frozenset(paths)
 
 
 def _mount_vertex(app: QuartTrio, config: ServerConfig) -> Predictor:

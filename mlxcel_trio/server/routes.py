@@ -5,6 +5,13 @@ from here; Vertex AI's @requestFormat aliases are derived from it; the
 compatibility manifest's route claims are checked against it.  A route with
 `vertex` set is registered only under AIP_MODE=PREDICTION, at the path its
 AIP_* variable names (server/surfaces/vertex_env.py); its `path` here is the placeholder.
+
+The web UI's static files (`UI_ROUTES`) are a table of their own: upstream
+counts them outside its route inventory (they exist only when the UI is
+on), so the manifest covers them through the --ui option rather than as
+route entries.  They are mounted only with --ui (the default), answer
+before the model has loaded, and are exempt from --api-key: the page asks
+for the key itself (server/surfaces/webui.py).
 """
 
 from __future__ import annotations
@@ -100,6 +107,15 @@ ROUTES: tuple[Route, ...] = (
     # Vertex AI (server/surfaces/vertex_env.py, server/surfaces/vertex.py)
     Route("GET", "$AIP_HEALTH_ROUTE", "health", vertex=True),
     Route("POST", "$AIP_PREDICT_ROUTE", "vertex_predict", vertex=True),
+)
+
+
+# The files of mlxcel_trio/server/webui/, served at /<name>; index.html is also "/".
+UI_ASSETS: tuple[str, ...] = ("index.html", "app.css", "app.js", "markdown.js")
+
+UI_ROUTES: tuple[Route, ...] = (
+    Route("GET", "/", "ui_asset", public=True),
+    *(Route("GET", "/" + name, "ui_asset", public=True) for name in UI_ASSETS),
 )
 
 

@@ -117,6 +117,11 @@ def _hypercorn_config(config: ServerConfig) -> HypercornConfig:
     return hc
 
 
+def _note_ui(config: ServerConfig) -> None:
+    if not config.ui:
+        log.info("the web UI is disabled (--no-ui); / answers 404, the API is unchanged")
+
+
 def _warn_open_cors(config: ServerConfig) -> None:
     if config.cors_origins == "*" and not config.api_keys:
         log.warning("CORS allows every origin ('*') and no API key is set: any web page a "
@@ -154,6 +159,7 @@ async def _serve(config, bridge, app, shutdown, signals, status, sock,
             address = listen.listening_address(sock, hc.ssl_enabled)
             lifecycle.say(f"main: server is listening on {address}")
             _warn_open_cors(config)
+            _note_ui(config)
             root.start_soon(_watch_load, bridge, shutdown, status, lifecycle)
         root.cancel_scope.cancel()
     return status["code"]

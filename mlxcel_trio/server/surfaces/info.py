@@ -7,6 +7,7 @@ the engine sleeps (--sleep-idle-seconds) and never wake it.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -64,8 +65,8 @@ def props(served: Served):
         "endpoint_slots": bridge.config.endpoint_slots,
         "endpoint_props": bridge.config.endpoint_props,
         "endpoint_metrics": bridge.config.endpoint_metrics,
-        "ui": False,
-        "ui_settings": {},
+        "ui": bridge.config.ui,
+        "ui_settings": json.loads(bridge.config.ui_settings),
         "chat_template": chat.template.source,
         "chat_template_caps": chat.caps,
         "bos_token": vocab.bos_token or "",

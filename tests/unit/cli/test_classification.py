@@ -51,9 +51,10 @@ ACCEPTED = [
     # deprecated loaders yield to --load-mode
     ["--mlock", "-lm", "auto"], ["--no-mmap", "--load-mode", "mmap"],
     ["--direct-io", "-lm", "mmap"],
-    # UI / tools / MCP: the forms asking for the state we are in
-    ["--no-ui"], ["--no-webui"], ["--no-agent"], ["-no-ag"], ["--no-ui-mcp-proxy"],
-    ["--no-webui-mcp-proxy"], ["--path", ""],
+    # the web UI (served); tools / MCP: the forms asking for the state we are in
+    ["--ui"], ["--webui"], ["--no-ui"], ["--no-webui"], ["--ui-config", "{}"],
+    ["--webui-config", "{\"temperature\": 0}"],
+    ["--no-agent"], ["-no-ag"], ["--no-ui-mcp-proxy"], ["--no-webui-mcp-proxy"], ["--path", ""],
     # multimodal
     ["--mmproj-auto"], ["--no-mmproj"], ["--no-mmproj-auto"], ["--mmproj-offload"],
     ["--image-min-tokens", "0"], ["--image-max-tokens", "-1"],
@@ -86,8 +87,7 @@ REFUSED = [
     (["--override-kv", "a=int:1"], "--override-kv"),
     (["-mu", "https://example.com/m.gguf"], "--model-url"), (["-dr", "gemma3"], "--docker-repo"),
     (["-hff", "m-Q4_K_M.gguf"], "--hf-file"),
-    (["--ui"], "--ui"), (["--webui"], "--ui"), (["--ui-config", "{}"], "--ui-config"),
-    (["--ui-config-file", "c.json"], "--ui-config-file"), (["--path", "/srv"], "--path"),
+    (["--path", "/srv"], "--path"),
     (["--tools", "all"], "--tools"), (["--tools-runtime", "docker:x"], "--tools-runtime"),
     (["--mcp-servers-config", "m.json"], "--mcp-servers-config"),
     (["--mcp-servers-json", "{}"], "--mcp-servers-json"), (["--ui-mcp-proxy"], "--ui-mcp-proxy"),
@@ -222,7 +222,7 @@ def test_refusals_and_value_errors_travel_together(ckpt: Path) -> None:
     ({"LLAMA_ARG_CPU_MOE": "0"}, False), ({"LLAMA_ARG_CPU_MOE": "yes"}, False),
     ({"LLAMA_ARG_CPU_MOE": "1"}, False), ({"LLAMA_ARG_CPU_MOE": "on"}, False),
     ({"LLAMA_ARG_UI": "false"}, False), ({"LLAMA_ARG_UI": "0"}, False),
-    ({"LLAMA_ARG_UI": "true"}, True), ({"LLAMA_ARG_NO_UI": "1"}, False),
+    ({"LLAMA_ARG_UI": "true"}, False), ({"LLAMA_ARG_NO_UI": "1"}, False),
     ({"LLAMA_ARG_NO_UI": "1", "LLAMA_ARG_UI": "1"}, False),
     ({"LLAMA_ARG_AGENT": "enabled"}, True), ({"LLAMA_ARG_NO_AGENT": "0"}, False),
     ({"LLAMA_ARG_UI_MCP_PROXY": "off"}, False), ({"LLAMA_ARG_UI_MCP_PROXY": "on"}, True),

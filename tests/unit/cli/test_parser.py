@@ -116,6 +116,8 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "cors_methods": ("GET", "GET"),
     "cors_headers": ("Authorization", "Authorization"),
     "api_prefix": ("/api", "/api"),
+    "ui_config": ("{\"temperature\": 0}", "{\"temperature\": 0}"),
+    "ui_config_file": ("ui.json", "ui.json"),
     "api_key_file": ("/etc/keys", "/etc/keys"),
     "ssl_key_file": ("key.pem", "key.pem"),
     "ssl_cert_file": ("cert.pem", "cert.pem"),
