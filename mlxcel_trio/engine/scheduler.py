@@ -56,6 +56,9 @@ from .detokenizer import IncrementalDetokenizer
 from .kv_cache import CacheFactory
 from .prompt_cache import PromptCache, supported
 from .samplers.batch import BatchSampler, dry_on
+from .speculative.batch import Plan, SpeculativeBatch
+from .speculative.drafters import Chain
+from .speculative.rollback import can_roll_back
 from .samplers.history import breakers_for
 from .sampling import GREEDY, greedy_banning, plan
 from .stops import StopMatcher
@@ -81,7 +84,7 @@ class _Sequence:
         "job", "slot", "uid", "detok", "stops", "tokens", "content", "max_tokens",
         "stop_type", "stopping_word", "truncated", "t_start", "t_first",
         "t_prompt_ms", "last_nl_pos", "done", "processed", "row", "probs", "n_cache",
-        "kv", "sampler", "processors", "prefilled", "n_shifts", "cached",
+        "kv", "sampler", "processors", "prefilled", "n_shifts", "cached", "plan",
     )
 
     def __init__(self, job: Job, slot: int, vocab: Vocab, max_tokens: int) -> None:
@@ -111,6 +114,7 @@ class _Sequence:
         self.processors: list = []
         self.prefilled = False              # its prompt reached decoding
         self.n_shifts = 0
+        self.plan = None                    # speculative/batch.Plan while it speculates
 
     def timings(self, now: float) -> Timings:
         n = len(self.tokens)
@@ -120,6 +124,8 @@ class _Sequence:
             prompt_ms=self.t_prompt_ms,
             predicted_n=n,
             predicted_ms=_ms_since(self.t_first, now) if self.t_first and n > 1 else 0.0,
+            draft_n=self.plan.draft_n if self.plan else 0,
+            draft_n_accepted=self.plan.accepted if self.plan else 0,
         )
 
 
@@ -127,7 +133,8 @@ class Scheduler:
     def __init__(self, model, vocab: Vocab, *, n_slots: int, n_ctx_slot: int,
                  batch_size: int, special: bool = False,
                  prompt_cache: PromptCache | None = None, context_shift: bool = False,
-                 cont_batching: bool = True, kv_types: tuple[str, str] = DEFAULT_KV) -> None:
+                 cont_batching: bool = True, kv_types: tuple[str, str] = DEFAULT_KV,
+                 drafter: Chain | None = None) -> None:
         self.vocab = vocab
         self.context_shift = context_shift
         self.cont_batching = cont_batching
@@ -141,6 +148,11 @@ class Scheduler:
         problem = self._new_caches.check()
         if problem is not None:
             raise ValueError(problem)
+        # speculative decoding (engine/speculative/): None = the plain decode batch
+        self._drafter = drafter
+        if drafter is not None and not all(can_roll_back(c) for c in self._new_caches.layers()):
+            log.warning("speculative decoding off: this model's KV cache cannot be rolled back")
+            self._drafter = None
         self._eos_bias = tuple((t, float("-inf")) for t in sorted(vocab.eos_ids))
         self._greedy_no_eos = greedy_banning(sorted(vocab.eos_ids), vocab.n_vocab)
         self._gen = self._new_generator()
@@ -161,13 +173,20 @@ class Scheduler:
     def _new_generator(self) -> BatchGenerator:
         # the chain rows' shared sampler lives and dies with its generator
         self._batch = BatchSampler(self.vocab.n_vocab)
-        return BatchGenerator(
+        gen = BatchGenerator(
             self._model,
             sampler=GREEDY,
             completion_batch_size=self.n_slots,
             prefill_batch_size=self.n_slots,
             prefill_step_size=self._batch_size,
         )
+        if self._drafter is not None:
+            self._drafter.clear()
+            # the decode batch is created once and only ever extended, so
+            # swapping the empty one in here makes every row's decode pass
+            # through the verify step
+            gen._generation_batch = SpeculativeBatch.create(self._model, GREEDY, self._drafter)
+        return gen
 
     # -- commands ------------------------------------------------------------
 
@@ -407,6 +426,22 @@ class Scheduler:
         seq.uid = uid
         seq.prefilled = False
         self._by_uid[uid] = seq
+        if self._drafter is not None and seq.job.speculative is not None and speculates(seq.row):
+            spec = seq.job.speculative
+            plan = seq.plan
+            seq.plan = Plan(spec.n_max, spec.n_min, spec.p_min, ctx_limit=self.n_ctx_slot,
+                            row=seq.row)
+            if plan is not None:  # re-inserted after a context shift: counts carry on
+                seq.plan.draft_n, seq.plan.accepted, seq.plan.rounds = (
+                    plan.draft_n, plan.accepted, plan.rounds)
+            self._gen._generation_batch.plans[uid] = seq.plan
+
+    def _drop_uid(self, uid: int) -> None:
+        """The generator forgets a sequence (and so does the drafter)."""
+        self._gen.remove([uid])
+        if self._drafter is not None:
+            self._gen._generation_batch.plans.pop(uid, None)
+            self._drafter.forget(uid)
 
     def _maybe_shift(self, seq: _Sequence, now: float, out: list, finished: list) -> None:
         """Upstream's pre_decode: before the sampled token is decoded into
@@ -432,7 +467,7 @@ class Scheduler:
             self._add_bos)
         log.warning("slot %d | task %d | slot context shift, n_keep = %d, n_left = %d, "
                     "n_discard = %d", seq.slot, job.id, n_keep, len(seq.kv) - n_keep, n_discard)
-        self._gen.remove([seq.uid])
+        self._drop_uid(seq.uid)
         del self._by_uid[seq.uid]
         seq.kv = [*context_shift.retained(seq.kv, n_keep, n_discard), token]
         seq.truncated = True
@@ -580,7 +615,7 @@ class Scheduler:
                     held = self._gen.extract_cache([seq.uid]).get(seq.uid)
                 except Exception:  # e.g. a prompt batch with no KV written yet
                     log.debug("job %s: no KV to donate", seq.job.id, exc_info=True)
-            self._gen.remove([seq.uid])
+            self._drop_uid(seq.uid)
             if donate and held is not None and held[0]:
                 self._donate(seq.job.cache_ns, held, out)
             del self._by_uid[seq.uid]
@@ -601,6 +636,17 @@ class Scheduler:
         st = self._cache.stats()
         out.append(CacheStats(st["entries"], st["bytes"], st["peak_bytes"],
                               st["budget_bytes"], st["hits"], st["misses"]))
+
+
+def speculates(row) -> bool:
+    """Whether a row's draws can be verified several at a time: its sampler
+    state must not evolve per draw (mirostat, adaptive-p), and a grammar or
+    a probability report ties it to one token per step."""
+    if row is None:
+        return True
+    p = row.params
+    return (p.mirostat == 0 and p.n_probs <= 0 and row.constraint is None
+            and not ("adaptive_p" in p.samplers and p.adaptive_target >= 0.0))
 
 
 def _rate(n: int, ms: float) -> str:

@@ -1,0 +1,31 @@
+"""Speculative decoding inside the continuous batch.
+
+drafters.py proposes (n-gram lookups, and the `Chain` that tries them in
+--spec-type order), draft_model.py proposes with a second model,
+batch.py verifies every row's proposal in one target forward, and
+rollback.py cuts each row's KV back by its own count.  The scheduler
+decides which rows speculate (`Plan`); nothing here knows about jobs.
+"""
+
+from __future__ import annotations
+
+from ...protocol.speculative import DRAFT_SIMPLE, SpecSettings
+from .drafters import Chain, NgramSimple
+
+
+def build_chain(settings: SpecSettings, draft_model=None) -> Chain | None:
+    """The drafters for the configured types, in order; None when off."""
+    if not settings.on:
+        return None
+    drafters = []
+    for kind in settings.types:
+        if kind == DRAFT_SIMPLE:
+            from .draft_model import DraftModel
+
+            drafters.append(DraftModel(draft_model))
+        elif kind == "ngram-simple":
+            g = settings.ngram_simple
+            drafters.append(NgramSimple(g.size_n, g.size_m))
+        else:
+            raise ValueError(f"speculative type {kind!r} has no drafter")
+    return Chain(drafters)
