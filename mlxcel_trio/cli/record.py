@@ -52,6 +52,7 @@ OWNERS: dict[int, str] = {
     8: "prompt cache and context",
     14: "performance: BLAS, weight policy, hot path",
     15: "embeddings and reranking",
+    17: "speculative decoding",
 }
 
 

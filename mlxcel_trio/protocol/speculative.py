@@ -14,7 +14,11 @@ import attrs
 # --spec-type values mlxcel-trio runs (upstream's spellings)
 DRAFT_SIMPLE = "draft-simple"
 NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
-RUNNABLE_TYPES = (DRAFT_SIMPLE, *NGRAM_TYPES)
+# the ones mlxcel-trio has a drafter for (engine/speculative/)
+IMPLEMENTED_TYPES = (DRAFT_SIMPLE, "ngram-simple")
+# upstream's fixed trial order (common_speculative_init): n-gram lookups first
+PRIORITY = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
+            DRAFT_SIMPLE)
 
 
 @attrs.frozen

@@ -14,7 +14,8 @@ from .drafters import Chain, NgramSimple
 
 
 def build_chain(settings: SpecSettings, draft_model=None) -> Chain | None:
-    """The drafters for the configured types, in order; None when off."""
+    """The drafters for the configured types (already in upstream's trial
+    order, protocol/speculative.PRIORITY); None when off."""
     if not settings.on:
         return None
     drafters = []
