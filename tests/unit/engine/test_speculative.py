@@ -1,0 +1,183 @@
+"""Speculative decoding in the batch, driven through the scheduler step by
+step (no threads, no HTTP): every output is compared with the same jobs run
+without speculation, so a verify step that changed a single token fails."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlxcel_trio.protocol.records import Finished, Job, SamplingParams
+from mlxcel_trio.protocol.speculative import SpecRequest
+
+GREEDY = SamplingParams(temperature=0.0)
+N_SLOTS = 8
+
+
+@pytest.fixture(scope="module")
+def models(tiny_model, tiny_draft_model):
+    from mlx_lm.utils import load_model
+
+    from mlxcel_trio.engine.vocab import Vocab
+
+    target, _ = load_model(tiny_model)
+    draft, _ = load_model(tiny_draft_model)
+    return target, draft, Vocab(tiny_model)
+
+
+def _prompts(n: int, seed: int = 0) -> list[tuple[int, ...]]:
+    rng = random.Random(seed)
+    return [tuple(rng.randrange(2, 1500) for _ in range(rng.randrange(3, 40))) for _ in range(n)]
+
+
+def _chain(kind: str, models):
+    from mlxcel_trio.engine.speculative.draft_model import DraftModel
+    from mlxcel_trio.engine.speculative.drafters import Chain, NgramSimple
+
+    target, draft, _ = models
+    return {"ngram": lambda: Chain([NgramSimple(2, 8)]),
+            "self": lambda: Chain([DraftModel(target)]),
+            "draft": lambda: Chain([DraftModel(draft)])}[kind]()
+
+
+def _run(models, jobs, drafter=None, n_ctx_slot=512, **kw) -> dict[int, Finished]:
+    from mlxcel_trio.engine.scheduler import Scheduler
+
+    target, _, vocab = models
+    s = Scheduler(target, vocab, n_slots=N_SLOTS, n_ctx_slot=n_ctx_slot, batch_size=64,
+                  drafter=drafter, **kw)
+    out: list = []
+    for j in jobs:
+        s.submit(j, out)
+    for _ in range(5000):
+        if not s.busy:
+            break
+        s.step(out)
+    return {e.job_id: e for e in out if isinstance(e, Finished)}
+
+
+def _jobs(prompts, spec_every: int = 1, n_predict: int = 48, sampling=GREEDY,
+          n_max: int = 6, **kw) -> list[Job]:
+    return [Job(i + 1, p, n_predict=n_predict, sampling=sampling, ignore_eos=True,
+                speculative=SpecRequest(n_max=n_max) if spec_every and i % spec_every == 0
+                else None, **kw)
+            for i, p in enumerate(prompts)]
+
+
+# ---- per-row rollback --------------------------------------------------------
+
+def test_rewind_drops_each_rows_own_count():
+    from mlx_lm.models.cache import BatchKVCache, KVCache
+
+    from mlxcel_trio.engine.speculative.rollback import rewind
+
+    rng = np.random.default_rng(0)
+    lengths, k1, drop = [5, 9, 2], 4, [0, 3, 4]
+    rows = []
+    for n in lengths:
+        c = KVCache()
+        c.update_and_fetch(*(mx.array(rng.standard_normal((1, 2, n, 8)), dtype=mx.float32)
+                             for _ in range(2)))
+        rows.append(c)
+    batch = BatchKVCache.merge(rows)
+    new_k = mx.array(rng.standard_normal((3, 2, k1, 8)), dtype=mx.float32)
+    batch.update_and_fetch(new_k, new_k + 1)
+    rewind([batch], drop)
+    for i, (n, d) in enumerate(zip(lengths, drop)):
+        got = batch.extract(i)
+        want = mx.concatenate([rows[i].keys[..., :n, :], new_k[i:i + 1, :, :k1 - d]], axis=2)
+        assert got.offset == n + k1 - d
+        assert mx.array_equal(got.keys, want).item()
+    assert batch.offset.tolist() == [n + k1 - d for n, d in zip(lengths, drop)]
+
+
+# ---- lossless greedy ---------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["ngram", "draft", "self"])
+def test_greedy_output_is_unchanged_single_and_batched(models, kind):
+    prompts = _prompts(N_SLOTS)
+    plain = _run(models, _jobs(prompts[:1], spec_every=0))
+    spec = _run(models, _jobs(prompts[:1]), _chain(kind, models))
+    assert spec[1].tokens == plain[1].tokens
+    # 8 streams, half of them speculating, in one batch
+    plain = _run(models, _jobs(prompts, spec_every=0))
+    spec = _run(models, _jobs(prompts, spec_every=2), _chain(kind, models))
+    assert {i: f.tokens for i, f in spec.items()} == {i: f.tokens for i, f in plain.items()}
+    drafted = [spec[i].timings.draft_n for i in sorted(spec)]
+    assert all(d == 0 for d in drafted[1::2])          # plain rows never draft
+    assert sum(drafted[::2]) > 0
+    if kind == "self":
+        # a draft identical to the target proposes the target's own choices
+        t = [spec[i].timings for i in sorted(spec)][::2]
+        assert sum(x.draft_n_accepted for x in t) >= 0.95 * sum(x.draft_n for x in t)
+
+
+def test_a_draft_that_is_sometimes_wrong_is_verified(models):
+    spec = _run(models, _jobs(_prompts(N_SLOTS, seed=3)), _chain("draft", models))
+    t = [f.timings for f in spec.values()]
+    drafted, kept = sum(x.draft_n for x in t), sum(x.draft_n_accepted for x in t)
+    assert 0 < kept < drafted   # both accepted and rejected drafts happened
+
+
+def test_stops_and_limits_cut_inside_an_accepted_run(models):
+    prompts = _prompts(4, seed=5)
+    plain = _run(models, _jobs(prompts, spec_every=0, n_predict=13))
+    spec = _run(models, _jobs(prompts, n_predict=13), _chain("self", models))
+    assert all(len(f.tokens) == 13 for f in spec.values())
+    assert {i: f.tokens for i, f in spec.items()} == {i: f.tokens for i, f in plain.items()}
+    # a context bound is honoured too: the row stops at the slot's last cell
+    short = _run(models, _jobs(prompts[:1], n_predict=-1), _chain("self", models),
+                 n_ctx_slot=64)
+    ref = _run(models, _jobs(prompts[:1], spec_every=0, n_predict=-1), n_ctx_slot=64)
+    assert short[1].tokens == ref[1].tokens and short[1].truncated
+
+
+def test_penalties_and_logit_bias_apply_at_every_drafted_position(models):
+    params = SamplingParams(temperature=0.0, repeat_penalty=1.3, repeat_last_n=16,
+                            logit_bias=((7, 5.0),))
+    prompts = _prompts(N_SLOTS, seed=7)
+    plain = _run(models, _jobs(prompts, spec_every=0, sampling=params))
+    spec = _run(models, _jobs(prompts, sampling=params), _chain("self", models))
+    assert {i: f.tokens for i, f in spec.items()} == {i: f.tokens for i, f in plain.items()}
+    assert sum(f.timings.draft_n_accepted for f in spec.values()) > 0
+
+
+# ---- sampling ----------------------------------------------------------------
+
+def test_same_seed_gives_the_same_text(models):
+    params = SamplingParams(temperature=0.9, top_k=40, seed=1234)
+    prompts = _prompts(N_SLOTS, seed=11)
+    plain = _run(models, _jobs(prompts, spec_every=0, sampling=params))
+    spec = _run(models, _jobs(prompts, sampling=params), _chain("self", models))
+    assert {i: f.tokens for i, f in spec.items()} == {i: f.tokens for i, f in plain.items()}
+    assert sum(f.timings.draft_n_accepted for f in spec.values()) > 0
+
+
+def test_sampled_tokens_follow_the_target_distribution(models):
+    """Chi-square over the rank each drafted-position token has among the
+    target's four candidates, against the target's own probabilities."""
+    target, _, _ = models
+    k, n_draws = 4, 160
+    prompt = _prompts(1, seed=13)[0]
+    jobs = [Job(i + 1, prompt, n_predict=4, ignore_eos=True,
+                sampling=SamplingParams(temperature=1.0, top_k=k, top_p=1.0, min_p=0.0,
+                                        seed=1000 + i),
+                speculative=SpecRequest(n_max=3)) for i in range(n_draws)]
+    spec = _run(models, jobs, _chain("draft", models))
+    assert sum(f.timings.draft_n for f in spec.values()) > 0
+    seqs = [list(prompt) + list(f.tokens) for f in spec.values()]
+    logits = target(mx.array(seqs))[:, len(prompt):-1, :].astype(mx.float32)  # for tokens 2..4
+    top = mx.argsort(-logits, axis=-1)[..., :k]
+    p = mx.softmax(mx.take_along_axis(logits, top, axis=-1), axis=-1)
+    chosen = mx.array([s[len(prompt) + 1:] for s in seqs])[..., None]
+    rank = mx.argmax(top == chosen, axis=-1)
+    assert mx.all(mx.any(top == chosen, axis=-1)).item()   # always one of the k
+    observed = np.bincount(np.array(rank).ravel(), minlength=k)
+    expected = np.array(p.reshape(-1, k).sum(axis=0))
+    chi2 = float(((observed - expected) ** 2 / expected).sum())
+    assert chi2 < 16.27, (observed, expected)   # 3 degrees of freedom, p = 0.001
+    assert not math.isnan(chi2)
