@@ -126,6 +126,7 @@ class _Sequence:
             predicted_ms=_ms_since(self.t_first, now) if self.t_first and n > 1 else 0.0,
             draft_n=self.plan.draft_n if self.plan else 0,
             draft_n_accepted=self.plan.accepted if self.plan else 0,
+            draft_rounds=self.plan.rounds if self.plan else 0,
         )
 
 

@@ -321,6 +321,7 @@ class Timings:
     predicted_ms: float
     draft_n: int = 0                    # draft tokens verified (speculative rows)
     draft_n_accepted: int = 0           # of those, kept
+    draft_rounds: int = 0               # verify steps that checked a draft (/metrics)
 
     def to_json(self) -> dict:
         """server_slot_stats::to_json.  The generation rates count decode

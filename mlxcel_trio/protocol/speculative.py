@@ -48,6 +48,11 @@ class SpecSettings:
     def on(self) -> bool:
         return bool(self.types)
 
+    @property
+    def names(self) -> str:
+        """As upstream reports them (generation_settings' speculative.types)."""
+        return ",".join(self.types) or "none"
+
 
 @attrs.frozen
 class SpecRequest:
