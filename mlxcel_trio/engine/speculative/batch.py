@@ -82,8 +82,8 @@ class SpeculativeBatch(GenerationBatch):
         return self._verify(per_row)
 
     def _asks(self) -> tuple[list[Ask], list[int]]:
-        mx.eval(self._next_tokens)
-        ys = self._next_tokens.tolist()
+        """One Ask per planned row that could get a proposal; the pending
+        tokens are read (a device sync) only when some row could."""
         asks, where = [], []
         for i, uid in enumerate(self.uids):
             plan = self.plans.get(uid)
@@ -92,11 +92,15 @@ class SpeculativeBatch(GenerationBatch):
             n_left = self.max_tokens[i] - self._num_tokens[i] - 1
             room = plan.ctx_limit - len(self.tokens[i]) - 2
             n_max = min(plan.n_max, n_left, room)
-            if n_max <= 0:
+            if n_max <= 0 or not self.drafter.may_propose(uid, self.tokens[i]):
                 continue
-            asks.append(Ask(uid, self.tokens[i], ys[i], n_max, plan.n_min, plan.p_min))
+            asks.append(Ask(uid, self.tokens[i], -1, n_max, plan.n_min, plan.p_min))
             where.append(i)
-        self._ys = ys
+        if asks:
+            mx.eval(self._next_tokens)
+            self._ys = self._next_tokens.tolist()
+            for a, i in zip(asks, where):
+                a.last = self._ys[i]
         return asks, where
 
     def _verify(self, drafts: list[list[int]]):

@@ -54,6 +54,9 @@ class DraftModel:
     def accepted(self, uid: int, n_drafted: int, n_accepted: int) -> None:
         pass  # the next propose re-syncs from the history
 
+    def may_propose(self, uid: int, history: list[int]) -> bool:
+        return True
+
     def propose(self, asks: Sequence[Ask]) -> list[list[int]]:
         if not asks:
             return []

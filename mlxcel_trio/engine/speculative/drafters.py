@@ -30,6 +30,11 @@ class Ask:
 
 
 class Drafter(Protocol):
+    def may_propose(self, uid: int, history: list[int]) -> bool:
+        """Whether a proposal is possible at all, known before the pending
+        token is read (reading it stalls the pipelined decode step)."""
+        ...
+
     def propose(self, asks: Sequence[Ask]) -> list[list[int]]: ...
 
     def accepted(self, uid: int, n_drafted: int, n_accepted: int) -> None: ...
@@ -47,18 +52,35 @@ class NgramSimple:
 
     def __init__(self, size_n: int, size_m: int) -> None:
         self.n, self.m = size_n, size_m
+        # uid -> earlier positions where the last n - 1 history tokens occur,
+        # latest first (found by may_propose, finished by propose)
+        self._found: dict[int, list[int]] = {}
+
+    def may_propose(self, uid: int, history: list[int]) -> bool:
+        n, m, size = self.n, self.m, len(history)
+        found: list[int] = []
+        if size > n + m + 1:
+            suffix = history[size - n + 1:]
+            if not suffix:
+                found = list(range(size - n - 1, 0, -1))
+            else:
+                first, h = suffix[0], history
+                found = [j for j in range(size - n - 1, 0, -1)
+                         if h[j] == first and h[j:j + n - 1] == suffix]
+        self._found[uid] = found
+        return bool(found)
 
     def propose(self, asks: Sequence[Ask]) -> list[list[int]]:
-        return [self._one(a.history, a.last) for a in asks]
+        return [self._one(a.uid, a.history, a.last) for a in asks]
 
-    def _one(self, h: list[int], last: int) -> list[int]:
+    def _one(self, uid: int, h: list[int], last: int) -> list[int]:
+        found = self._found.pop(uid, None)
+        if found is None:
+            self.may_propose(uid, h)
+            found = self._found.pop(uid)
         n, m, size = self.n, self.m, len(h)
-        if size <= n + m + 1:
-            return []
-        pattern = [*h[size - n + 1:], last]
-        first = pattern[0]
-        for j in range(size - n - 1, 0, -1):
-            if h[j] == first and h[j:j + n] == pattern:
+        for j in found:
+            if h[j + n - 1] == last:
                 take = min(m, size - (j + n))
                 return h[j + n:j + n + take] if take >= n else []
         return []
@@ -67,10 +89,10 @@ class NgramSimple:
         pass
 
     def forget(self, uid: int) -> None:
-        pass
+        self._found.pop(uid, None)
 
     def clear(self) -> None:
-        pass
+        self._found.clear()
 
 
 class Chain:
@@ -79,6 +101,10 @@ class Chain:
     def __init__(self, drafters: Sequence[Drafter]) -> None:
         self.drafters = list(drafters)
         self._last: dict[int, Drafter] = {}   # uid -> the drafter that proposed
+
+    def may_propose(self, uid: int, history: list[int]) -> bool:
+        # every drafter is asked: each keeps what it found for propose
+        return any([d.may_propose(uid, history) for d in self.drafters])
 
     def propose(self, asks: Sequence[Ask]) -> list[list[int]]:
         out: list[list[int]] = [[] for _ in asks]

@@ -181,3 +181,19 @@ def test_sampled_tokens_follow_the_target_distribution(models):
     chi2 = float(((observed - expected) ** 2 / expected).sum())
     assert chi2 < 16.27, (observed, expected)   # 3 degrees of freedom, p = 0.001
     assert not math.isnan(chi2)
+
+
+# ---- the n-gram drafter --------------------------------------------------------
+
+def test_ngram_simple_proposes_what_followed_the_latest_match():
+    from mlxcel_trio.engine.speculative.drafters import Ask, NgramSimple
+
+    h = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2]
+    d = NgramSimple(2, 3)
+    assert d.may_propose(7, h)
+    assert d.propose([Ask(7, h, 3, 8)]) == [[4, 5, 1]]     # after the match at 6..7
+    assert d.propose([Ask(7, h, 9, 8)]) == [[]]            # (2, 9) never occurred
+    # a continuation shorter than size_n proposes nothing, as upstream's
+    assert NgramSimple(3, 2).propose([Ask(7, h, 3, 8)]) == [[]]
+    # too little history for size_n + size_m + 1
+    assert not NgramSimple(4, 4).may_propose(7, h[:9])
