@@ -155,6 +155,7 @@ class Scheduler:
             log.warning("speculative decoding off: this model's KV cache cannot be rolled back")
             self._drafter = None
         self._eos_bias = tuple((t, float("-inf")) for t in sorted(vocab.eos_ids))
+        self._banned = tuple(sorted(vocab.eos_ids))
         self._greedy_no_eos = greedy_banning(sorted(vocab.eos_ids), vocab.n_vocab)
         self._gen = self._new_generator()
         self._pending: deque[Job] = deque()
@@ -431,7 +432,7 @@ class Scheduler:
             spec = seq.job.speculative
             plan = seq.plan
             seq.plan = Plan(spec.n_max, spec.n_min, spec.p_min, ctx_limit=self.n_ctx_slot,
-                            row=seq.row)
+                            row=seq.row, banned=self._banned if seq.job.ignore_eos else ())
             if plan is not None:  # re-inserted after a context shift: counts carry on
                 seq.plan.draft_n, seq.plan.accepted, seq.plan.rounds = (
                     plan.draft_n, plan.accepted, plan.rounds)

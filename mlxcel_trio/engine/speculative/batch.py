@@ -50,6 +50,7 @@ class Plan:
     p_min: float = 0.0
     ctx_limit: int = 1 << 30     # the row's KV may hold at most this many tokens
     row: object = None           # the row's samplers/batch.Row (random stream, history)
+    banned: tuple[int, ...] = ()  # tokens the row never draws (ignore_eos's EOG ban)
     draft_n: int = 0             # drafted tokens verified
     accepted: int = 0            # of those, kept
     rounds: int = 0              # verify steps with a draft
@@ -94,7 +95,8 @@ class SpeculativeBatch(GenerationBatch):
             n_max = min(plan.n_max, n_left, room)
             if n_max <= 0 or not self.drafter.may_propose(uid, self.tokens[i]):
                 continue
-            asks.append(Ask(uid, self.tokens[i], -1, n_max, plan.n_min, plan.p_min))
+            asks.append(Ask(uid, self.tokens[i], -1, n_max, plan.n_min, plan.p_min,
+                            plan.banned))
             where.append(i)
         if asks:
             mx.eval(self._next_tokens)

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 
 from .drafters import Ask
@@ -69,12 +70,22 @@ class DraftModel:
                   for i in range(len(rows[0].cache))] if merged else rows[0].cache)
         x = mx.array([[a.last] for a in asks])
         toks, probs = [], []
+        ban = None
+        want_p = any(a.p_min > 0.0 for a in asks)
         for _ in range(k):
             logits = self.model(x, cache=cache)[:, -1, :].astype(mx.float32)
-            p = mx.softmax(logits, axis=-1)
+            if ban is None and any(a.banned for a in asks):
+                ban = _ban_mask(asks, logits.shape[-1])
+            if ban is not None:
+                # propose what the row can draw: a banned token would be rejected
+                logits = logits + ban
             tok = mx.argmax(logits, axis=-1)
             toks.append(tok)
-            probs.append(mx.take_along_axis(p, tok[:, None], axis=-1)[:, 0])
+            if want_p:  # the draw's probability, only when p_min can stop a draft
+                p = mx.softmax(logits, axis=-1)
+                probs.append(mx.take_along_axis(p, tok[:, None], axis=-1)[:, 0])
+            else:
+                probs.append(mx.ones(tok.shape, dtype=mx.float32))
             x = tok[:, None]
         toks_a, probs_a = mx.stack(toks, axis=1), mx.stack(probs, axis=1)
         mx.eval(toks_a, probs_a)
@@ -115,3 +126,11 @@ class DraftModel:
         held.extend(missing)
         r.sure = len(held)
         return r
+
+
+def _ban_mask(asks: Sequence[Ask], n_vocab: int) -> mx.array:
+    mask = np.zeros((len(asks), n_vocab), dtype=np.float32)
+    for i, a in enumerate(asks):
+        banned = [t for t in a.banned if t < n_vocab]
+        mask[i, banned] = -np.inf
+    return mx.array(mask)

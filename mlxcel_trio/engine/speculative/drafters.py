@@ -27,6 +27,7 @@ class Ask:
     n_max: int              # the most tokens the row can use this step
     n_min: int = 0          # a draft-model proposal shorter than this is dropped
     p_min: float = 0.0      # a draft model stops below this top probability
+    banned: tuple[int, ...] = ()  # tokens the row never samples (ignore_eos)
 
 
 class Drafter(Protocol):
