@@ -197,3 +197,16 @@ def test_ngram_simple_proposes_what_followed_the_latest_match():
     assert NgramSimple(3, 2).propose([Ask(7, h, 3, 8)]) == [[]]
     # too little history for size_n + size_m + 1
     assert not NgramSimple(4, 4).may_propose(7, h[:9])
+
+
+def test_draft_p_min_and_n_min_gate_proposals(models):
+    prompts = _prompts(4, seed=17)
+
+    def drafted(**bounds) -> int:
+        jobs = [Job(i + 1, p, n_predict=32, sampling=GREEDY, ignore_eos=True,
+                    speculative=SpecRequest(**bounds)) for i, p in enumerate(prompts)]
+        return sum(f.timings.draft_n for f in _run(models, jobs, _chain("draft", models)).values())
+
+    everything = drafted(n_max=4)
+    assert 0 < drafted(n_max=4, p_min=0.6) < everything   # stops at unsure drafts
+    assert drafted(n_max=4, n_min=5) == 0                    # every proposal too short
