@@ -178,6 +178,15 @@ class ServerConfig:
     spec_ngram_simple_size_n: int = 12
     spec_ngram_simple_size_m: int = 48
     spec_ngram_simple_min_hits: int = 1
+    spec_ngram_map_k_size_n: int = 12
+    spec_ngram_map_k_size_m: int = 48
+    spec_ngram_map_k_min_hits: int = 1
+    spec_ngram_map_k4v_size_n: int = 12
+    spec_ngram_map_k4v_size_m: int = 48
+    spec_ngram_map_k4v_min_hits: int = 1
+    spec_ngram_mod_n_min: int = 48
+    spec_ngram_mod_n_max: int = 64
+    spec_ngram_mod_n_match: int = 24
     # -- chat: templates, reasoning, parsing --
     chat_jinja: bool = True                  # --no-jinja is refused at startup
     chat_template: str | None = None         # --chat-template text (wins over the file)
@@ -224,7 +233,14 @@ class ServerConfig:
             p_min=self.spec_p_min, draft_model=self.spec_model,
             ngram_simple=NgramSizes(self.spec_ngram_simple_size_n,
                                     self.spec_ngram_simple_size_m,
-                                    self.spec_ngram_simple_min_hits))
+                                    self.spec_ngram_simple_min_hits),
+            ngram_map_k=NgramSizes(self.spec_ngram_map_k_size_n, self.spec_ngram_map_k_size_m,
+                                   self.spec_ngram_map_k_min_hits),
+            ngram_map_k4v=NgramSizes(self.spec_ngram_map_k4v_size_n,
+                                     self.spec_ngram_map_k4v_size_m,
+                                     self.spec_ngram_map_k4v_min_hits),
+            mod_n_min=self.spec_ngram_mod_n_min, mod_n_max=self.spec_ngram_mod_n_max,
+            mod_n_match=self.spec_ngram_mod_n_match)
 
     @property
     def slots(self) -> int:

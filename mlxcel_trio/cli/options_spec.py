@@ -2,11 +2,11 @@
 placement, and the options upstream has already removed.
 
 What mlxcel-trio runs (engine/speculative/) is supported: --spec-type
-draft-simple with a draft checkpoint (-md) and ngram-simple, the draft
-bounds (--spec-draft-n-max / -n-min / -p-min) and the ngram-simple sizes.
-The draft types that need a head MLX checkpoints do not carry (EAGLE-3,
-MTP, DFlash, DSpark) and the n-gram types not implemented yet are refused
-before the model load.  The GGML placement of the draft model stays
+draft-simple with a draft checkpoint (-md), ngram-simple, ngram-map-k,
+ngram-map-k4v and ngram-mod, the draft bounds (--spec-draft-n-max / -n-min
+/ -p-min) and every n-gram type's sizes.  The draft types that need a head
+MLX checkpoints do not carry (EAGLE-3, MTP, DFlash, DSpark) and ngram-cache
+(not implemented yet) are refused before the model load.  The GGML placement of the draft model stays
 hidden and inert-or-refused like the target's; the removed --draft*
 spellings are refused with upstream's words.
 """
@@ -23,7 +23,6 @@ from mlxcel_trio.cli.refusals import (
     NO_PLACEMENT,
     NO_THREADPOOL,
     at_most,
-    deferred,
     equals,
     not_applicable,
 )
@@ -44,7 +43,8 @@ HEADS = {
     "draft-dflash": "a DFlash draft head",
     "draft-dspark": "a DSpark draft head",
 }
-INSTEAD_TYPES = "use draft-simple with -md <draft checkpoint>, or ngram-simple"
+INSTEAD_TYPES = ("use draft-simple with -md <draft checkpoint>, or ngram-simple, ngram-map-k, "
+                 "ngram-map-k4v or ngram-mod")
 NOT_DRAFT = ("the draft model runs in MLX beside the target, greedily and with its "
              "KV cache in the model's own float type")
 
@@ -110,14 +110,6 @@ def _ngram_on(kind: str, default_n: int, default_m: int) -> tuple[Option, ...]:
             f"minimum hits for {kind} speculative decoding",
             value=Int(1, message=MIN_HITS), metavar="N", default=1),
     )
-
-
-def _ngram_later(spelling: str, dest: str, help: str, default: int, lo: int,
-                 message: str) -> Option:
-    """Tuning of an n-gram type not implemented yet: the default passes."""
-    return deferred((spelling,), f"spec_{dest}", help, issue=OWNER,
-                    value=Int(lo, 1024, message=message), metavar="N", default=default,
-                    section="speculative")
 
 
 def _removed(spellings: tuple[str, ...], dest: str, help: str, instead: str,
@@ -232,27 +224,19 @@ SPECULATIVE: tuple[Option, ...] = (
         "comma-separated list of types of speculative decoding to use",
         value=SpecTypes(SPEC_TYPES), metavar=",".join(SPEC_TYPES), default=("none",),
         env="LLAMA_ARG_SPEC_TYPE", refuse=_type_refusal),
-    _ngram_later("--spec-ngram-mod-n-min", "ngram_mod_n_min",
-                 "minimum number of ngram tokens to use for ngram-based speculative decoding",
-                 48, 0, "ngram n-min must be between 0 and 1024 inclusive"),
-    _ngram_later("--spec-ngram-mod-n-max", "ngram_mod_n_max",
-                 "maximum number of ngram tokens to use for ngram-based speculative decoding",
-                 64, 0, "ngram n-max must be between 0 and 1024 inclusive"),
-    _ngram_later("--spec-ngram-mod-n-match", "ngram_mod_n_match",
-                 "ngram-mod lookup length", 24, 1, NGRAM_N),
+    _on(("--spec-ngram-mod-n-min",), "ngram_mod_n_min",
+        "minimum number of ngram tokens to use for ngram-based speculative decoding",
+        value=Int(0, 1024, message="ngram n-min must be between 0 and 1024 inclusive"),
+        metavar="N", default=48),
+    _on(("--spec-ngram-mod-n-max",), "ngram_mod_n_max",
+        "maximum number of ngram tokens to use for ngram-based speculative decoding",
+        value=Int(0, 1024, message="ngram n-max must be between 0 and 1024 inclusive"),
+        metavar="N", default=64),
+    _on(("--spec-ngram-mod-n-match",), "ngram_mod_n_match", "ngram-mod lookup length",
+        value=Int(1, 1024, message=NGRAM_N), metavar="N", default=24),
     *_ngram_on("ngram-simple", 12, 48),
-    _ngram_later("--spec-ngram-map-k-size-n", "ngram_map_k_size_n",
-                 "ngram-map-k: lookup n-gram length", 12, 1, NGRAM_N),
-    _ngram_later("--spec-ngram-map-k-size-m", "ngram_map_k_size_m",
-                 "ngram-map-k: draft m-gram length", 48, 1, NGRAM_M),
-    _ngram_later("--spec-ngram-map-k-min-hits", "ngram_map_k_min_hits",
-                 "ngram-map-k: fewest hits", 1, 1, MIN_HITS),
-    _ngram_later("--spec-ngram-map-k4v-size-n", "ngram_map_k4v_size_n",
-                 "ngram-map-k4v: lookup n-gram length", 12, 1, NGRAM_N),
-    _ngram_later("--spec-ngram-map-k4v-size-m", "ngram_map_k4v_size_m",
-                 "ngram-map-k4v: draft m-gram length", 48, 1, NGRAM_M),
-    _ngram_later("--spec-ngram-map-k4v-min-hits", "ngram_map_k4v_min_hits",
-                 "ngram-map-k4v: fewest hits", 1, 1, MIN_HITS),
+    *_ngram_on("ngram-map-k", 12, 48),
+    *_ngram_on("ngram-map-k4v", 12, 48),
     _removed(("--draft", "--draft-n", "--draft-max"), "draft_max",
              "the argument has been removed", "use --spec-draft-n-max or --spec-ngram-mod-n-max",
              env="LLAMA_ARG_DRAFT_MAX"),

@@ -15,7 +15,7 @@ import attrs
 DRAFT_SIMPLE = "draft-simple"
 NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 # the ones mlxcel-trio has a drafter for (engine/speculative/)
-IMPLEMENTED_TYPES = (DRAFT_SIMPLE, "ngram-simple")
+IMPLEMENTED_TYPES = (DRAFT_SIMPLE, "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")
 # upstream's fixed trial order (common_speculative_init): n-gram lookups first
 PRIORITY = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
             DRAFT_SIMPLE)

@@ -122,6 +122,15 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "spec_ngram_simple_size_n": ("4", 4),
     "spec_ngram_simple_size_m": ("16", 16),
     "spec_ngram_simple_min_hits": ("2", 2),
+    "spec_ngram_map_k_size_n": ("5", 5),
+    "spec_ngram_map_k_size_m": ("9", 9),
+    "spec_ngram_map_k_min_hits": ("3", 3),
+    "spec_ngram_map_k4v_size_n": ("6", 6),
+    "spec_ngram_map_k4v_size_m": ("10", 10),
+    "spec_ngram_map_k4v_min_hits": ("4", 4),
+    "spec_ngram_mod_n_min": ("8", 8),
+    "spec_ngram_mod_n_max": ("16", 16),
+    "spec_ngram_mod_n_match": ("12", 12),
 }
 
 LIVE = ("supported", "aliased", "by_design")

@@ -37,9 +37,13 @@ def _prompts(n: int, seed: int = 0) -> list[tuple[int, ...]]:
 def _chain(kind: str, models):
     from mlxcel_trio.engine.speculative.draft_model import DraftModel
     from mlxcel_trio.engine.speculative.drafters import Chain, NgramSimple
+    from mlxcel_trio.engine.speculative.ngram_map import NgramMap, NgramMod
 
     target, draft, _ = models
     return {"ngram": lambda: Chain([NgramSimple(2, 8)]),
+            "map-k": lambda: Chain([NgramMap(2, 6, 1, key_only=True)]),
+            "map-k4v": lambda: Chain([NgramMap(1, 3, 1, key_only=False)]),
+            "mod": lambda: Chain([NgramMod(2, 1, 8)]),
             "self": lambda: Chain([DraftModel(target)]),
             "draft": lambda: Chain([DraftModel(draft)])}[kind]()
 
@@ -97,7 +101,7 @@ def test_rewind_drops_each_rows_own_count():
 
 # ---- lossless greedy ---------------------------------------------------------
 
-@pytest.mark.parametrize("kind", ["ngram", "draft", "self"])
+@pytest.mark.parametrize("kind", ["ngram", "map-k", "map-k4v", "mod", "draft", "self"])
 def test_greedy_output_is_unchanged_single_and_batched(models, kind):
     prompts = _prompts(N_SLOTS)
     plain = _run(models, _jobs(prompts[:1], spec_every=0))
@@ -210,3 +214,46 @@ def test_draft_p_min_and_n_min_gate_proposals(models):
     everything = drafted(n_max=4)
     assert 0 < drafted(n_max=4, p_min=0.6) < everything   # stops at unsure drafts
     assert drafted(n_max=4, n_min=5) == 0                    # every proposal too short
+
+
+def test_ngram_map_k_remembers_how_much_was_accepted():
+    from mlxcel_trio.engine.speculative.drafters import Ask
+    from mlxcel_trio.engine.speculative.ngram_map import NgramMap
+
+    h = [9, 1, 2, 3, 4, 5, 6, 7, 8, 9, 1]
+    d = NgramMap(2, 3, 1, key_only=True)
+    assert d.may_propose(1, h)
+    assert d.propose([Ask(1, h, 2, 8)]) == [[3, 4, 5]]
+    d.accepted(1, 3, 1)                                   # one of three kept
+    assert d.propose([Ask(1, h, 2, 8)]) == [[3]]          # never more than that again
+    assert d.propose([Ask(1, h, 7, 8)]) == [[]]           # (1, 7) never occurred
+
+
+def test_ngram_map_k4v_needs_hits_and_a_dominant_continuation():
+    from mlxcel_trio.engine.speculative.drafters import Ask
+    from mlxcel_trio.engine.speculative.ngram_map import NgramMap
+
+    h = [0, 5, 1, 1, 5, 1, 1, 5, 2, 2, 5, 1, 1, 0, 0, 0, 0]
+    d = NgramMap(1, 2, 2, key_only=False)
+    assert d.propose([Ask(1, h, 5, 8)]) == [[]]            # first hit: under min_hits
+    # (1, 1) followed 5 three times and (2, 2) once: 3 >= 2 * 1, so it drafts
+    assert d.propose([Ask(1, h, 5, 8)]) == [[1, 1]]
+    h2 = [0, 5, 1, 1, 5, 2, 2, 5, 3, 3, 0, 0, 0, 0]
+    d2 = NgramMap(1, 2, 1, key_only=False)
+    assert d2.propose([Ask(1, h2, 5, 8)]) == [[]]          # nothing dominates
+
+
+def test_ngram_mod_chains_lookups_and_forgets_after_poor_acceptance():
+    from mlxcel_trio.engine.speculative.drafters import Ask
+    from mlxcel_trio.engine.speculative.ngram_map import NgramMod
+
+    h = [1, 2, 3, 4, 1, 2]
+    d = NgramMod(2, 2, 4)
+    assert d.may_propose(1, h)
+    assert d.propose([Ask(1, h, 3, 8)]) == [[4, 1, 2, 3]]
+    assert d.propose([Ask(1, h, 7, 8)]) == [[]]            # (2, 7) unknown: under n_min
+    assert NgramMod(2, 5, 4).propose([Ask(1, h, 3, 8)]) == [[4, 1, 2, 3]]  # n_max first
+    for _ in range(5):
+        d.propose([Ask(1, h, 3, 8)])
+        d.accepted(1, 4, 0)
+    assert not d.may_propose(2, [7, 8]) and d.propose([Ask(2, [7, 8], 3, 8)]) == [[]]
