@@ -72,7 +72,24 @@ def serve(model: Path, args: list[str], env: dict, work) -> dict:
         proc.wait(60)
 
 
-def mlx_lm_peer(model_dir: Path, prompt: list[int], n: int, k: int) -> dict:
+def mlx_lm_peer(model_dir: Path, prompt: list[int], n: int, k: int, env: dict) -> dict:
+    """The peer in its own process, with the servers' environment (BLAS)."""
+    import json
+    import subprocess
+
+    done = subprocess.run([sys.executable, __file__, "--peer", str(model_dir), json.dumps(prompt),
+                           str(n), str(k)], env=env, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def peer_main(model_dir: str, prompt_json: str, n: str, k: str) -> int:
+    import json
+
+    print(json.dumps(_peer(Path(model_dir), json.loads(prompt_json), int(n), int(k))))
+    return 0
+
+
+def _peer(model_dir: Path, prompt: list[int], n: int, k: int) -> dict:
     """mlx-lm's single-stream decode, plain and with the target as its own
     draft (`stream_generate(draft_model=...)`), rates from per-token times."""
     import mlx.core as mx
@@ -131,7 +148,7 @@ def main(argv=None) -> int:
         def work(url):
             return {1: run_streams(url, prompts[:1], n), 4: run_streams(url, prompts, n)}
         rows[name] = serve(args.model, extra, env, work)
-    peer = mlx_lm_peer(args.model, prompts[0], n, args.n_max)
+    peer = mlx_lm_peer(args.model, prompts[0], n, args.n_max, env)
 
     print(f"model {args.model} | {n} tokens per stream | prompt {len(prompts[0])} tokens "
           f"(S + G + S) | load {Path('/proc/loadavg').read_text().split()[:3]}")
@@ -159,4 +176,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) == 6 and sys.argv[1] == "--peer":
+        sys.exit(peer_main(*sys.argv[2:]))
     sys.exit(main())

@@ -49,38 +49,42 @@ class NgramSimple:
     """ngram-simple: find the latest earlier occurrence of the last `size_n`
     tokens (the sampled one included) and propose the `size_m` tokens that
     followed it.  Needs more than size_n + size_m + 1 tokens of history; a
-    match whose continuation is shorter than size_n proposes nothing."""
+    match whose continuation is shorter than size_n proposes nothing.
+
+    Each row indexes its history's (size_n - 1)-grams as it grows, so a step
+    costs the new tokens, not the whole history."""
 
     def __init__(self, size_n: int, size_m: int) -> None:
         self.n, self.m = size_n, size_m
-        # uid -> earlier positions where the last n - 1 history tokens occur,
-        # latest first (found by may_propose, finished by propose)
-        self._found: dict[int, list[int]] = {}
+        self._rows: dict[int, tuple[list[int], dict[tuple, list[int]]]] = {}
+
+    def _index(self, uid: int, h: list[int]) -> dict[tuple, list[int]]:
+        row = self._rows.get(uid)
+        if row is None:
+            row = self._rows[uid] = ([1], {})
+        upto, index = row
+        k, last_j = self.n - 1, len(h) - self.n - 1
+        for j in range(upto[0], last_j + 1):
+            index.setdefault(tuple(h[j:j + k]), []).append(j)
+        upto[0] = max(upto[0], last_j + 1)
+        return index
 
     def may_propose(self, uid: int, history: list[int]) -> bool:
-        n, m, size = self.n, self.m, len(history)
-        found: list[int] = []
-        if size > n + m + 1:
-            suffix = history[size - n + 1:]
-            if not suffix:
-                found = list(range(size - n - 1, 0, -1))
-            else:
-                first, h = suffix[0], history
-                found = [j for j in range(size - n - 1, 0, -1)
-                         if h[j] == first and h[j:j + n - 1] == suffix]
-        self._found[uid] = found
-        return bool(found)
+        size = len(history)
+        if size <= self.n + self.m + 1:
+            return False
+        index = self._index(uid, history)
+        return tuple(history[size - self.n + 1:]) in index
 
     def propose(self, asks: Sequence[Ask]) -> list[list[int]]:
         return [self._one(a.uid, a.history, a.last) for a in asks]
 
     def _one(self, uid: int, h: list[int], last: int) -> list[int]:
-        found = self._found.pop(uid, None)
-        if found is None:
-            self.may_propose(uid, h)
-            found = self._found.pop(uid)
         n, m, size = self.n, self.m, len(h)
-        for j in found:
+        if size <= n + m + 1:
+            return []
+        found = self._index(uid, h).get(tuple(h[size - n + 1:]), ())
+        for j in reversed(found):
             if h[j + n - 1] == last:
                 take = min(m, size - (j + n))
                 return h[j + n:j + n + take] if take >= n else []
@@ -90,10 +94,10 @@ class NgramSimple:
         pass
 
     def forget(self, uid: int) -> None:
-        self._found.pop(uid, None)
+        self._rows.pop(uid, None)
 
     def clear(self) -> None:
-        self._found.clear()
+        self._rows.clear()
 
 
 class Chain:
