@@ -31,8 +31,6 @@ plain step untouched.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import attrs
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
@@ -45,7 +43,7 @@ from .rollback import rewind
 class Plan:
     """One speculating row: its bounds and its running counts."""
 
-    n_max: int
+    n_max: int                   # the draft model's cap (--spec-draft-n-max)
     n_min: int = 0
     p_min: float = 0.0
     ctx_limit: int = 1 << 30     # the row's KV may hold at most this many tokens
@@ -59,7 +57,6 @@ class Plan:
 class SpeculativeBatch(GenerationBatch):
     drafter: Chain
     plans: dict[int, Plan]
-    rng_rows: Callable[[object], object | None]
 
     @classmethod
     def create(cls, model, fallback_sampler, drafter: Chain) -> SpeculativeBatch:
@@ -90,13 +87,15 @@ class SpeculativeBatch(GenerationBatch):
             plan = self.plans.get(uid)
             if plan is None:
                 continue
+            # what fits (upstream's get_n_draft_max): the slot's room, less one
+            # cell for a context shift, and the tokens n_predict still allows
             n_left = self.max_tokens[i] - self._num_tokens[i] - 1
             room = plan.ctx_limit - len(self.tokens[i]) - 2
-            n_max = min(plan.n_max, n_left, room)
+            n_max = min(n_left, room)
             if n_max <= 0 or not self.drafter.may_propose(uid, self.tokens[i]):
                 continue
             asks.append(Ask(uid, self.tokens[i], -1, n_max, plan.n_min, plan.p_min,
-                            plan.banned))
+                            plan.banned, plan.n_max))
             where.append(i)
         if asks:
             mx.eval(self._next_tokens)

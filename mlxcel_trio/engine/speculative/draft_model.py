@@ -62,7 +62,8 @@ class DraftModel:
         if not asks:
             return []
         rows = [self._sync(a) for a in asks]
-        k = max(a.n_max for a in asks)
+        caps = [min(a.n_max, a.draft_n_max) for a in asks]
+        k = max(caps)
         if k <= 0:
             return [[] for _ in asks]
         merged = len(rows) > 1
@@ -91,13 +92,13 @@ class DraftModel:
         mx.eval(toks_a, probs_a)
         toks_l, probs_l = toks_a.tolist(), probs_a.tolist()
         out = []
-        for i, (a, r) in enumerate(zip(asks, rows)):
+        for i, (a, r, cap) in enumerate(zip(asks, rows, caps)):
             if merged:
                 r.cache = [layer.extract(i) for layer in cache]
             r.held.append(a.last)
             r.held.extend(toks_l[i][:k - 1])   # the last draft was never fed
             draft = []
-            for t, p in zip(toks_l[i][:a.n_max], probs_l[i]):
+            for t, p in zip(toks_l[i][:cap], probs_l[i]):
                 if p < a.p_min:
                     break
                 draft.append(t)

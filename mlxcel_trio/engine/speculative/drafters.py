@@ -24,10 +24,12 @@ class Ask:
     uid: int
     history: list[int]      # the tokens the target's KV holds (not copied; read only)
     last: int               # the sampled token the next forward will feed
-    n_max: int              # the most tokens the row can use this step
+    n_max: int              # the most tokens the row can use this step (room, n_predict)
     n_min: int = 0          # a draft-model proposal shorter than this is dropped
     p_min: float = 0.0      # a draft model stops below this top probability
     banned: tuple[int, ...] = ()  # tokens the row never samples (ignore_eos)
+    draft_n_max: int = 1 << 30  # the draft model's own cap (--spec-draft-n-max);
+                                # the n-gram types are capped by their sizes instead
 
 
 class Drafter(Protocol):

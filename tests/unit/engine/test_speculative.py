@@ -257,3 +257,13 @@ def test_ngram_mod_chains_lookups_and_forgets_after_poor_acceptance():
         d.propose([Ask(1, h, 3, 8)])
         d.accepted(1, 4, 0)
     assert not d.may_propose(2, [7, 8]) and d.propose([Ask(2, [7, 8], 3, 8)]) == [[]]
+
+
+def test_ngram_proposals_are_capped_by_their_sizes_not_the_draft_models(models):
+    # --spec-draft-n-max bounds the draft model only: ngram-simple proposes its size-m
+    spec = _run(models, _jobs(_prompts(N_SLOTS), n_max=1), _chain("ngram", models))
+    t = [f.timings for f in spec.values()]
+    assert sum(x.draft_n for x in t) > sum(x.draft_rounds for x in t) > 0
+    spec = _run(models, _jobs(_prompts(N_SLOTS), n_max=1), _chain("draft", models))
+    t = [f.timings for f in spec.values()]
+    assert sum(x.draft_n for x in t) == sum(x.draft_rounds for x in t) > 0
