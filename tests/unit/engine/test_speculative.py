@@ -267,3 +267,36 @@ def test_ngram_proposals_are_capped_by_their_sizes_not_the_draft_models(models):
     spec = _run(models, _jobs(_prompts(N_SLOTS), n_max=1), _chain("draft", models))
     t = [f.timings for f in spec.values()]
     assert sum(x.draft_n for x in t) == sum(x.draft_rounds for x in t) > 0
+
+
+def test_context_shift_keeps_speculating_rows_identical(models):
+    prompts = _prompts(3, seed=23)
+    kw = dict(n_ctx_slot=48, context_shift=True)
+    plain = _run(models, _jobs(prompts, spec_every=0, n_predict=90), **kw)
+    spec = _run(models, _jobs(prompts, n_predict=90), _chain("self", models), **kw)
+    assert all(f.truncated for f in spec.values())          # the window did shift
+    assert {i: f.tokens for i, f in spec.items()} == {i: f.tokens for i, f in plain.items()}
+    assert sum(f.timings.draft_n_accepted for f in spec.values()) > 0
+
+
+def test_cancelling_a_speculating_row_leaves_the_others_exact(models):
+    from mlxcel_trio.engine.scheduler import Scheduler
+    from mlxcel_trio.protocol.records import SlotFreed, TokenPiece
+
+    target, _, vocab = models
+    prompts = _prompts(4, seed=29)
+    plain = _run(models, _jobs(prompts, spec_every=0))
+    s = Scheduler(target, vocab, n_slots=N_SLOTS, n_ctx_slot=512, batch_size=64,
+                  drafter=_chain("self", models))
+    out: list = []
+    for j in _jobs(prompts):
+        s.submit(j, out)
+    while sum(isinstance(e, TokenPiece) and e.job_id == 2 for e in out) < 5:
+        s.step(out)
+    s.cancel(2, out)
+    assert any(isinstance(e, SlotFreed) and e.job_id == 2 and e.cancelled for e in out)
+    while s.busy:
+        s.step(out)
+    done = {e.job_id: e for e in out if isinstance(e, Finished)}
+    assert sorted(done) == [1, 3, 4]
+    assert all(done[i].tokens == plain[i].tokens for i in done)
