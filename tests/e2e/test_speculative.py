@@ -115,3 +115,31 @@ def test_a_draft_with_another_vocabulary_is_refused_before_loading(tiny_model,
     (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
     assert "draft model vocab must match target model to use speculation" in line
     assert "token 100" in line and "loaded" not in proc.stderr
+
+
+def test_grammar_and_probability_rows_decode_beside_drafting_rows(draft_server, server):
+    """A constrained row and an n_probs row share the drafting batch; they
+    decode one token per step and give the plain server's answer."""
+    gbnf = 'root ::= item ("," item){0,3} "."\nitem ::= [a-z]{1,6} | [0-9]{1,3}'
+    special = [{"prompt": "x y z", "n_predict": 40, "grammar": gbnf, **GREEDY},
+               {"prompt": "a b c", "n_predict": 12, "n_probs": 3, **GREEDY}]
+    out: dict[int, dict] = {}
+
+    def one(i: int) -> None:
+        body = special[i] if i < 2 else {"prompt": PROMPTS[i], "n_predict": 40, **GREEDY}
+        out[i] = post(draft_server.url, body).json()
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for i in range(2):
+        ref = post(server.url, special[i]).json()
+        assert out[i]["tokens"] == ref["tokens"], i
+        assert "draft_n" not in out[i]["timings"]
+    got, want = out[1]["completion_probabilities"], ref["completion_probabilities"]
+    assert [[t["id"] for t in g["top_logprobs"]] for g in got] == \
+        [[t["id"] for t in w["top_logprobs"]] for w in want]
+    assert all(abs(g["logprob"] - w["logprob"]) < 1e-3 for g, w in zip(got, want))
+    assert any("draft_n" in out[i]["timings"] for i in (2, 3))

@@ -300,3 +300,15 @@ def test_cancelling_a_speculating_row_leaves_the_others_exact(models):
     done = {e.job_id: e for e in out if isinstance(e, Finished)}
     assert sorted(done) == [1, 3, 4]
     assert all(done[i].tokens == plain[i].tokens for i in done)
+
+
+def test_a_stop_string_inside_an_accepted_run_ends_the_row_there(models):
+    prompt = _prompts(1, seed=31)
+    ref = _run(models, _jobs(prompt, spec_every=0))[1]
+    word = ref.content[len(ref.content) // 2:len(ref.content) // 2 + 3]
+    assert word.strip()
+    plain = _run(models, _jobs(prompt, spec_every=0, stop=(word,)))[1]
+    spec = _run(models, _jobs(prompt, stop=(word,)), _chain("self", models))[1]
+    assert plain.stop_type == "word" and plain.stopping_word == word
+    assert (spec.content, spec.tokens, spec.stop_type) == (plain.content, plain.tokens, "word")
+    assert spec.timings.draft_n_accepted > 0
