@@ -36,7 +36,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import _common as C  # noqa: E402
+import _common as C
 
 
 def run_streams(url: str, prompts: list[list[int]], n: int) -> dict:
@@ -161,13 +161,13 @@ def main(argv=None) -> int:
                    if x["drafted"] else "-")
             same = x["ids"] == base[width]["ids"]
             print(f"{name:<16}{width:>8}{(x['rate'] or 0):>10.2f}"
-                  f"{ratio(x['rate'], base[width]['rate']):>10}{acc:>16}{str(same):>10}")
+                  f"{ratio(x['rate'], base[width]['rate']):>10}{acc:>16}{same!s:>10}")
     for name in ("plain", "spec"):
         p = peer[name]
         print(f"{'mlx-lm ' + name:<16}{1:>8}{(p['rate'] or 0):>10.2f}"
               f"{ratio(p['rate'], peer['plain']['rate']):>10}"
               f"{(str(p['accepted']) + ' from draft') if name == 'spec' else '-':>16}"
-              f"{str(p['ids'] == base[1]['ids'][0]):>10}")
+              f"{p['ids'] == base[1]['ids'][0]!s:>10}")
     print(f"ngram-simple single stream vs plain: {ratio(rows['ngram-simple'][1]['rate'], base[1]['rate'])}"
           " (target >= 1.5x)")
     print(f"draft=target single stream vs mlx-lm speculative: "

@@ -27,9 +27,9 @@ import attrs
 
 from mlxcel_trio import blas
 from mlxcel_trio.cli import actions, model_ref, sinks
+from mlxcel_trio.cli.draft_check import vocab_problem
 from mlxcel_trio.cli.options import BY_DEST, OPTIONS, Option
 from mlxcel_trio.cli.options_chat import check_legacy_template
-from mlxcel_trio.cli.draft_check import vocab_problem
 from mlxcel_trio.cli.options_context import rope_reciprocal_refusal
 from mlxcel_trio.cli.parser import (
     CliError,

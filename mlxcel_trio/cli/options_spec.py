@@ -27,7 +27,7 @@ from mlxcel_trio.cli.refusals import (
     not_applicable,
 )
 from mlxcel_trio.cli.values import BadValue, Choice, CsvChoice, Float, GpuLayers, Int, Text
-from mlxcel_trio.protocol.speculative import DRAFT_SIMPLE, IMPLEMENTED_TYPES
+from mlxcel_trio.protocol.speculative import IMPLEMENTED_TYPES
 
 OWNER = 17
 

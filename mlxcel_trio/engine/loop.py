@@ -40,7 +40,6 @@ from typing import Callable
 
 from ..config import RopeOverrides
 from ..protocol.kv_types import DEFAULT_PAIR as DEFAULT_KV
-from ..protocol.speculative import SpecSettings
 from ..protocol.records import (
     Cancel,
     ClearPromptCache,
@@ -62,6 +61,7 @@ from ..protocol.records import (
     Submit,
     Woke,
 )
+from ..protocol.speculative import SpecSettings
 
 log = logging.getLogger("mlxcel.engine")
 
@@ -409,7 +409,6 @@ class EngineLoop:
         its scheduler, so an idle sleep frees both."""
         from .prompt_cache import PromptCache, budget_from_mib
         from .scheduler import Scheduler
-
         from .speculative import build_chain
 
         return Scheduler(model, self.vocab, n_slots=self._n_slots,

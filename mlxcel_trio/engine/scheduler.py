@@ -56,11 +56,11 @@ from .detokenizer import IncrementalDetokenizer
 from .kv_cache import CacheFactory
 from .prompt_cache import PromptCache, supported
 from .samplers.batch import BatchSampler, dry_on
+from .samplers.history import breakers_for
+from .sampling import GREEDY, greedy_banning, plan
 from .speculative.batch import Plan, SpeculativeBatch
 from .speculative.drafters import Chain
 from .speculative.rollback import can_roll_back
-from .samplers.history import breakers_for
-from .sampling import GREEDY, greedy_banning, plan
 from .stops import StopMatcher
 from .vocab import Vocab
 

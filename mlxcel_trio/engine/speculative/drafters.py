@@ -111,7 +111,7 @@ class Chain:
 
     def may_propose(self, uid: int, history: list[int]) -> bool:
         # every drafter is asked: each keeps what it found for propose
-        return any([d.may_propose(uid, history) for d in self.drafters])
+        return any([d.may_propose(uid, history) for d in self.drafters])  # noqa: C419
 
     def propose(self, asks: Sequence[Ask]) -> list[list[int]]:
         out: list[list[int]] = [[] for _ in asks]

@@ -50,7 +50,7 @@ class _Key:
 
 
 class _MapRow:
-    __slots__ = ("seen", "upto", "at", "prefixes", "keys", "last")
+    __slots__ = ("at", "keys", "last", "prefixes", "upto")
 
     def __init__(self) -> None:
         self.upto = 0                                  # positions indexed so far

@@ -51,7 +51,7 @@ class Served:
     spm_infill: bool = False          # --spm-infill: suffix block first
     # the speculative settings in force (the request's speculative.* fields
     # are inert, as upstream compiles them out)
-    speculative: SpecSettings = SpecSettings()
+    speculative: SpecSettings = attrs.field(factory=SpecSettings)
     # structures a body over `defaults`, with the server's limits (built once)
     converter: cattrs.Converter = attrs.field(
         init=False, eq=False, repr=False,

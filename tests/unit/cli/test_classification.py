@@ -105,8 +105,8 @@ REFUSED = [
     (["--spec-type", "ngram-cache"], "not implemented yet"),
     (["-hfd", "a/b"], "--spec-draft-hf"),
     (["-ngld", "99"], "--spec-draft-ngl"), (["-ctkd", "q4_0"], "model's own float type"),
-    (["--draft", "3"], "the argument has been removed; use --spec-draft-n-max or "
-                       "--spec-ngram-mod-n-max"),
+    (["--draft", "3"], ("the argument has been removed; use --spec-draft-n-max or "
+                        "--spec-ngram-mod-n-max")),
     (["--draft-min", "0"], "the argument has been removed"),
     (["--spec-ngram-size-n", "3"], "use the respective --spec-ngram-*-size-n"),
     (["-lcs", "c.bin"], "ngram-cache"),

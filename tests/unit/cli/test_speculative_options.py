@@ -52,8 +52,8 @@ def lines(argv: list[str]) -> list[str]:
     (["--spec-draft-n-max", "-1"], "invalid value"),
     (["--spec-type", "draft-simple"], "draft-simple needs a draft model; add -md"),
     (["--spec-type", "draft-dspark"], "MLX checkpoints do not carry"),
-    (["--draft-max", "4"], "the argument has been removed; use --spec-draft-n-max or "
-                           "--spec-ngram-mod-n-max"),
+    (["--draft-max", "4"], ("the argument has been removed; use --spec-draft-n-max or "
+                            "--spec-ngram-mod-n-max")),
 ])
 def test_bad_values_are_refused_with_upstreams_words(pair, argv, words):
     target, _ = pair

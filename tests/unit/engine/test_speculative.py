@@ -271,7 +271,7 @@ def test_ngram_proposals_are_capped_by_their_sizes_not_the_draft_models(models):
 
 def test_context_shift_keeps_speculating_rows_identical(models):
     prompts = _prompts(3, seed=23)
-    kw = dict(n_ctx_slot=48, context_shift=True)
+    kw = {"n_ctx_slot": 48, "context_shift": True}
     plain = _run(models, _jobs(prompts, spec_every=0, n_predict=90), **kw)
     spec = _run(models, _jobs(prompts, n_predict=90), _chain("self", models), **kw)
     assert all(f.truncated for f in spec.values())          # the window did shift
