@@ -140,10 +140,12 @@ def test_stops_and_limits_cut_inside_an_accepted_run(models):
     assert short[1].tokens == ref[1].tokens and short[1].truncated
 
 
-def test_penalties_and_logit_bias_apply_at_every_drafted_position(models):
+@pytest.mark.parametrize("extra", [{}, {"dry_multiplier": 2.0, "dry_allowed_length": 1}])
+def test_penalties_and_logit_bias_apply_at_every_drafted_position(models, extra):
     params = SamplingParams(temperature=0.0, repeat_penalty=1.3, repeat_last_n=16,
-                            logit_bias=((7, 5.0),))
-    prompts = _prompts(N_SLOTS, seed=7)
+                            logit_bias=((7, 5.0),), **extra)
+    # prompts that repeat themselves, so DRY has sequences to penalize
+    prompts = [p[:8] * 4 for p in _prompts(N_SLOTS, seed=7)]
     plain = _run(models, _jobs(prompts, spec_every=0, sampling=params))
     spec = _run(models, _jobs(prompts, sampling=params), _chain("self", models))
     assert {i: f.tokens for i, f in spec.items()} == {i: f.tokens for i, f in plain.items()}
