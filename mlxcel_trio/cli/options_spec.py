@@ -101,13 +101,13 @@ def _ngram_on(kind: str, default_n: int, default_m: int) -> tuple[Option, ...]:
     key = kind.replace("-", "_")
     return (
         _on((f"--spec-{kind}-size-n",), f"{key}_size_n",
-            f"ngram size N for {kind} speculative decoding, length of lookup n-gram",
+            f"{kind}: lookup n-gram length",
             value=Int(1, 1024, message=NGRAM_N), metavar="N", default=default_n),
         _on((f"--spec-{kind}-size-m",), f"{key}_size_m",
-            f"ngram size M for {kind} speculative decoding, length of draft m-gram",
+            f"{kind}: draft m-gram length",
             value=Int(1, 1024, message=NGRAM_M), metavar="N", default=default_m),
         _on((f"--spec-{kind}-min-hits",), f"{key}_min_hits",
-            f"minimum hits for {kind} speculative decoding",
+            f"{kind}: fewest hits",
             value=Int(1, message=MIN_HITS), metavar="N", default=1),
     )
 
@@ -119,9 +119,6 @@ def _removed(spellings: tuple[str, ...], dest: str, help: str, instead: str,
                           env=env, section="speculative", owner=OWNER,
                           why="the argument has been removed", instead=instead)
 
-
-def _spec_type_inert(value: tuple[str, ...]) -> bool:
-    return _type_refusal(value) is None
 
 
 SPECULATIVE: tuple[Option, ...] = (
@@ -189,18 +186,18 @@ SPECULATIVE: tuple[Option, ...] = (
           value=Int(), metavar="N", env="LLAMA_ARG_SPEC_DRAFT_N_CPU_MOE",
           inert=equals(0), accepts="0"),
     _on(("--spec-draft-n-max",), "n_max",
-        "number of tokens to draft for speculative decoding",
+        "tokens the draft model proposes per step",
         value=Int(0, message="invalid value"), metavar="N", default=3,
         env="LLAMA_ARG_SPEC_DRAFT_N_MAX"),
     _on(("--spec-draft-n-min",), "n_min",
-        "minimum number of draft tokens to use for speculative decoding", value=Int(),
+        "fewest draft-model tokens worth verifying", value=Int(),
         metavar="N", default=0, env="LLAMA_ARG_SPEC_DRAFT_N_MIN"),
     _default(("--spec-draft-p-split", "--draft-p-split"), "p_split",
              "speculative split probability", Float(), "P", 0.1, "0.10",
              env="LLAMA_ARG_SPEC_DRAFT_P_SPLIT",
              why="mlxcel-trio drafts one sequence per row and never splits a draft tree"),
     _on(("--spec-draft-p-min", "--draft-p-min"), "p_min",
-        "minimum speculative decoding probability (greedy)", value=Float(), metavar="P",
+        "lowest draft probability to keep drafting (greedy)", value=Float(), metavar="P",
         default=0.0, default_text="0.00", env="LLAMA_ARG_SPEC_DRAFT_P_MIN"),
     _spec(("--spec-draft-backend-sampling",), "backend_sampling",
           "sample the draft on the backend device", kind="bool",
@@ -217,22 +214,21 @@ SPECULATIVE: tuple[Option, ...] = (
           inert=lambda v: isinstance(v, str) or v < 0, accepts="auto or all",
           why="the draft model runs whole on the target's MLX device"),
     _on(("--spec-draft-model", "-md", "--model-draft"), "model",
-        "draft model for speculative decoding (an MLX checkpoint sharing the target's "
-        "tokenizer)", value=Text(), metavar="FNAME", env="LLAMA_ARG_SPEC_DRAFT_MODEL",
+        "the draft model: an MLX checkpoint sharing the target's tokenizer", value=Text(), metavar="FNAME", env="LLAMA_ARG_SPEC_DRAFT_MODEL",
         default_text="unused"),
     _on(("--spec-type",), "type",
-        "comma-separated list of types of speculative decoding to use",
+        "which speculative decoders to use, comma-separated",
         value=SpecTypes(SPEC_TYPES), metavar=",".join(SPEC_TYPES), default=("none",),
         env="LLAMA_ARG_SPEC_TYPE", refuse=_type_refusal),
     _on(("--spec-ngram-mod-n-min",), "ngram_mod_n_min",
-        "minimum number of ngram tokens to use for ngram-based speculative decoding",
+        "ngram-mod: fewest tokens",
         value=Int(0, 1024, message="ngram n-min must be between 0 and 1024 inclusive"),
         metavar="N", default=48),
     _on(("--spec-ngram-mod-n-max",), "ngram_mod_n_max",
-        "maximum number of ngram tokens to use for ngram-based speculative decoding",
+        "ngram-mod: most tokens",
         value=Int(0, 1024, message="ngram n-max must be between 0 and 1024 inclusive"),
         metavar="N", default=64),
-    _on(("--spec-ngram-mod-n-match",), "ngram_mod_n_match", "ngram-mod lookup length",
+    _on(("--spec-ngram-mod-n-match",), "ngram_mod_n_match", "ngram-mod: lookup length",
         value=Int(1, 1024, message=NGRAM_N), metavar="N", default=24),
     *_ngram_on("ngram-simple", 12, 48),
     *_ngram_on("ngram-map-k", 12, 48),
