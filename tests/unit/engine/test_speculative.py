@@ -167,7 +167,7 @@ def test_sampled_tokens_follow_the_target_distribution(models):
     """Chi-square over the rank each drafted-position token has among the
     target's four candidates, against the target's own probabilities."""
     target, _, _ = models
-    k, n_draws = 4, 160
+    k, n_draws = 4, 100
     prompt = _prompts(1, seed=13)[0]
     jobs = [Job(i + 1, prompt, n_predict=4, ignore_eos=True,
                 sampling=SamplingParams(temperature=1.0, top_k=k, top_p=1.0, min_p=0.0,
