@@ -146,6 +146,7 @@ def engine_loop(cfg: ServerConfig, emit: Emit) -> Engine:
                       embedding_model=cfg.embedding_model, reranker_model=cfg.reranker_model,
                       pooling=None if cfg.pooling == "rank" else cfg.pooling,
                       embd_n_batch=min(cfg.batch_size, cfg.ubatch_size),
+                      speculative=cfg.speculative,
                       lora=tuple(path for path, _ in cfg.adapters))
 
 
@@ -162,6 +163,10 @@ def checkpoint_problem(cfg: ServerConfig) -> str | None:
             problem = EngineLoop.checkpoint_problem(path, encoder_flag=flag, rank=rank)
             if problem is not None:
                 return problem
+    if cfg.spec_model is not None and cfg.encoder_mode is None:
+        problem = EngineLoop.checkpoint_problem(cfg.spec_model)
+        if problem is not None:
+            return f"draft model (-md): {problem}"
     problem = EngineLoop.checkpoint_problem(cfg.model, (cfg.cache_type_k, cfg.cache_type_v),
                                             cfg.encoder_mode, rank=cfg.rerank_mode)
     if problem is None and cfg.adapters:

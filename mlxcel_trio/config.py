@@ -18,6 +18,7 @@ from typing import Any
 import attrs
 
 from .protocol.sampler_names import DEFAULT_LETTERS, DEFAULT_NAMES
+from .protocol.speculative import PRIORITY, NgramSizes, SpecSettings
 from .server.request.fields import default as _row
 
 UINT32_MAX = 0xFFFF_FFFF
@@ -193,6 +194,24 @@ class ServerConfig:
     aip_health_route: str | None = None
     aip_replaced_port: int | None = None   # the --port AIP_HTTP_PORT replaced (warned)
     sampling: SamplingDefaults = SamplingDefaults()
+    # -- speculative decoding (engine/speculative/); see `speculative` --
+    spec_type: tuple[str, ...] = ("none",)
+    spec_model: str | None = None            # -md, resolved to a local checkpoint
+    spec_n_max: int = 3
+    spec_n_min: int = 0
+    spec_p_min: float = 0.0
+    spec_ngram_simple_size_n: int = 12
+    spec_ngram_simple_size_m: int = 48
+    spec_ngram_simple_min_hits: int = 1
+    spec_ngram_map_k_size_n: int = 12
+    spec_ngram_map_k_size_m: int = 48
+    spec_ngram_map_k_min_hits: int = 1
+    spec_ngram_map_k4v_size_n: int = 12
+    spec_ngram_map_k4v_size_m: int = 48
+    spec_ngram_map_k4v_min_hits: int = 1
+    spec_ngram_mod_n_min: int = 48
+    spec_ngram_mod_n_max: int = 64
+    spec_ngram_mod_n_match: int = 24
     # -- chat: templates, reasoning, parsing --
     chat_jinja: bool = True                  # --no-jinja is refused at startup
     chat_template: str | None = None         # --chat-template text (wins over the file)
@@ -228,6 +247,25 @@ class ServerConfig:
         if self.rerank_mode:
             return "--reranking"
         return "--embeddings" if self.embeddings else None
+
+    @property
+    def speculative(self) -> SpecSettings:
+        """The drafters in force, in upstream's trial order (cli/ has already
+        made -md given alone select draft-simple)."""
+        types = tuple(t for t in PRIORITY if t in self.spec_type)
+        return SpecSettings(
+            types=types, n_max=self.spec_n_max, n_min=self.spec_n_min,
+            p_min=self.spec_p_min, draft_model=self.spec_model,
+            ngram_simple=NgramSizes(self.spec_ngram_simple_size_n,
+                                    self.spec_ngram_simple_size_m,
+                                    self.spec_ngram_simple_min_hits),
+            ngram_map_k=NgramSizes(self.spec_ngram_map_k_size_n, self.spec_ngram_map_k_size_m,
+                                   self.spec_ngram_map_k_min_hits),
+            ngram_map_k4v=NgramSizes(self.spec_ngram_map_k4v_size_n,
+                                     self.spec_ngram_map_k4v_size_m,
+                                     self.spec_ngram_map_k4v_min_hits),
+            mod_n_min=self.spec_ngram_mod_n_min, mod_n_max=self.spec_ngram_mod_n_max,
+            mod_n_match=self.spec_ngram_mod_n_match)
 
     @property
     def slots(self) -> int:

@@ -115,6 +115,10 @@ class Counters:
     # the engine loop's totals, as its latest EngineStats reported them
     n_decode: int = 0
     n_busy_slots: int = 0
+    # speculative decoding: drafted tokens, accepted ones, verify steps
+    n_draft: int = 0
+    n_draft_accepted: int = 0
+    n_draft_rounds: int = 0
     # ours (mlxcel_ families)
     finished: int = 0
     failed: int = 0
@@ -254,6 +258,10 @@ class Monitor:
             n = t.predicted_n
             c.predict.add(n, n - 1, t.predicted_ms / 1e3)
             c.predict_window.add(n, n - 1, t.predicted_ms / 1e3)
+        if t is not None:
+            c.n_draft += t.draft_n
+            c.n_draft_accepted += t.draft_n_accepted
+            c.n_draft_rounds += t.draft_rounds
         c.n_tokens_max = max(c.n_tokens_max, view.n_prompt + view.n_decoded)
         # upstream's slot reset on release: the idle slot keeps its last task but
         # not that task's counters (its stats, the new-line flag)

@@ -176,6 +176,34 @@ def tiny_wide_model(tiny_model) -> Path:
     return ensure("tiny-wide")
 
 
+def derive_draft(target: Path, out: Path, n_layers: int = 1) -> Path:
+    """A draft checkpoint cut from `target`: its first n_layers layers, the
+    same embeddings, head and tokenizer (so its proposals agree with the
+    target's choices only sometimes).  Deterministic, offline, milliseconds."""
+    import json
+    import shutil
+
+    import mlx.core as mx
+
+    out.mkdir(parents=True, exist_ok=True)
+    for f in target.iterdir():
+        if f.is_file() and f.suffix != ".safetensors" and f.name != "config.json":
+            shutil.copy(f, out / f.name)
+    config = json.loads((target / "config.json").read_text())
+    config["num_hidden_layers"] = n_layers
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    weights = mx.load(str(target / "model.safetensors"))
+    keep = {k: v for k, v in weights.items()
+            if ".layers." not in k or int(k.split(".layers.")[1].split(".")[0]) < n_layers}
+    mx.save_safetensors(str(out / "model.safetensors"), keep)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_draft_model(tiny_model, tmp_path_factory) -> Path:
+    return derive_draft(tiny_model, tmp_path_factory.mktemp("draft") / "tiny-draft")
+
+
 @pytest.fixture(scope="session")
 def tiny_facts(tiny_model) -> dict:
     import json

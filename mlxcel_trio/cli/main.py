@@ -29,6 +29,7 @@ import attrs
 
 from mlxcel_trio import blas
 from mlxcel_trio.cli import actions, model_ref, sinks
+from mlxcel_trio.cli.draft_check import vocab_problem
 from mlxcel_trio.cli.options import BY_DEST, OPTIONS, Option
 from mlxcel_trio.cli.options_chat import check_legacy_template
 from mlxcel_trio.cli.options_context import rope_reciprocal_refusal
@@ -192,6 +193,41 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def check_speculative(parsed: Parsed) -> None:
+    """draft-simple needs a draft model, and a draft model needs
+    draft-simple (given alone, -md selects it)."""
+    values = parsed.values
+    types = values.get("spec_type", ("none",))
+    model = values.get("spec_model")
+    if "draft-simple" in types and not model:
+        raise CliError(f"{describe(BY_DEST['spec_type'], parsed)}: draft-simple needs a draft "
+                       "model; add -md <draft checkpoint>")
+    if model and "spec_type" in parsed.given and "draft-simple" not in types:
+        raise CliError(f"{describe(BY_DEST['spec_model'], parsed)}: only --spec-type "
+                       "draft-simple uses a draft model; add draft-simple to --spec-type "
+                       "or drop -md")
+
+
+def _draft(parsed: Parsed, target: str) -> dict[str, Any]:
+    """-md resolved like -m, and checked against the target's vocabulary."""
+    ref = parsed.values.get("spec_model")
+    if not ref:
+        return {}
+    option = describe(BY_DEST["spec_model"], parsed)
+    try:
+        path = model_ref.resolve(ref, token=parsed.values.get("hf_token") or None).path
+    except model_ref.ModelRefError as exc:
+        raise CliError(f"{option}: {exc}") from None
+    problem = vocab_problem(target, path)
+    if problem is not None:
+        raise CliError(f"{option}: {problem}; use a draft checkpoint built with the "
+                       "target's tokenizer")
+    out: dict[str, Any] = {"spec_model": path}
+    if "spec_type" not in parsed.given:
+        out["spec_type"] = ("draft-simple",)
+    return out
+
+
 def _checked(parsed: Parsed, env: Mapping[str, str]) -> dict[str, Any]:
     """Every check that needs no model: refusals, option pairs, the files
     the server will use (log, keys, TLS) and the AIP_* environment.  All
@@ -199,6 +235,7 @@ def _checked(parsed: Parsed, env: Mapping[str, str]) -> dict[str, Any]:
     problems: list[CliError] = [CliError(*parsed.problems)]
     io: dict[str, Any] = {}
     for check in (validate, check_rope, check_chat_template, check_kv_types, check_blas,
+                  check_speculative,
                   lambda p: io.update(sinks.resolve(p, env)),
                   lambda p: io.update(ui_settings(p)),
                   lambda p: io.update(_vertex(p, env))):
@@ -267,6 +304,7 @@ def configure(parsed: Parsed, env: Mapping[str, str] | None = None) -> ServerCon
                     side, token=parsed.values.get("hf_token") or None).path
             except model_ref.ModelRefError as exc:
                 raise CliError(f"{option} {side!r}: {exc}") from None
+    sides.update(_draft(parsed, resolved.path))
     return attrs.evolve(build_config(parsed, resolved.path), no_effect=without_effect(parsed),
                         **io, **sides)
 

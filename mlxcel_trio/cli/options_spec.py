@@ -1,29 +1,35 @@
-"""Speculative decoding: the draft model, its GGML placement, the n-gram
-drafters and the options upstream has already removed.
+"""Speculative decoding: the draft model, the n-gram drafters, their GGML
+placement, and the options upstream has already removed.
 
-mlxcel-trio has no drafter, so the whole family is not_applicable and
-hidden.  Inert values are accepted (upstream's defaults, ``--spec-type
-none``, full-offload and f16 spellings for the draft, and any n-gram tuning
-value, since no n-gram drafter can be selected); everything that would ask
-for speculation is refused before the model load.
+What mlxcel-trio runs (engine/speculative/) is supported: --spec-type
+draft-simple with a draft checkpoint (-md), ngram-simple, ngram-map-k,
+ngram-map-k4v and ngram-mod, the draft bounds (--spec-draft-n-max / -n-min
+/ -p-min) and every n-gram type's sizes.  The draft types that need a head
+MLX checkpoints do not carry (EAGLE-3, MTP, DFlash, DSpark) and ngram-cache
+(not implemented yet) are refused before the model load.  The GGML placement of the draft model stays
+hidden and inert-or-refused like the target's; the removed --draft*
+spellings are refused with upstream's words.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import attrs
+
 from mlxcel_trio.cli.options_ggml import CACHE_TYPES
 from mlxcel_trio.cli.record import Option
 from mlxcel_trio.cli.refusals import (
-    ALWAYS,
-    NO_DRAFTER,
     NO_PLACEMENT,
     NO_THREADPOOL,
     at_most,
     equals,
     not_applicable,
 )
-from mlxcel_trio.cli.values import Choice, CsvChoice, Float, GpuLayers, Int, Text
+from mlxcel_trio.cli.values import BadValue, Choice, CsvChoice, Float, GpuLayers, Int, Text
+from mlxcel_trio.protocol.speculative import IMPLEMENTED_TYPES
+
+OWNER = 17
 
 SPEC_TYPES = (
     "none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark",
@@ -31,8 +37,44 @@ SPEC_TYPES = (
 )
 
 
+HEADS = {
+    "draft-eagle3": "an EAGLE-3 draft head",
+    "draft-mtp": "multi-token-prediction layers",
+    "draft-dflash": "a DFlash draft head",
+    "draft-dspark": "a DSpark draft head",
+}
+INSTEAD_TYPES = ("use draft-simple with -md <draft checkpoint>, or ngram-simple, ngram-map-k, "
+                 "ngram-map-k4v or ngram-mod")
+NOT_DRAFT = ("the draft model runs in MLX beside the target, greedily and with its "
+             "KV cache in the model's own float type")
+
+
+@attrs.frozen
+class SpecTypes(CsvChoice):
+    """--spec-type: upstream's type names, comma-separated; "none" anywhere
+    turns speculation off, as upstream's parser does."""
+
+    def parse(self, text: str) -> tuple[str, ...]:
+        items = tuple(item.strip() for item in text.split(","))
+        for item in items:
+            if item not in self.choices:
+                raise BadValue(f"unknown speculative type: {item}")
+        return ("none",) if "none" in items else items
+
+
+def _type_refusal(value: tuple[str, ...]) -> str | None:
+    for item in value:
+        if item in HEADS:
+            return (f"{item} needs {HEADS[item]}, which MLX checkpoints do not carry; "
+                    f"{INSTEAD_TYPES}")
+        if item != "none" and item not in IMPLEMENTED_TYPES:
+            return f"{item} is not implemented yet in mlxcel-trio; {INSTEAD_TYPES}"
+    return None
+
+
 def _spec(spellings: tuple[str, ...], dest: str, help: str, **kw: Any) -> Option:
-    kw.setdefault("why", NO_DRAFTER)
+    """A draft-placement knob with no MLX meaning (hidden; inert or refused)."""
+    kw.setdefault("why", NOT_DRAFT)
     kw.setdefault("section", "speculative")
     return not_applicable(spellings, f"spec_{dest}", help, **kw)
 
@@ -45,34 +87,56 @@ def _default(spellings: tuple[str, ...], dest: str, help: str, domain: Any,
                  **kw)
 
 
-def _ngram(spelling: str, dest: str, help: str, default: int | None) -> Option:
-    """N-gram drafter tuning: inert whatever the value, as no n-gram drafter
-    can be selected (--spec-type refuses every ngram-* type)."""
-    return _spec((spelling,), dest, help, value=Int(), metavar="N", default=default,
-                 inert=ALWAYS, accepts="any value (no n-gram drafter can be selected)")
+def _on(spellings: tuple[str, ...], dest: str, help: str, **kw: Any) -> Option:
+    """A speculative setting mlxcel-trio acts on."""
+    return Option(spellings, f"spec_{dest}", help, section="speculative", owner=OWNER, **kw)
 
 
-def _spec_type_inert(value: tuple[str, ...]) -> bool:
-    return all(item == "none" for item in value)
+NGRAM_N = "ngram size N must be between 1 and 1024 inclusive"
+NGRAM_M = "ngram size M must be between 1 and 1024 inclusive"
+MIN_HITS = "ngram min hits must be at least 1"
 
 
-# -ctkd / -ctvd name a draft model's KV types; no draft model loads, so any
-# of upstream's types is accepted and has nothing to store
-NO_DRAFT_CACHE = "any KV cache type (no draft model is loaded, so it has no cache)"
+def _ngram_on(kind: str, default_n: int, default_m: int) -> tuple[Option, ...]:
+    key = kind.replace("-", "_")
+    return (
+        _on((f"--spec-{kind}-size-n",), f"{key}_size_n",
+            f"{kind}: lookup n-gram length",
+            value=Int(1, 1024, message=NGRAM_N), metavar="N", default=default_n),
+        _on((f"--spec-{kind}-size-m",), f"{key}_size_m",
+            f"{kind}: draft m-gram length",
+            value=Int(1, 1024, message=NGRAM_M), metavar="N", default=default_m),
+        _on((f"--spec-{kind}-min-hits",), f"{key}_min_hits",
+            f"{kind}: fewest hits",
+            value=Int(1, message=MIN_HITS), metavar="N", default=1),
+    )
+
+
+def _removed(spellings: tuple[str, ...], dest: str, help: str, instead: str,
+             env: str | None = None) -> Option:
+    """Removed upstream: refused with upstream's words, whatever the value."""
+    return not_applicable(spellings, f"spec_{dest}", help, value=Int(), metavar="N",
+                          env=env, section="speculative", owner=OWNER,
+                          why="the argument has been removed", instead=instead)
+
+
 
 SPECULATIVE: tuple[Option, ...] = (
     _spec(("--spec-draft-type-k", "-ctkd", "--cache-type-k-draft"), "cache_type_k",
           "KV cache type for K of the draft model", value=Choice(CACHE_TYPES),
           metavar="TYPE", default="f16", env="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_K",
-          inert=ALWAYS, accepts=NO_DRAFT_CACHE, section="common"),
+          inert=equals("f16", "bf16", "f32"), accepts="f16, bf16 or f32",
+          section="common"),
     _spec(("--spec-draft-type-v", "-ctvd", "--cache-type-v-draft"), "cache_type_v",
           "KV cache type for V of the draft model", value=Choice(CACHE_TYPES),
           metavar="TYPE", default="f16", env="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_V",
-          inert=ALWAYS, accepts=NO_DRAFT_CACHE, section="common"),
+          inert=equals("f16", "bf16", "f32"), accepts="f16, bf16 or f32",
+          section="common"),
     _spec(("--spec-draft-hf", "-hfd", "-hfrd", "--hf-repo-draft"), "hf_repo",
           "Hugging Face repo of the draft model", value=Text(),
           metavar="<user>/<model>[:quant]", env="LLAMA_ARG_SPEC_DRAFT_HF_REPO",
-          default_text="unused"),
+          default_text="unused", why="a draft model is named by -md",
+          instead="use -md <user>/<model> (an MLX checkpoint directory or Hub repo id)"),
     _spec(("--spec-draft-threads", "-td", "--threads-draft"), "threads",
           "CPU threads for the draft model", value=Int(), metavar="N",
           default_text="same as --threads", why=NO_THREADPOOL, inert=at_most(0),
@@ -121,74 +185,71 @@ SPECULATIVE: tuple[Option, ...] = (
           "keep the draft MoE weights of the first N layers on the CPU",
           value=Int(), metavar="N", env="LLAMA_ARG_SPEC_DRAFT_N_CPU_MOE",
           inert=equals(0), accepts="0"),
-    _default(("--spec-draft-n-max",), "n_max", "tokens to draft per step", Int(),
-             "N", 3, "3", env="LLAMA_ARG_SPEC_DRAFT_N_MAX"),
-    _default(("--spec-draft-n-min",), "n_min", "fewest draft tokens to use", Int(),
-             "N", 0, "0", env="LLAMA_ARG_SPEC_DRAFT_N_MIN"),
+    _on(("--spec-draft-n-max",), "n_max",
+        "tokens the draft model proposes per step",
+        value=Int(0, message="invalid value"), metavar="N", default=3,
+        env="LLAMA_ARG_SPEC_DRAFT_N_MAX"),
+    _on(("--spec-draft-n-min",), "n_min",
+        "fewest draft-model tokens worth verifying", value=Int(),
+        metavar="N", default=0, env="LLAMA_ARG_SPEC_DRAFT_N_MIN"),
     _default(("--spec-draft-p-split", "--draft-p-split"), "p_split",
              "speculative split probability", Float(), "P", 0.1, "0.10",
-             env="LLAMA_ARG_SPEC_DRAFT_P_SPLIT"),
-    _default(("--spec-draft-p-min", "--draft-p-min"), "p_min",
-             "lowest draft probability to keep drafting (greedy)", Float(), "P", 0.0,
-             "0.00", env="LLAMA_ARG_SPEC_DRAFT_P_MIN"),
+             env="LLAMA_ARG_SPEC_DRAFT_P_SPLIT",
+             why="mlxcel-trio drafts one sequence per row and never splits a draft tree"),
+    _on(("--spec-draft-p-min", "--draft-p-min"), "p_min",
+        "lowest draft probability to keep drafting (greedy)", value=Float(), metavar="P",
+        default=0.0, default_text="0.00", env="LLAMA_ARG_SPEC_DRAFT_P_MIN"),
     _spec(("--spec-draft-backend-sampling",), "backend_sampling",
           "sample the draft on the backend device", kind="bool",
           negations=("--no-spec-draft-backend-sampling",), default=True,
           env="LLAMA_ARG_SPEC_DRAFT_BACKEND_SAMPLING", inert=equals(True),
-          accepts="--spec-draft-backend-sampling"),
+          accepts="--spec-draft-backend-sampling",
+          why="the draft is always sampled in the draft model's own MLX graph"),
     _spec(("--spec-draft-device", "-devd", "--device-draft"), "device",
-          "devices for the draft model", value=Text(), metavar="<dev1,dev2,..>"),
+          "devices for the draft model", value=Text(), metavar="<dev1,dev2,..>",
+          why="the draft model runs on the target's MLX device"),
     _spec(("--spec-draft-ngl", "-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft"),
           "gpu_layers", "draft model layers to offload to the GPU", value=GpuLayers(),
           metavar="N", default="auto", env="LLAMA_ARG_N_GPU_LAYERS_DRAFT",
-          inert=lambda v: isinstance(v, str) or v < 0, accepts="auto or all"),
-    _spec(("--spec-draft-model", "-md", "--model-draft"), "model",
-          "the draft model", value=Text(), metavar="FNAME",
-          env="LLAMA_ARG_SPEC_DRAFT_MODEL", default_text="unused"),
-    _spec(("--spec-type",), "type", "which speculative decoders to use, comma-separated",
-          value=CsvChoice(SPEC_TYPES), metavar=",".join(SPEC_TYPES), default=("none",),
-          env="LLAMA_ARG_SPEC_TYPE", inert=_spec_type_inert, accepts="none"),
-    _ngram("--spec-ngram-mod-n-min", "ngram_mod_n_min", "ngram-mod: fewest tokens", 48),
-    _ngram("--spec-ngram-mod-n-max", "ngram_mod_n_max", "ngram-mod: most tokens", 64),
-    _ngram("--spec-ngram-mod-n-match", "ngram_mod_n_match", "ngram-mod: lookup length",
-           24),
-    _ngram("--spec-ngram-simple-size-n", "ngram_simple_size_n",
-           "ngram-simple: lookup n-gram length", 12),
-    _ngram("--spec-ngram-simple-size-m", "ngram_simple_size_m",
-           "ngram-simple: draft m-gram length", 48),
-    _ngram("--spec-ngram-simple-min-hits", "ngram_simple_min_hits",
-           "ngram-simple: fewest hits", 1),
-    _ngram("--spec-ngram-map-k-size-n", "ngram_map_k_size_n",
-           "ngram-map-k: lookup n-gram length", 12),
-    _ngram("--spec-ngram-map-k-size-m", "ngram_map_k_size_m",
-           "ngram-map-k: draft m-gram length", 48),
-    _ngram("--spec-ngram-map-k-min-hits", "ngram_map_k_min_hits",
-           "ngram-map-k: fewest hits", 1),
-    _ngram("--spec-ngram-map-k4v-size-n", "ngram_map_k4v_size_n",
-           "ngram-map-k4v: lookup n-gram length", 12),
-    _ngram("--spec-ngram-map-k4v-size-m", "ngram_map_k4v_size_m",
-           "ngram-map-k4v: draft m-gram length", 48),
-    _ngram("--spec-ngram-map-k4v-min-hits", "ngram_map_k4v_min_hits",
-           "ngram-map-k4v: fewest hits", 1),
-    # Removed upstream; kept as spellings of their replacements, as the spec does.
-    _spec(("--draft", "--draft-n", "--draft-max"), "draft_max",
-          "old spelling of --spec-draft-n-max", value=Int(), metavar="N",
-          env="LLAMA_ARG_DRAFT_MAX", inert=equals(3), accepts="3"),
-    _spec(("--draft-min", "--draft-n-min"), "draft_min",
-          "old spelling of --spec-draft-n-min", value=Int(), metavar="N",
-          env="LLAMA_ARG_DRAFT_MIN", inert=equals(0), accepts="0"),
-    _ngram("--spec-ngram-size-n", "ngram_size_n", "removed upstream (n-gram size N)",
-           None),
-    _ngram("--spec-ngram-size-m", "ngram_size_m", "removed upstream (n-gram size M)",
-           None),
-    _ngram("--spec-ngram-min-hits", "ngram_min_hits", "removed upstream (fewest hits)",
-           None),
+          inert=lambda v: isinstance(v, str) or v < 0, accepts="auto or all",
+          why="the draft model runs whole on the target's MLX device"),
+    _on(("--spec-draft-model", "-md", "--model-draft"), "model",
+        "the draft model: an MLX checkpoint sharing the target's tokenizer", value=Text(), metavar="FNAME", env="LLAMA_ARG_SPEC_DRAFT_MODEL",
+        default_text="unused"),
+    _on(("--spec-type",), "type",
+        "which speculative decoders to use, comma-separated",
+        value=SpecTypes(SPEC_TYPES), metavar=",".join(SPEC_TYPES), default=("none",),
+        env="LLAMA_ARG_SPEC_TYPE", refuse=_type_refusal),
+    _on(("--spec-ngram-mod-n-min",), "ngram_mod_n_min",
+        "ngram-mod: fewest tokens",
+        value=Int(0, 1024, message="ngram n-min must be between 0 and 1024 inclusive"),
+        metavar="N", default=48),
+    _on(("--spec-ngram-mod-n-max",), "ngram_mod_n_max",
+        "ngram-mod: most tokens",
+        value=Int(0, 1024, message="ngram n-max must be between 0 and 1024 inclusive"),
+        metavar="N", default=64),
+    _on(("--spec-ngram-mod-n-match",), "ngram_mod_n_match", "ngram-mod: lookup length",
+        value=Int(1, 1024, message=NGRAM_N), metavar="N", default=24),
+    *_ngram_on("ngram-simple", 12, 48),
+    *_ngram_on("ngram-map-k", 12, 48),
+    *_ngram_on("ngram-map-k4v", 12, 48),
+    _removed(("--draft", "--draft-n", "--draft-max"), "draft_max",
+             "the argument has been removed", "use --spec-draft-n-max or --spec-ngram-mod-n-max",
+             env="LLAMA_ARG_DRAFT_MAX"),
+    _removed(("--draft-min", "--draft-n-min"), "draft_min", "the argument has been removed",
+             "use --spec-draft-n-min or --spec-ngram-mod-n-min", env="LLAMA_ARG_DRAFT_MIN"),
+    _removed(("--spec-ngram-size-n",), "ngram_size_n", "the argument has been removed",
+             "use the respective --spec-ngram-*-size-n"),
+    _removed(("--spec-ngram-size-m",), "ngram_size_m", "the argument has been removed",
+             "use the respective --spec-ngram-*-size-m"),
+    _removed(("--spec-ngram-min-hits",), "ngram_min_hits", "the argument has been removed",
+             "use the respective --spec-ngram-*-min-hits"),
     _spec(("-lcs", "--lookup-cache-static"), "lookup_cache_static",
           "static n-gram lookup cache file", value=Text(), metavar="FNAME",
-          section="server", inert=ALWAYS,
-          accepts="any path (no n-gram drafter can be selected)"),
+          section="server", why="only ngram-cache reads a lookup cache file, and "
+          "mlxcel-trio does not run ngram-cache yet"),
     _spec(("-lcd", "--lookup-cache-dynamic"), "lookup_cache_dynamic",
           "dynamic n-gram lookup cache file", value=Text(), metavar="FNAME",
-          section="server", inert=ALWAYS,
-          accepts="any path (no n-gram drafter can be selected)"),
+          section="server", why="only ngram-cache writes a lookup cache file, and "
+          "mlxcel-trio does not run ngram-cache yet"),
 )

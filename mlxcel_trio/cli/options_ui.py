@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from mlxcel_trio.cli.record import Option
-from mlxcel_trio.cli.refusals import NO_DRAFTER, NO_TOOLS, equals, not_applicable
+from mlxcel_trio.cli.refusals import NO_NGRAM_MOD, NO_TOOLS, equals, not_applicable
 from mlxcel_trio.cli.values import Text
 
 CLIENT_TOOLS = "run tools in the client; the server never executes them"
@@ -111,12 +111,13 @@ PRESET_WHY = ("presets download a GGUF build and rewrite the serving options; "
 
 def _preset(flag: str, repo: str | None) -> Option:
     if repo is None:
-        why, instead = f"it turns on n-gram speculative decoding; {NO_DRAFTER}", None
+        why = f"it turns on ngram-mod speculative decoding, and {NO_NGRAM_MOD}"
+        instead = "use --spec-type ngram-simple"
     else:
         why = PRESET_WHY
         instead = f"use --model {repo} and set the other options yourself"
         if flag.endswith("-spec"):
-            instead += " (there is no draft model here)"
+            instead += " (and the draft with -md <mlx checkpoint>)"
     dest = "preset_" + flag.removeprefix("--").replace("-", "_").replace(".", "_")
     return not_applicable((flag,), dest, _PRESET_HELP[flag], kind="flag", why=why,
                           instead=instead, section="server")

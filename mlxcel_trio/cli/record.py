@@ -53,6 +53,7 @@ OWNERS: dict[int, str] = {
     14: "performance: BLAS, weight policy, hot path",
     15: "embeddings and reranking",
     16: "LoRA adapters",
+    17: "speculative decoding",
     18: "router mode",
     20: "web UI",
 }

@@ -156,7 +156,7 @@ NO_GGML = "mlxcel-trio runs every tensor operation through MLX and has no GGML b
 ONE_DEVICE = "mlxcel-trio serves from one MLX device and never splits a model across devices"
 NO_THREADPOOL = "MLX schedules its own work; there is no CPU thread pool to tune"
 NO_PLACEMENT = "MLX has no CPU thread pool whose placement, priority or polling could be set"
-NO_DRAFTER = "mlxcel-trio has no speculative decoding (no draft model, no n-gram drafter)"
+NO_NGRAM_MOD = "mlxcel-trio does not run ngram-mod speculative decoding yet"
 NO_PROJECTOR = ("mlxcel-trio serves text-only MLX checkpoints and has no separate "
                 "multimodal projector")
 NO_TOOLS = "mlxcel-trio runs nothing server-side on a model's behalf"

@@ -83,6 +83,7 @@ class Int:
     lo: int = INT32_MIN
     hi: int = INT32_MAX
     sentinels: tuple[int, ...] = ()
+    message: str = "out of range"   # upstream's words, where it has some
 
     @property
     def domain(self) -> str:
@@ -95,7 +96,7 @@ class Int:
         value = _parse_int(text)
         if value in self.sentinels or self.lo <= value <= self.hi:
             return value
-        raise BadValue("out of range")
+        raise BadValue(self.message)
 
 
 @attrs.frozen

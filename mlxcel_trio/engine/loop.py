@@ -61,6 +61,7 @@ from ..protocol.records import (
     Submit,
     Woke,
 )
+from ..protocol.speculative import SpecSettings
 
 log = logging.getLogger("mlxcel.engine")
 
@@ -215,6 +216,7 @@ class EngineLoop:
                  weights: str = "auto", encoder_only: str | None = None,
                  embedding_model: str | None = None, reranker_model: str | None = None,
                  pooling: str | None = None, embd_n_batch: int = 512,
+                 speculative: SpecSettings = SpecSettings(),
                  lora: tuple[str, ...] = ()) -> None:
         self._path = Path(model_path)
         self._lora = lora                # adapter paths, in id order (engine/lora.py)
@@ -245,6 +247,8 @@ class EngineLoop:
         self._weights = weights  # --weights: auto | keep | float32
         self._weights_note: str | None = None
         self._emit = emit
+        self._spec = speculative
+        self._draft = None       # the draft model (-md), loaded with the target
         # None = never sleep (an encoder alone is small and has no chat to drop)
         self._sleep_idle_s = None if encoder_only is not None else sleep_idle_s
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
@@ -360,6 +364,8 @@ class EngineLoop:
         self._n_ctx_slot = slot_context(n_ctx, self._n_slots, n_ctx_train_of(config, n_ctx))
         vocab = Vocab(self._path, int(config.get("vocab_size", 0)) or None)
         self.vocab = vocab
+        if self._spec.draft_model is not None and "draft-simple" in self._spec.types:
+            self._draft = self._load_draft(Path(self._spec.draft_model))
         scheduler = self._new_scheduler(model)
         if self._kv_types != DEFAULT_KV:
             from ..protocol.kv_types import KV_CACHE_TYPES
@@ -404,13 +410,32 @@ class EngineLoop:
                       if k not in ("quantization", "quantization_config")}
         return model, config
 
+    def _load_draft(self, path: Path):
+        import mlx.core as mx
+        from mlx_lm.utils import load_model
+
+        from .speculative.draft_model import cache_kinds
+
+        draft, _ = load_model(path, lazy=True)
+        mx.eval(draft.parameters())
+        kinds = cache_kinds(draft)
+        if kinds != {"KVCache"}:
+            raise ValueError(f"draft model {path}: its {', '.join(sorted(kinds))} layers cannot "
+                             "be rolled back after a rejected draft; use a plain-attention "
+                             "draft checkpoint")
+        log.info("draft model loaded: %s (speculative types: %s)", path,
+                 ",".join(self._spec.types))
+        return draft
+
     def _new_scheduler(self, model):
         """A scheduler with a fresh prompt cache: the cache lives and dies with
         its scheduler, so an idle sleep frees both."""
         from .prompt_cache import PromptCache, budget_from_mib
         from .scheduler import Scheduler
+        from .speculative import build_chain
 
         return Scheduler(model, self.vocab, n_slots=self._n_slots,
+                         drafter=build_chain(self._spec, self._draft),
                          n_ctx_slot=self._n_ctx_slot,
                          batch_size=self._batch_size, special=self._special,
                          context_shift=self._context_shift,
@@ -560,6 +585,7 @@ class EngineLoop:
 
         import mlx.core as mx
 
+        self._draft = None  # the draft model sleeps with the target
         gc.collect()  # the model graph may hold reference cycles
         mx.clear_cache()
         released = before - _resident_bytes()
@@ -604,6 +630,8 @@ class EngineLoop:
     def _wake(self):
         t0 = time.perf_counter()
         model, _ = self._load_model()
+        if self._spec.draft_model is not None and "draft-simple" in self._spec.types:
+            self._draft = self._load_draft(Path(self._spec.draft_model))
         scheduler = self._new_scheduler(model)
         load_ms = (time.perf_counter() - t0) * 1e3
         log.info("server is exiting sleeping state (model reloaded in %.0f ms)", load_ms)

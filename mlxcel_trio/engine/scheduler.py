@@ -63,6 +63,9 @@ from .prompt_cache import PromptCache, supported
 from .samplers.batch import BatchSampler, dry_on
 from .samplers.history import breakers_for
 from .sampling import GREEDY, greedy_banning, plan
+from .speculative.batch import Plan, SpeculativeBatch
+from .speculative.drafters import Chain
+from .speculative.rollback import can_roll_back
 from .stops import StopMatcher
 from .vocab import Vocab
 
@@ -86,7 +89,8 @@ class _Sequence:
         "job", "slot", "uid", "detok", "stops", "tokens", "content", "max_tokens",
         "stop_type", "stopping_word", "truncated", "t_start", "t_first",
         "t_prompt_ms", "last_nl_pos", "done", "processed", "row", "probs", "n_cache",
-        "kv", "sampler", "processors", "prefilled", "n_shifts", "cached", "scales", "ns",
+        "kv", "sampler", "processors", "prefilled", "n_shifts", "cached", "plan", "scales",
+        "ns",
     )
 
     def __init__(self, job: Job, slot: int, vocab: Vocab, max_tokens: int,
@@ -122,6 +126,7 @@ class _Sequence:
         self.processors: list = []
         self.prefilled = False              # its prompt reached decoding
         self.n_shifts = 0
+        self.plan = None                    # speculative/batch.Plan while it speculates
 
     def timings(self, now: float) -> Timings:
         n = len(self.tokens)
@@ -131,6 +136,9 @@ class _Sequence:
             prompt_ms=self.t_prompt_ms,
             predicted_n=n,
             predicted_ms=_ms_since(self.t_first, now) if self.t_first and n > 1 else 0.0,
+            draft_n=self.plan.draft_n if self.plan else 0,
+            draft_n_accepted=self.plan.accepted if self.plan else 0,
+            draft_rounds=self.plan.rounds if self.plan else 0,
         )
 
 
@@ -151,7 +159,7 @@ class Scheduler:
                  batch_size: int, special: bool = False,
                  prompt_cache: PromptCache | None = None, context_shift: bool = False,
                  cont_batching: bool = True, kv_types: tuple[str, str] = DEFAULT_KV,
-                 n_adapters: int = 0) -> None:
+                 drafter: Chain | None = None, n_adapters: int = 0) -> None:
         self.vocab = vocab
         self.n_adapters = n_adapters  # the model is lora.AdaptedModel when > 0
         self.context_shift = context_shift
@@ -166,7 +174,13 @@ class Scheduler:
         problem = self._new_caches.check()
         if problem is not None:
             raise ValueError(problem)
+        # speculative decoding (engine/speculative/): None = the plain decode batch
+        self._drafter = drafter
+        if drafter is not None and not all(can_roll_back(c) for c in self._new_caches.layers()):
+            log.warning("speculative decoding off: this model's KV cache cannot be rolled back")
+            self._drafter = None
         self._eos_bias = tuple((t, float("-inf")) for t in sorted(vocab.eos_ids))
+        self._banned = tuple(sorted(vocab.eos_ids))
         self._greedy_no_eos = greedy_banning(sorted(vocab.eos_ids), vocab.n_vocab)
         self._gen = self._new_generator()
         self._pending: deque[Job] = deque()
@@ -186,13 +200,20 @@ class Scheduler:
     def _new_generator(self) -> BatchGenerator:
         # the chain rows' shared sampler lives and dies with its generator
         self._batch = BatchSampler(self.vocab.n_vocab)
-        return BatchGenerator(
+        gen = BatchGenerator(
             self._model,
             sampler=GREEDY,
             completion_batch_size=self.n_slots,
             prefill_batch_size=self.n_slots,
             prefill_step_size=self._batch_size,
         )
+        if self._drafter is not None:
+            self._drafter.clear()
+            # the decode batch is created once and only ever extended, so
+            # swapping the empty one in here makes every row's decode pass
+            # through the verify step
+            gen._generation_batch = SpeculativeBatch.create(self._model, GREEDY, self._drafter)
+        return gen
 
     # -- commands ------------------------------------------------------------
 
@@ -437,6 +458,22 @@ class Scheduler:
         seq.uid = uid
         seq.prefilled = False
         self._by_uid[uid] = seq
+        if self._drafter is not None and seq.job.speculative is not None and speculates(seq.row):
+            spec = seq.job.speculative
+            plan = seq.plan
+            seq.plan = Plan(spec.n_max, spec.n_min, spec.p_min, ctx_limit=self.n_ctx_slot,
+                            row=seq.row, banned=self._banned if seq.job.ignore_eos else ())
+            if plan is not None:  # re-inserted after a context shift: counts carry on
+                seq.plan.draft_n, seq.plan.accepted, seq.plan.rounds = (
+                    plan.draft_n, plan.accepted, plan.rounds)
+            self._gen._generation_batch.plans[uid] = seq.plan
+
+    def _drop_uid(self, uid: int) -> None:
+        """The generator forgets a sequence (and so does the drafter)."""
+        self._gen.remove([uid])
+        if self._drafter is not None:
+            self._gen._generation_batch.plans.pop(uid, None)
+            self._drafter.forget(uid)
 
     def _maybe_shift(self, seq: _Sequence, now: float, out: list, finished: list) -> None:
         """Upstream's pre_decode: before the sampled token is decoded into
@@ -462,7 +499,7 @@ class Scheduler:
             self._add_bos)
         log.warning("slot %d | task %d | slot context shift, n_keep = %d, n_left = %d, "
                     "n_discard = %d", seq.slot, job.id, n_keep, len(seq.kv) - n_keep, n_discard)
-        self._gen.remove([seq.uid])
+        self._drop_uid(seq.uid)
         del self._by_uid[seq.uid]
         seq.kv = [*context_shift.retained(seq.kv, n_keep, n_discard), token]
         seq.truncated = True
@@ -610,7 +647,7 @@ class Scheduler:
                     held = self._gen.extract_cache([seq.uid]).get(seq.uid)
                 except Exception:  # e.g. a prompt batch with no KV written yet
                     log.debug("job %s: no KV to donate", seq.job.id, exc_info=True)
-            self._gen.remove([seq.uid])
+            self._drop_uid(seq.uid)
             if donate and held is not None and held[0]:
                 self._donate(seq.ns, held, out)
             del self._by_uid[seq.uid]
@@ -632,6 +669,17 @@ class Scheduler:
         st = self._cache.stats()
         out.append(CacheStats(st["entries"], st["bytes"], st["peak_bytes"],
                               st["budget_bytes"], st["hits"], st["misses"]))
+
+
+def speculates(row) -> bool:
+    """Whether a row's draws can be verified several at a time: its sampler
+    state must not evolve per draw (mirostat, adaptive-p), and a grammar or
+    a probability report ties it to one token per step."""
+    if row is None:
+        return True
+    p = row.params
+    return (p.mirostat == 0 and p.n_probs <= 0 and row.constraint is None
+            and not ("adaptive_p" in p.samplers and p.adaptive_target >= 0.0))
 
 
 def _rate(n: int, ms: float) -> str:

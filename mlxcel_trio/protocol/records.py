@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import attrs
 
+from .speculative import SpecRequest
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -132,6 +134,9 @@ class Job:
     # the request's resolved field values (server/request/fields.py), which /slots
     # reports as the slot's params
     settings: JobSettings | None = attrs.field(default=None, eq=False, repr=False)
+    # this request's draft bounds (protocol/speculative.py); None = no
+    # speculation for it (the server runs none, or the row cannot speculate)
+    speculative: SpecRequest | None = None
 
 
 # --- commands ---------------------------------------------------------------
@@ -317,6 +322,9 @@ class Timings:
     prompt_ms: float
     predicted_n: int
     predicted_ms: float
+    draft_n: int = 0                    # draft tokens verified (speculative rows)
+    draft_n_accepted: int = 0           # of those, kept
+    draft_rounds: int = 0               # verify steps that checked a draft (/metrics)
 
     def to_json(self) -> dict:
         """server_slot_stats::to_json.  The generation rates count decode
@@ -334,6 +342,8 @@ class Timings:
             "predicted_ms": d_ms,
             "predicted_per_token_ms": d_ms / steps if steps > 0 else 0.0,
             "predicted_per_second": 1e3 / d_ms * steps if d_ms > 0 else 0.0,
+            **({"draft_n": self.draft_n, "draft_n_accepted": self.draft_n_accepted}
+               if self.draft_n > 0 else {}),
         }
 
 

@@ -144,7 +144,7 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
             served = Served(bridge, model_name, server_defaults(config, bridge.vocab), BUILD_INFO,
                             n_predict_cap=config.sampling.n_predict, n_slots=config.slots,
                             batch_size=config.batch_size, spm_infill=config.spm_infill,
-                            state=state)
+                            speculative=config.speculative, state=state)
         return served
 
     async def read_body():

@@ -32,7 +32,7 @@ def test_final_object_key_set_and_order(server, tiny_facts):
     assert res["timings"]["predicted_n"] == 8
     gs = res["generation_settings"]
     assert gs["n_predict"] == 8 and gs["temperature"] == 0.0
-    assert "backend_sampling" not in gs and "speculative.types" not in gs
+    assert "backend_sampling" not in gs and gs["speculative.types"] == "none"
 
 
 def test_completions_alias_route_is_native(server, tiny_facts):

@@ -87,6 +87,20 @@ class Row:
         return (self._sampler is not None or self._bias is not None or self._penalties
                 or self._dry or self.constraint is not None)
 
+    @property
+    def draws(self) -> bool:
+        """Whether this row draws random numbers (it samples with the chain)."""
+        return self._sampler is not None
+
+    def rng_state(self) -> dict:
+        return self._rng.bit_generator.state
+
+    def rng_restore(self, state: dict, n_draws: int) -> None:
+        """Back to `state`, then forward by n_draws steps' uniforms: a
+        verify step draws for every drafted position and keeps fewer."""
+        self._rng.bit_generator.state = state
+        self._rng.random(4 * n_draws)
+
     def uniforms(self) -> np.ndarray:
         """Four draws per step: XTC and dist, then the same pair again for a
         grammar resample."""

@@ -20,6 +20,7 @@ import trio
 
 from ...bridge import Bridge
 from ...protocol.records import Failed, Finished, Job, PromptTooLong
+from ...protocol.speculative import SpecRequest, SpecSettings
 from ..http.errors import ApiError, json_type_name
 from . import (
     budget_fields as reasoning_budget,
@@ -48,6 +49,9 @@ class Served:
     n_slots: int = 1                  # n_cmpl's upper limit, as upstream's n_parallel
     batch_size: int = 2048            # -b: /infill keeps its context within one batch
     spm_infill: bool = False          # --spm-infill: suffix block first
+    # the speculative settings in force (the request's speculative.* fields
+    # are inert, as upstream compiles them out)
+    speculative: SpecSettings = attrs.field(factory=SpecSettings)
     # structures a body over `defaults`, with the server's limits (built once)
     converter: cattrs.Converter = attrs.field(
         init=False, eq=False, repr=False,
@@ -211,6 +215,8 @@ def make_job(served: Served, values: NativeRequest, prompt: list[int], copy: int
         cache_ns=cache_ns,
         lora=values.lora or (),
         settings=values,
+        speculative=(SpecRequest(spec.n_max, spec.n_min, spec.p_min)
+                     if (spec := served.speculative).on else None),
     )
 
 

@@ -8,8 +8,11 @@ nlohmann writes a C++ float (non-finite -> null), a tuple as an array, the
 rest as they are.  The other keys are derived from the record, or fixed
 where the request cannot change them here (the deferred chat_format /
 reasoning_format / generation_prompt rows report upstream's value for
-"nothing applied"); lora reports the scale vector the request runs with.  backend_sampling and speculative.types are left
-out (no analogue), as the spec records.
+"nothing applied"); lora reports the scale vector the request runs with.
+speculative.types is the server's --spec-type in force (the caller passes
+it: the request cannot change it, as upstream compiles its speculative.*
+fields out).  backend_sampling is left out (no analogue), as the spec
+records.
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ GENERATION_SETTINGS: tuple[str, ...] = (
     "n_predict", "n_keep", "n_discard", "ignore_eos", "stream", "logit_bias", "n_probs",
     "min_keep", "grammar", "grammar_lazy", "grammar_triggers", "preserved_tokens",
     "chat_format", "reasoning_format", "reasoning_in_content", "generation_prompt",
-    "samplers", "timings_per_token", "post_sampling_probs", "lora",
+    "samplers", "speculative.types", "timings_per_token", "post_sampling_probs", "lora",
 )
+SPEC_TYPES = "speculative.types"
 
 # to_json(true), the form /props and /slots report, leaves these out
 REDUCED_DROPS = ("dry_sequence_breakers", "stop", "logit_bias", "grammar", "grammar_lazy",
@@ -65,6 +69,7 @@ _DERIVED: dict[str, Callable[[Any], Any]] = {
     "reasoning_in_content": lambda rec: False,
     "generation_prompt": lambda rec: "",
     "lora": lambda rec: report(rec.lora or ()),
+    SPEC_TYPES: lambda rec: "none",
 }
 
 
@@ -82,11 +87,13 @@ def _project(key: str) -> Callable[[Any], Any]:
 _PROJECTIONS = tuple((key, _project(key)) for key in GENERATION_SETTINGS)
 
 
-def generation_settings(rec: NativeRequest) -> dict[str, Any]:
+def generation_settings(rec: NativeRequest, spec_types: str = "none") -> dict[str, Any]:
     """task_params::to_json, each key from the value actually in force."""
-    return {key: project(rec) for key, project in _PROJECTIONS}
+    return {key: spec_types if key == SPEC_TYPES else project(rec)
+            for key, project in _PROJECTIONS}
 
 
-def reduced_settings(rec: NativeRequest) -> dict[str, Any]:
+def reduced_settings(rec: NativeRequest, spec_types: str = "none") -> dict[str, Any]:
     """to_json(true): the form /props and /slots report."""
-    return {key: project(rec) for key, project in _PROJECTIONS if key not in REDUCED_DROPS}
+    return {key: spec_types if key == SPEC_TYPES else project(rec)
+            for key, project in _PROJECTIONS if key not in REDUCED_DROPS}

@@ -130,7 +130,7 @@ def final_object(served: Served, values: NativeRequest, fin: Finished, prompt: l
         "model": served.model_name,
         "tokens_predicted": n,
         "tokens_evaluated": fin.n_prompt,
-        "generation_settings": generation_settings(values),
+        "generation_settings": generation_settings(values, served.speculative.names),
         "prompt": served.bridge.vocab.detokenize(prompt),
         "has_new_line": "\n" in fin.content,
         "truncated": fin.truncated,

@@ -17,6 +17,7 @@ from typing import Any
 
 from ...bridge import Bridge
 from ...monitor import SlotView
+from ...protocol.speculative import SpecSettings
 from ..request.jobs import Served
 from ..request.schema import NativeRequest
 from ..request.settings import generation_settings, reduced_settings
@@ -54,7 +55,8 @@ def props(served: Served):
     info, vocab = bridge.info, bridge.vocab
     chat = served.state.chat_settings()
     res = {
-        "default_generation_settings": {"params": reduced_settings(_default_values(served)),
+        "default_generation_settings": {"params": reduced_settings(
+                                            _default_values(served), served.speculative.names),
                                         "n_ctx": info.n_ctx_slot},
         "total_slots": info.n_slots,
         "model_alias": served.model_name,
@@ -209,9 +211,9 @@ def set_props(config):
     return json_response({"success": True})
 
 
-def _slot_json(view: SlotView, n_ctx: int, debug: bool, vocab) -> dict:
+def _slot_json(view: SlotView, n_ctx: int, debug: bool, vocab, spec: SpecSettings) -> dict:
     """server_slot::to_json: the last job stays on an idle slot."""
-    entry = {"id": view.id, "n_ctx": n_ctx, "speculative": False,
+    entry = {"id": view.id, "n_ctx": n_ctx, "speculative": spec.on,
              "is_processing": view.processing}
     if view.job_id is None:
         return entry
@@ -220,7 +222,8 @@ def _slot_json(view: SlotView, n_ctx: int, debug: bool, vocab) -> dict:
     if values is None:
         params = {}
     else:
-        params = generation_settings(values) if debug else reduced_settings(values)
+        params = (generation_settings(values, spec.names) if debug
+                  else reduced_settings(values, spec.names))
     entry.update({
         "id_task": view.job_id,
         "n_prompt_tokens": view.n_prompt,
@@ -248,5 +251,6 @@ def slots(bridge: Bridge, query):
     if query.get("fail_on_no_slot") and monitor.n_idle == 0:
         raise ApiError("no slot available", "unavailable_error")
     n_ctx = bridge.info.n_ctx_slot
-    return json_response([_slot_json(v, n_ctx, monitor.debug, bridge.vocab)
+    spec = bridge.config.speculative
+    return json_response([_slot_json(v, n_ctx, monitor.debug, bridge.vocab, spec)
                           for v in monitor.slots])

@@ -32,16 +32,7 @@ LIVE = ("supported", "aliased", "by_design")
 EXPECT_INERT = frozenset({
     "--fit", "--ubatch-size", "--defrag-thold", "--control-vector-layer-range",
     "--repack", "--mmproj-auto", "--backend-sampling", "--mmap", "--ui",
-    "--cache-idle-slots", "--lookup-cache-static", "--lookup-cache-dynamic",
-    "--spec-ngram-mod-n-min", "--spec-ngram-mod-n-max", "--spec-ngram-mod-n-match",
-    "--spec-ngram-simple-size-n", "--spec-ngram-simple-size-m",
-    "--spec-ngram-simple-min-hits", "--spec-ngram-map-k-size-n",
-    "--spec-ngram-map-k-size-m", "--spec-ngram-map-k-min-hits",
-    "--spec-ngram-map-k4v-size-n", "--spec-ngram-map-k4v-size-m",
-    "--spec-ngram-map-k4v-min-hits", "--spec-ngram-size-n", "--spec-ngram-size-m",
-    "--spec-ngram-min-hits", "--threads-http",
-    # a draft model's KV types: no draft model loads, so every type is accepted
-    "--spec-draft-type-k", "--spec-draft-type-v",
+    "--cache-idle-slots", "--threads-http",
 })
 
 # Placeholders whose value is a path: a file that exists is passed.
@@ -115,8 +106,10 @@ def plausible(rec: dict[str, Any], some_file: Path, model: Path) -> list[str]:
     if opt.kind == "bool":
         return [opt.negation_name if opt.default else opt.name]
     default = rec["default"]
-    if opt.dest == "model":
-        return [opt.name, str(model)]
+    if opt.dest in ("model", "spec_model"):
+        return [opt.name, str(model)]     # a draft sharing the target's vocabulary: itself
+    if opt.dest == "spec_type":
+        return [opt.name, "ngram-simple"]
     if opt.dest in ("slot_save_path", "models_dir"):
         return [opt.name, str(some_file.parent)]  # an existing directory
     if opt.dest == "chat_template_kwargs":

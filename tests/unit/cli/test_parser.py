@@ -121,6 +121,24 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "api_key_file": ("/etc/keys", "/etc/keys"),
     "ssl_key_file": ("key.pem", "key.pem"),
     "ssl_cert_file": ("cert.pem", "cert.pem"),
+    # speculative decoding
+    "spec_type": ("ngram-simple", ("ngram-simple",)),
+    "spec_model": ("/srv/draft", "/srv/draft"),
+    "spec_n_max": ("8", 8),
+    "spec_n_min": ("2", 2),
+    "spec_p_min": ("0.5", 0.5),
+    "spec_ngram_simple_size_n": ("4", 4),
+    "spec_ngram_simple_size_m": ("16", 16),
+    "spec_ngram_simple_min_hits": ("2", 2),
+    "spec_ngram_map_k_size_n": ("5", 5),
+    "spec_ngram_map_k_size_m": ("9", 9),
+    "spec_ngram_map_k_min_hits": ("3", 3),
+    "spec_ngram_map_k4v_size_n": ("6", 6),
+    "spec_ngram_map_k4v_size_m": ("10", 10),
+    "spec_ngram_map_k4v_min_hits": ("4", 4),
+    "spec_ngram_mod_n_min": ("8", 8),
+    "spec_ngram_mod_n_max": ("16", 16),
+    "spec_ngram_mod_n_match": ("12", 12),
 }
 
 LIVE = ("supported", "aliased", "by_design")

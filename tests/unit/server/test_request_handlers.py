@@ -150,7 +150,7 @@ def test_the_servers_n_predict_caps_a_request() -> None:
 # -- generation_settings -----------------------------------------------------------------
 
 def test_every_reported_key_is_a_row_or_derived() -> None:
-    derived = {"max_tokens", "reasoning_in_content", "grammar"}
+    derived = {"max_tokens", "reasoning_in_content", "grammar", "speculative.types"}
     assert all(k in FIELDS_BY_NAME or k in derived for k in GENERATION_SETTINGS)
     assert len(set(GENERATION_SETTINGS)) == len(GENERATION_SETTINGS)
 
