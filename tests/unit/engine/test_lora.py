@@ -330,3 +330,32 @@ def test_the_prompt_cache_never_shares_a_prefix_across_scales(adapted):
     cached = {e.job_id: e.n_cache for e in out if isinstance(e, Started)}
     # the second vector misses, the first one's repeat hits, the base misses
     assert cached[0] == 0 and cached[1] == 0 and cached[2] > 30 and cached[3] == 0
+
+
+def test_speculating_rows_keep_their_scales_and_their_output(adapted, tiny_model):
+    """Drafts verified in one (B, k+1) forward, rows rolled back by their
+    own counts: each row's scales ride along and the greedy text is the
+    plain decode's, for a draft model that accepts everything (the adapted
+    target itself) and an n-gram drafter."""
+    from mlxcel_trio.engine.scheduler import Scheduler
+    from mlxcel_trio.engine.speculative.draft_model import DraftModel
+    from mlxcel_trio.engine.speculative.drafters import Chain, NgramSimple
+    from mlxcel_trio.protocol.speculative import SpecRequest
+
+    model, vocab = adapted
+    prompts = [(5, 6, 7, 8, 5, 6, 7, 8, 5, 6), (9, 10, 11), (12, 13, 14, 15, 16)]
+    mixes = [(1.0, 0.0), (0.0, 1.0), (0.5, 0.5)]
+
+    def run(drafter):
+        s = Scheduler(model, vocab, n_slots=3, n_ctx_slot=256, batch_size=64, n_adapters=2,
+                      drafter=drafter)
+        out: list = []
+        for i, (p, mix) in enumerate(zip(prompts, mixes)):
+            s.submit(Job(i, p, n_predict=20, sampling=GREEDY, ignore_eos=True, lora=mix,
+                         speculative=SpecRequest(n_max=4) if drafter else None), out)
+        _run(s, out)
+        return {e.job_id: e.tokens for e in out if isinstance(e, Finished)}
+
+    plain = run(None)
+    assert run(Chain([NgramSimple(2, 4)])) == plain
+    assert run(Chain([DraftModel(_load(tiny_model))])) == plain
