@@ -71,7 +71,7 @@ def two_slots(tiny_model, start_server):
 
 def test_stream_disconnect_frees_slot_while_other_stream_continues(two_slots, tiny_facts):
     url = two_slots.url
-    other_body = {"prompt": tiny_facts["long_prompt"], "n_predict": 4000, "temperature": 0,
+    other_body = {"prompt": tiny_facts["long_prompt"], "n_predict": 1200, "temperature": 0,
                   "ignore_eos": True}
     solo = post(url, other_body).json()["content"]
     result: dict = {}

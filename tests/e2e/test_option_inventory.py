@@ -136,6 +136,14 @@ def test_refusal_is_one_fast_line_naming_the_option(
 def test_accepted_value_reaches_a_config(rec: dict[str, Any], tiny_model: Path,
                                          some_file: Path) -> None:
     argv = plausible(rec, some_file, tiny_model)
+    if ours(rec).dest in ("models_dir", "models_preset"):  # router mode: no -m
+        if ours(rec).dest == "models_preset":
+            preset = some_file.parent / "models.ini"
+            preset.write_text(f"[tiny]\nmodel = {tiny_model}\n")
+            argv = [argv[0], str(preset)]
+        config = prepare(argv, env={})
+        assert config.router and config.model == ""
+        return
     if ours(rec).dest == "hf_repo":
         argv = [argv[0], str(tiny_model)]  # resolved exactly like -m: a local dir works
     elif ours(rec).dest != "model":

@@ -59,7 +59,6 @@ class Instance:
         self.inflight = 0                   # requests being forwarded to it now
         self.args: tuple[str, ...] = ()
         self.info: dict = {}                # the child's own /v1/models entry, once loaded
-        self._stopping = False
 
     @property
     def name(self) -> str:
@@ -89,6 +88,10 @@ class Pool:
         self.env = dict(env)
         self._nursery: trio.Nursery | None = None
         self._watchers: set[trio.MemorySendChannel] = set()
+        # children asked to stop: their exit is not a failure.  Kept per
+        # process, because a model stopped and started again at once has an
+        # old child still exiting beside its new one.
+        self._stopping: set[int] = set()
 
     # -- events (GET /models/sse) ---------------------------------------------
 
@@ -212,7 +215,9 @@ class Pool:
             return
         self._make_room()
         assert self._nursery is not None
-        inst.exit_code, inst.info = None, {}
+        # a child still exiting from a stop belongs to its own supervising
+        # task from now on: this start's state must not be touched by it
+        inst.process, inst.exit_code, inst.info = None, None, {}
         self._status(inst, "loading")
         inst.ready = trio.Event()
         inst.port = free_port()
@@ -268,18 +273,18 @@ class Pool:
             await proc.wait()
         finally:
             if proc.returncode is None:  # the router is shutting down
-                inst._stopping = True
+                self._stopping.add(proc.pid)
                 with trio.CancelScope(shield=True):
                     await self._terminate(proc)
-            inst.process = None
-            if inst._stopping:
-                inst.exit_code, inst._stopping = None, False
-            else:
-                inst.exit_code = proc.returncode
-                if proc.returncode is not None:
-                    log.warning("%s: its server exited with code %d", inst.name, proc.returncode)
-            self._status(inst, "unloaded")
-            inst.ready.set()
+            asked = proc.pid in self._stopping
+            self._stopping.discard(proc.pid)
+            if not asked:
+                log.warning("%s: its server exited with code %s", inst.name, proc.returncode)
+            if inst.process is proc:  # not replaced by a newer start meanwhile
+                inst.process = None
+                inst.exit_code = None if asked else proc.returncode
+                self._status(inst, "unloaded")
+                inst.ready.set()
 
     async def _relay(self, inst: Instance, proc: trio.Process) -> None:
         """The child's output, line by line, into the router's log; its
@@ -291,7 +296,8 @@ class Pool:
             *lines, buf = buf.split(b"\n")
             for line in lines:
                 log.info("[%s] %s", inst.name, line.decode(errors="replace").rstrip())
-                if inst.status == "loading" and line.startswith(LOADED_LINE):
+                if (inst.process is proc and inst.status == "loading"
+                        and line.startswith(LOADED_LINE)):
                     self._status(inst, "loaded")
                     inst.ready.set()
 
@@ -302,7 +308,7 @@ class Pool:
         proc = inst.process
         if proc is None or proc.returncode is not None:
             return
-        inst._stopping = True
+        self._stopping.add(proc.pid)
         self._status(inst, "unloaded")  # no new request reaches it
         assert self._nursery is not None
         self._nursery.start_soon(self._terminate, proc)
