@@ -1,4 +1,4 @@
-"""Heavy request work stays off the event loop: while an 8 MB prompt is
+"""Heavy request work stays off the event loop: while a 6 MB prompt is
 tokenized (and then refused for not fitting), /health still answers at once
 and another client's stream keeps its pace."""
 
@@ -62,9 +62,9 @@ def test_a_huge_prompt_stalls_neither_health_nor_other_streams(tiny_model, start
     stream = _Stream(srv.url)
     stream.start()
     assert stream.started.wait(WAIT_S) and stream.error is None, stream.error
-    # encoded up front: 8 MB of json.dumps in this process would hold its GIL
+    # encoded up front: 6 MB of json.dumps in this process would hold its GIL
     # and stall the stream reader here, not the server
-    payload = json.dumps({"prompt": _huge_prompt(8 * 1024 * 1024), "n_predict": 1}).encode()
+    payload = json.dumps({"prompt": _huge_prompt(6 * 1024 * 1024), "n_predict": 1}).encode()
     answer: dict = {}
 
     def huge() -> None:

@@ -63,7 +63,7 @@ def test_stops_match_the_one_shot_reference(server, tiny_facts):
     assert len(set(free_text)) > 8, free_text  # enough variety for meaningful stops
     seen_word_stops = []
 
-    @settings(max_examples=25, deadline=None, database=None,
+    @settings(max_examples=15, deadline=None, database=None,
               suppress_health_check=[HealthCheck.too_slow])
     @given(stop_lists(free_text))
     def check(stops):

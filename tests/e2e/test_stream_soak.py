@@ -25,7 +25,7 @@ from .test_stream_resume import (
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 TTL_S, GC_S = 4.0, 0.5
-WARM_S, SOAK_S = 3.0, 12.0
+WARM_S, SOAK_S = 3.0, 8.0
 CLIENTS = 12
 RSS_BOUND_MIB = 48          # growth allowed between the end of warm-up and the end
 ROUTES = ["/completion", "/v1/completions", "/v1/chat/completions", "/v1/messages",

@@ -152,11 +152,11 @@ def test_a_stream_longer_than_the_timeout_completes(tiny_model, start_server):
     read_limit = timeout + 1
     srv = start_server(tiny_model, "-c", "32768", "-np", "1", "--timeout", str(timeout))
     # this machine's decode speed, from a first (cold, so slower) request: ask
-    # for enough tokens to stream for about four read limits
+    # for enough tokens to stream for about three read limits
     r = post(srv.url, {"prompt": "x", "n_predict": 64, "ignore_eos": True}, timeout=120)
     assert r.status_code == 200, r.text
     rate = r.json()["timings"]["predicted_per_second"]
-    n_predict = min(30000, max(256, int(rate * 4 * read_limit)))
+    n_predict = min(30000, max(256, int(rate * 3 * read_limit)))
     frames, arrivals = [], []
     body = {"prompt": "x", "n_predict": n_predict, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", srv.url + "/completion", json=body, timeout=300) as r:
