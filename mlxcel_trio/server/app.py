@@ -128,6 +128,41 @@ class _PerRequest:
             resources.close()
 
 
+def answer_errors(app: QuartTrio, config: ServerConfig) -> None:
+    """Every failure as upstream's JSON error (404/405 as "File Not Found",
+    408/413 closing the connection, the rest by type), and upstream's
+    Server header on every answer; the router's app uses the same."""
+
+    @app.errorhandler(ApiError)
+    async def _on_api_error(err: ApiError):
+        return error_response(err)
+
+    @app.errorhandler(HTTPException)
+    async def _on_http_error(err: HTTPException):
+        if err.code in (404, 405):
+            return not_found()
+        if err.code in (408, 413):  # the body is left unread: close the connection
+            resp = error_response(payload_too_large(MAX_BODY_BYTES) if err.code == 413
+                                  else request_timeout(config.timeout))
+            resp.headers["Connection"] = "close"
+            return resp
+        kind = "invalid_request_error" if err.code < 500 else "server_error"
+        return error_response(ApiError(err.description or err.name, kind, status=err.code))
+
+    @app.errorhandler(Exception)
+    async def _on_error(err: Exception):
+        log.exception("request failed")
+        return error_response(ApiError(str(err) or type(err).__name__, "server_error"))
+
+    @app.after_request
+    async def _headers(resp: Response):
+        resp.headers["Server"] = "llama.cpp"
+        if request.path not in _QUIET:  # route, status; never a body
+            log.log(TRACE, "done request: %s %s %s %d", request.method, request.path,
+                    request.remote_addr, resp.status_code)
+        return resp
+
+
 def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTrio:
     app = QuartTrio("mlxcel_trio")
     app.config.update(RESPONSE_TIMEOUT=None, BODY_TIMEOUT=config.timeout,
@@ -231,34 +266,7 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
                 g.key_scope = which
         return None
 
-    @app.errorhandler(ApiError)
-    async def _on_api_error(err: ApiError):
-        return error_response(err)
-
-    @app.errorhandler(HTTPException)
-    async def _on_http_error(err: HTTPException):
-        if err.code in (404, 405):
-            return not_found()
-        if err.code in (408, 413):  # the body is left unread: close the connection
-            resp = error_response(payload_too_large(MAX_BODY_BYTES) if err.code == 413
-                                  else request_timeout(config.timeout))
-            resp.headers["Connection"] = "close"
-            return resp
-        kind = "invalid_request_error" if err.code < 500 else "server_error"
-        return error_response(ApiError(err.description or err.name, kind, status=err.code))
-
-    @app.errorhandler(Exception)
-    async def _on_error(err: Exception):
-        log.exception("request failed")
-        return error_response(ApiError(str(err) or type(err).__name__, "server_error"))
-
-    @app.after_request
-    async def _headers(resp: Response):
-        resp.headers["Server"] = "llama.cpp"
-        if request.path not in _QUIET:  # route, status; never a body
-            log.log(TRACE, "done request: %s %s %s %d", request.method, request.path,
-                    request.remote_addr, resp.status_code)
-        return resp
+    answer_errors(app, config)
 
     policy = CorsPolicy(config.cors_origins, config.cors_methods, config.cors_headers,
                         config.cors_credentials)

@@ -22,13 +22,12 @@ import trio
 
 from quart import Response, request
 from quart_trio import QuartTrio
-from werkzeug.exceptions import HTTPException
 
 from ...config import ServerConfig
 from ...model_store import hub_cache_dir
-from ..app import BUILD_INFO, MAX_BODY_BYTES, _authorized, _PerRequest
+from ..app import BUILD_INFO, MAX_BODY_BYTES, _authorized, _PerRequest, answer_errors
 from ..http.cors import CorsMiddleware, CorsPolicy
-from ..http.errors import ApiError, error_response, invalid_api_key, json_response, not_found
+from ..http.errors import ApiError, invalid_api_key, json_response
 from ..routes import ROUTES, quart_rule
 from . import catalog, proxy
 from .pool import Pool
@@ -235,26 +234,7 @@ def create_router_app(config: ServerConfig, pool: Pool, env) -> QuartTrio:
                 return invalid_api_key()
         return None
 
-    @app.errorhandler(ApiError)
-    async def _on_api_error(err: ApiError):
-        return error_response(err)
-
-    @app.errorhandler(HTTPException)
-    async def _on_http_error(err: HTTPException):
-        if err.code in (404, 405):
-            return not_found()
-        kind = "invalid_request_error" if err.code < 500 else "server_error"
-        return error_response(ApiError(err.description or err.name, kind, status=err.code))
-
-    @app.errorhandler(Exception)
-    async def _on_error(err: Exception):
-        log.exception("request failed")
-        return error_response(ApiError(str(err) or type(err).__name__, "server_error"))
-
-    @app.after_request
-    async def _headers(resp: Response):
-        resp.headers["Server"] = "llama.cpp"
-        return resp
+    answer_errors(app, config)
 
     policy = CorsPolicy(config.cors_origins, config.cors_methods, config.cors_headers,
                         config.cors_credentials)
