@@ -54,3 +54,35 @@ def error(server, **body) -> str:
     r = post(server.url, body)
     assert r.status_code == 400, r.text
     return r.json()["error"]["message"]
+
+
+class EventWatcher:
+    """A client of an SSE route on its own thread, collecting each `data:`
+    frame (decoded) until one whose `event` is in `until`; `start()`
+    returns once the stream is open, so nothing published later is missed."""
+
+    def __init__(self, url: str, until: set[str], timeout: float = 120) -> None:
+        import threading
+
+        self.url, self.until, self.timeout = url, until, timeout
+        self.events: list = []
+        self._open = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=self.timeout) as c, c.stream("GET", self.url) as s:
+            self._open.set()
+            for line in iter_sse_lines(s):
+                if line.startswith("data: "):
+                    self.events.append(json.loads(line[6:]))
+                    if self.events[-1].get("event") in self.until:
+                        return
+
+    def start(self) -> "EventWatcher":
+        self._thread.start()
+        assert self._open.wait(30), f"{self.url}: the event stream did not open"
+        return self
+
+    def join(self) -> list:
+        self._thread.join(self.timeout)
+        return self.events

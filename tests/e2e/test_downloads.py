@@ -4,18 +4,16 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
-import threading
 
 import httpx
 import pytest
 
 from ..conftest import ServerProcess
 from .fake_hub import FakeHub
-from .sse import iter_sse_lines, post
+from .sse import EventWatcher, post
 
 pytestmark = pytest.mark.e2e
 
@@ -96,20 +94,7 @@ def test_the_router_downloads_with_progress_events(hub, tmp_path, models_root):
     r = port_srv.start(wait_ready=False)
     r.wait_for_line("main: router is listening")
     try:
-        events: list = []
-        ready = threading.Event()
-
-        def watch():
-            with httpx.Client(timeout=120) as c, c.stream("GET", r.url + "/models/sse") as s:
-                ready.set()
-                for line in iter_sse_lines(s):
-                    if line.startswith("data: "):
-                        events.append(json.loads(line[6:]))
-                        if events[-1]["event"] in ("download_finished", "download_failed"):
-                            return
-        watcher = threading.Thread(target=watch, daemon=True)
-        watcher.start()
-        assert ready.wait(30)
+        watcher = EventWatcher(r.url + "/models/sse", {"download_finished", "download_failed"}).start()
         for body, message in (({}, "model must be a non-empty string"),
                               ({"model": "test/missing"}, "model validation failed, unable to "
                                "download: could not fetch it from Hugging Face: 404 Not Found")):
@@ -117,7 +102,7 @@ def test_the_router_downloads_with_progress_events(hub, tmp_path, models_root):
             assert bad.status_code == 400 and bad.json()["error"]["message"].startswith(message)
         ok = httpx.post(r.url + "/models", json={"model": "test/tiny"}, timeout=60)
         assert ok.json() == {"success": True}
-        watcher.join(120)
+        events = watcher.join()
         kinds = [e["event"] for e in events if e["model"] == "test/tiny"]
         assert kinds[0] == "status_change" and "download_progress" in kinds
         assert kinds[-1] == "download_finished", events

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from ..conftest import ServerProcess, wait_until
-from .sse import iter_sse_lines, post
+from .sse import EventWatcher, iter_sse_lines, post
 
 pytestmark = pytest.mark.e2e
 
@@ -302,20 +302,7 @@ def test_cache_models_list_stream_events_and_delete_within_the_cache(models_dir,
         listed = {m["id"]: m for m in httpx.get(r.url + "/models").json()["data"]}
         assert listed["test/tiny"]["source"] == "cache" and listed["test/tiny"]["can_remove"]
         assert listed["alpha"]["can_remove"] is False
-        events: list = []
-        ready = threading.Event()
-
-        def watch():
-            with httpx.Client(timeout=60) as c, c.stream("GET", r.url + "/models/sse") as s:
-                ready.set()
-                for line in iter_sse_lines(s):
-                    if line.startswith("data: "):
-                        events.append(json.loads(line[6:]))
-                        if events[-1]["event"] == "model_remove":
-                            return
-        watcher = threading.Thread(target=watch, daemon=True)
-        watcher.start()
-        assert ready.wait(30)
+        watcher = EventWatcher(r.url + "/models/sse", {"model_remove"}).start()
         wait_until(lambda: _complete(r, "test/tiny")["model"], "the cache model served")
         for name, message in (("", "model must be a non-empty string"),
                               ("alpha", "model name=alpha is not removable (not from cache)"),
@@ -325,7 +312,7 @@ def test_cache_models_list_stream_events_and_delete_within_the_cache(models_dir,
         gone = httpx.delete(r.url + "/models", params={"model": "test/tiny"}, timeout=60)
         assert gone.json() == {"success": True}
         assert not (hub / "models--test--tiny").exists() and outside.exists()
-        watcher.join(30)
+        events = watcher.join()
         seen = [(e["model"], e["event"], e.get("data", {}).get("status")) for e in events]
         assert seen == [("test/tiny", "status_change", "loading"),
                         ("test/tiny", "status_change", "loaded"),
