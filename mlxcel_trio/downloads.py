@@ -8,7 +8,7 @@ HF_TOKEN / a token argument the way huggingface_hub does, and adds:
   file sizes the Hub lists and the bytes on disk so far;
 - all or nothing: the snapshot is downloaded into a staging folder inside
   the cache and moved into place only once every file is there, so a
-  download that fails (404, 401, a dropped connection, a stop) leaves no
+  download that fails (404, 401, a dropped connection) leaves no
   half snapshot that a later load would take for a checkpoint;
 - one line naming the real cause when it fails (`DownloadError`).
 
@@ -29,7 +29,7 @@ from typing import Callable, TextIO
 
 import attrs
 
-from .model_store import hub_cache_dir, is_checkpoint
+from .model_store import hub_cache_dir, is_checkpoint, newest_snapshot
 
 # What an MLX checkpoint needs from a Hub snapshot: configs, weights,
 # tokenizer files and chat templates; GGUF or PyTorch blobs stay behind.
@@ -61,22 +61,21 @@ def repo_dir(cache: Path, repo_id: str) -> Path:
     return cache / ("models--" + repo_id.replace("/", "--"))
 
 
-def cached(repo_id: str, cache: Path | None = None) -> Path | None:
-    """The repository's checkpoint snapshot in the cache, if one is there."""
-    snapshots = repo_dir(cache or hub_cache_dir(os.environ), repo_id) / "snapshots"
-    if not snapshots.is_dir():
+def removable(cache: Path, repo_id: str) -> Path | None:
+    """The repository's folder when deleting it stays inside the cache: not
+    a link, and directly in the cache folder; None otherwise."""
+    repo = repo_dir(cache, repo_id)
+    if repo.is_symlink() or repo.resolve().parent != cache.resolve():
         return None
-    usable = [s for s in snapshots.iterdir() if is_checkpoint(s)]
-    return max(usable, key=lambda s: s.stat().st_mtime) if usable else None
+    return repo
 
 
 def fetch(repo_id: str, *, token: str | None = None, cache: Path | None = None,
-          on_progress: Callable[[Progress], None] | None = None,
-          stop: threading.Event | None = None) -> Path:
+          on_progress: Callable[[Progress], None] | None = None) -> Path:
     """The snapshot directory of `repo_id`: from the cache when it is there,
     else downloaded (all or nothing).  Raises DownloadError."""
     cache = cache or hub_cache_dir(os.environ)
-    found = cached(repo_id, cache)
+    found = newest_snapshot(repo_dir(cache, repo_id))
     if found is not None:
         return found
     try:
@@ -105,12 +104,8 @@ def fetch(repo_id: str, *, token: str | None = None, cache: Path | None = None,
     try:
         if watcher:
             watcher.start()
-        if stop is not None and stop.is_set():
-            raise DownloadError("the download was stopped")
         snapshot = Path(snapshot_download(repo_id, allow_patterns=list(ALLOW_PATTERNS),
                                           cache_dir=str(staging), token=token))
-        if stop is not None and stop.is_set():
-            raise DownloadError("the download was stopped")
         if not is_checkpoint(snapshot):
             raise DownloadError(f"the repository {repo_id} holds no MLX checkpoint "
                                 "(config.json and *.safetensors)")

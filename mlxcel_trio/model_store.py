@@ -29,6 +29,15 @@ def is_checkpoint(path: Path) -> bool:
     return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
 
 
+def newest_snapshot(repo: Path) -> Path | None:
+    """The newest snapshot of a cache repository folder that holds a checkpoint."""
+    snapshots = repo / "snapshots"
+    if not snapshots.is_dir():
+        return None
+    usable = [s for s in snapshots.iterdir() if is_checkpoint(s)]
+    return max(usable, key=lambda s: s.stat().st_mtime) if usable else None
+
+
 def cached_snapshots(env: Mapping[str, str]) -> dict[str, Path]:
     """Repo id -> its newest snapshot holding an MLX checkpoint, for every
     repository in the hub cache that has one."""
@@ -39,13 +48,9 @@ def cached_snapshots(env: Mapping[str, str]) -> dict[str, Path]:
     except OSError:
         return found
     for repo in repos:
-        snapshots = repo / "snapshots"
-        if not snapshots.is_dir():
-            continue
-        usable = [s for s in snapshots.iterdir() if is_checkpoint(s)]
-        if usable:
-            name = repo.name.removeprefix("models--").replace("--", "/", 1)
-            found[name] = max(usable, key=lambda s: s.stat().st_mtime)
+        snapshot = newest_snapshot(repo)
+        if snapshot is not None:
+            found[repo.name.removeprefix("models--").replace("--", "/", 1)] = snapshot
     return found
 
 

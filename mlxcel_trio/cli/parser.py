@@ -120,8 +120,9 @@ class _SetTrue(argparse.Action):
         setattr(namespace, self.dest, option_string not in self.negations)
 
 
-class _Append(argparse._AppendAction):
-    """append, also recording which repeatable option came when."""
+class _Ordered(argparse.Action):
+    """Mixed into argparse's own action: it also records which value option
+    came when (Parsed.order)."""
 
     def __call__(  # type: ignore[no-untyped-def]
         self, parser, namespace, values, option_string=None
@@ -130,14 +131,12 @@ class _Append(argparse._AppendAction):
         namespace.__dict__.setdefault(ORDER_KEY, []).append(self.dest)
 
 
-class _Store(argparse._StoreAction):
-    """store, also recording which value option came when."""
+class _Append(_Ordered, argparse._AppendAction):
+    """append (a repeatable option), in order."""
 
-    def __call__(  # type: ignore[no-untyped-def]
-        self, parser, namespace, values, option_string=None
-    ) -> None:
-        super().__call__(parser, namespace, values, option_string)
-        namespace.__dict__.setdefault(ORDER_KEY, []).append(self.dest)
+
+class _Store(_Ordered, argparse._StoreAction):
+    """store, in order."""
 
 
 ORDER_KEY = " order"  # not a valid dest, so it never collides with an option

@@ -10,7 +10,7 @@ line), less the same router-only variables.
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from mlxcel_trio.cli.options import OPTIONS
 from mlxcel_trio.cli.parser import build_parser, underscores_as_dashes
@@ -22,7 +22,6 @@ ROUTER_ONLY = frozenset({
     "hf_file", "aliases", "models_dir", "models_preset", "models_max",
     "models_autoload", "log_file",
 })
-_BY_DEST = {opt.dest: opt for opt in OPTIONS}
 
 
 def child_argv(argv: Sequence[str]) -> tuple[str, ...]:
@@ -53,6 +52,3 @@ def child_env(env: Mapping[str, str]) -> dict[str, str]:
     drop |= {f"LLAMA_ARG_NO_{name.removeprefix('LLAMA_ARG_')}" for name in drop}
     return {k: v for k, v in env.items() if k not in drop}
 
-
-def router_only_names() -> Iterable[str]:
-    return sorted(_BY_DEST[d].name for d in ROUTER_ONLY if d in _BY_DEST)

@@ -96,10 +96,10 @@ def load(path: str) -> tuple[Preset, tuple[Preset, ...]]:
         fields: dict = {"name": section}
         for key, value in ini.items(section):
             value = value.strip()
-            if key == "version" or key in ("stop-timeout", "dedup-cache-models"):
-                continue
             if key == "load-on-startup":
                 fields["load_on_startup"] = is_truthy(value)
+                continue
+            if key == "version" or key in PRESET_ONLY:  # read, no effect here
                 continue
             found = keys.get(key)
             if found is None:

@@ -85,8 +85,8 @@ def main(command: str, argv: Sequence[str]) -> int:
         print(path)
         return 0
     cache = hub_cache_dir(os.environ)
-    repo = downloads.repo_dir(cache, repo_id)
-    if not repo.is_dir() or repo.is_symlink() or repo.resolve().parent != cache.resolve():
+    repo = downloads.removable(cache, repo_id)
+    if repo is None or not repo.is_dir():
         print(f"error: {repo_id} is not in the cache ({cache})", file=sys.stderr)
         return 1
     shutil.rmtree(repo)

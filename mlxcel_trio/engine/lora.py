@@ -86,8 +86,7 @@ class _Forward:
     `columns` builds S for one layer's column layout, once per layout per
     forward (usually every layer shares one layout)."""
 
-    def __init__(self, n_adapters: int) -> None:
-        self.n_adapters = n_adapters
+    def __init__(self) -> None:
         self._matrix: mx.array | None = None
         self._columns: dict[tuple, mx.array] = {}
 
@@ -172,7 +171,7 @@ def install(model: Any, adapters: Sequence[Adapter]) -> AdaptedModel:
     and module, a module the model does not have, that is not a linear
     layer, or whose shape the adapter's matrices do not fit."""
     named = dict(model.named_modules())
-    forward = _Forward(len(adapters))
+    forward = _Forward()
     targets: dict[str, list[tuple[int, Any]]] = {}
     for i, adapter in enumerate(adapters):
         for module, low in adapter.modules.items():

@@ -45,7 +45,8 @@ CONV_MEMORY = 4096  # conversation ids remembered for the stream routes (oldest 
 
 def inventory(pool: Pool) -> dict:
     """upstream's router listing: one OpenAI model object per model, with
-    its status, and the child's own facts merged in once it is loaded."""
+    its status (upstream also merges the loaded child's own facts in; not
+    here yet)."""
     now = int(time.time())
     data = []
     for inst in pool.instances.values():
@@ -57,9 +58,6 @@ def inventory(pool: Pool) -> dict:
                  "owned_by": "llamacpp", "created": now, "status": status,
                  "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]},
                  "source": inst.entry.source, "can_remove": inst.entry.source == "cache"}
-        if inst.status == "loaded":
-            for k, v in inst.info.items():
-                entry.setdefault(k, v)
         data.append(entry)
     return {"data": data, "object": "list"}
 

@@ -58,7 +58,6 @@ class Instance:
         self.last_used = 0.0
         self.inflight = 0                   # requests being forwarded to it now
         self.args: tuple[str, ...] = ()
-        self.info: dict = {}                # the child's own /v1/models entry, once loaded
 
     @property
     def name(self) -> str:
@@ -148,10 +147,10 @@ class Pool:
         if proc is not None:
             self.stop(inst)
             await proc.wait()
-        root = cache_root.resolve()
-        repo = cache_root / ("models--" + name.replace("/", "--"))
-        # the repository folder itself must not be a link, and must sit in the cache
-        if repo.is_symlink() or repo.resolve().parent != root:
+        from ... import downloads
+
+        repo = downloads.removable(cache_root, name)
+        if repo is None:
             raise ApiError(f"model name={name} is not removable (not from cache)", "server_error")
         await trio.to_thread.run_sync(shutil.rmtree, repo, True)
         del self.instances[name]
@@ -217,7 +216,7 @@ class Pool:
         assert self._nursery is not None
         # a child still exiting from a stop belongs to its own supervising
         # task from now on: this start's state must not be touched by it
-        inst.process, inst.exit_code, inst.info = None, None, {}
+        inst.process, inst.exit_code = None, None
         self._status(inst, "loading")
         inst.ready = trio.Event()
         inst.port = free_port()
