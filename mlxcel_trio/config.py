@@ -212,6 +212,8 @@ class ServerConfig:
     spec_ngram_mod_n_min: int = 48
     spec_ngram_mod_n_max: int = 64
     spec_ngram_mod_n_match: int = 24
+    spec_lookup_cache_static: str | None = None    # -lcs, checked readable at startup
+    spec_lookup_cache_dynamic: str | None = None   # -lcd
     # -- chat: templates, reasoning, parsing --
     chat_jinja: bool = True                  # --no-jinja is refused at startup
     chat_template: str | None = None         # --chat-template text (wins over the file)
@@ -265,7 +267,9 @@ class ServerConfig:
                                      self.spec_ngram_map_k4v_size_m,
                                      self.spec_ngram_map_k4v_min_hits),
             mod_n_min=self.spec_ngram_mod_n_min, mod_n_max=self.spec_ngram_mod_n_max,
-            mod_n_match=self.spec_ngram_mod_n_match)
+            mod_n_match=self.spec_ngram_mod_n_match,
+            lookup_static=self.spec_lookup_cache_static,
+            lookup_dynamic=self.spec_lookup_cache_dynamic)
 
     @property
     def slots(self) -> int:

@@ -5,11 +5,12 @@ read; `main._checked` runs them all and reports every problem in one run."""
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 from mlxcel_trio import blas
 from mlxcel_trio.cli import model_ref
-from mlxcel_trio.cli.draft_check import vocab_problem
+from mlxcel_trio.cli.draft_check import lookup_cache_problem, vocab_problem
 from mlxcel_trio.cli.options import BY_DEST
 from mlxcel_trio.cli.options_chat import check_legacy_template
 from mlxcel_trio.cli.options_context import rope_reciprocal_refusal
@@ -126,6 +127,20 @@ def check_speculative(parsed: Parsed) -> None:
         raise CliError(f"{describe(BY_DEST['spec_model'], parsed)}: only --spec-type "
                        "draft-simple uses a draft model; add draft-simple to --spec-type "
                        "or drop -md")
+    for dest in ("spec_lookup_cache_static", "spec_lookup_cache_dynamic"):
+        path = values.get(dest)
+        if not path:
+            continue
+        option = describe(BY_DEST[dest], parsed)
+        if "ngram-cache" not in types:
+            # upstream reads the file only for ngram-cache, and so do we
+            print(f"warning: {option} has no effect without --spec-type ngram-cache",
+                  file=sys.stderr)
+            continue
+        problem = lookup_cache_problem(path)
+        if problem is not None:
+            raise CliError(f"{option}: {problem}; name a lookup cache file written by "
+                           "llama.cpp's llama-lookup-create, or drop the option")
 
 
 def _draft(parsed: Parsed, target: str) -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""Whether a draft checkpoint can propose tokens for the target: the two
-must share a vocabulary, as upstream requires of its draft models.
+"""Whether a drafter's inputs are usable, checked before the model loads: a
+draft checkpoint must share the target's vocabulary, as upstream requires
+of its draft models, and an ngram-cache lookup file must parse.
 
 Read from the checkpoints' tokenizer.json and config.json only (no
 tokenizer library, no weights), so the check runs before anything loads.
@@ -59,4 +60,19 @@ def vocab_problem(target: str | Path, draft: str | Path) -> str | None:
             return f"{WORDING}: token {i} is {t.get(i)!r} in the target and {d.get(i)!r} in the draft"
     if _eos(_config(target)) != _eos(_config(draft)):
         return f"{WORDING}: the end-of-generation tokens differ"
+    return None
+
+
+def lookup_cache_problem(path: str) -> str | None:
+    """Why an ngram-cache lookup file cannot be used, or None.  The file is
+    parsed in full (upstream aborts on a bad one at startup, so do we, but
+    before the model loads)."""
+    from mlxcel_trio.engine.speculative.ngram_cache import CacheFileError, load_table
+
+    try:
+        load_table(path)
+    except OSError as exc:
+        return f"failed to open lookup cache ({exc.strerror})"
+    except CacheFileError as exc:
+        return f"not a lookup cache file ({exc})"
     return None

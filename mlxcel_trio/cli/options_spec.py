@@ -3,10 +3,10 @@ placement, and the options upstream has already removed.
 
 What mlxcel-trio runs (engine/speculative/) is supported: --spec-type
 draft-simple with a draft checkpoint (-md), ngram-simple, ngram-map-k,
-ngram-map-k4v and ngram-mod, the draft bounds (--spec-draft-n-max / -n-min
-/ -p-min) and every n-gram type's sizes.  The draft types that need a head
-MLX checkpoints do not carry (EAGLE-3, MTP, DFlash, DSpark) and ngram-cache
-(not implemented yet) are refused before the model load.  The GGML placement of the draft model stays
+ngram-map-k4v, ngram-mod and ngram-cache (with its -lcs / -lcd lookup
+files), the draft bounds (--spec-draft-n-max / -n-min / -p-min) and every
+n-gram type's sizes.  The draft types that need a head MLX checkpoints do
+not carry (EAGLE-3, MTP, DFlash, DSpark) are refused before the model load.  The GGML placement of the draft model stays
 hidden and inert-or-refused like the target's; the removed --draft*
 spellings are refused with upstream's words.
 """
@@ -44,7 +44,7 @@ HEADS = {
     "draft-dspark": "a DSpark draft head",
 }
 INSTEAD_TYPES = ("use draft-simple with -md <draft checkpoint>, or ngram-simple, ngram-map-k, "
-                 "ngram-map-k4v or ngram-mod")
+                 "ngram-map-k4v, ngram-mod or ngram-cache")
 NOT_DRAFT = ("the draft model runs in MLX beside the target, greedily and with its "
              "KV cache in the model's own float type")
 
@@ -244,12 +244,11 @@ SPECULATIVE: tuple[Option, ...] = (
              "use the respective --spec-ngram-*-size-m"),
     _removed(("--spec-ngram-min-hits",), "ngram_min_hits", "the argument has been removed",
              "use the respective --spec-ngram-*-min-hits"),
-    _spec(("-lcs", "--lookup-cache-static"), "lookup_cache_static",
-          "static n-gram lookup cache file", value=Text(), metavar="FNAME",
-          section="server", why="only ngram-cache reads a lookup cache file, and "
-          "mlxcel-trio does not run ngram-cache yet"),
-    _spec(("-lcd", "--lookup-cache-dynamic"), "lookup_cache_dynamic",
-          "dynamic n-gram lookup cache file", value=Text(), metavar="FNAME",
-          section="server", why="only ngram-cache writes a lookup cache file, and "
-          "mlxcel-trio does not run ngram-cache yet"),
+    _on(("-lcs", "--lookup-cache-static"), "lookup_cache_static",
+        "ngram-cache: path to a static lookup cache (llama.cpp's binary format), read once "
+        "and never written", value=Text(), metavar="FNAME"),
+    _on(("-lcd", "--lookup-cache-dynamic"), "lookup_cache_dynamic",
+        "ngram-cache: path to a dynamic lookup cache (llama.cpp's binary format), read once; "
+        "like upstream's server, generation does not write it back",
+        value=Text(), metavar="FNAME"),
 )

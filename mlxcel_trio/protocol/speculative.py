@@ -15,7 +15,7 @@ import attrs
 DRAFT_SIMPLE = "draft-simple"
 NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 # the ones mlxcel-trio has a drafter for (engine/speculative/)
-IMPLEMENTED_TYPES = (DRAFT_SIMPLE, "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")
+IMPLEMENTED_TYPES = (DRAFT_SIMPLE, *NGRAM_TYPES)
 # upstream's fixed trial order (common_speculative_init): n-gram lookups first
 PRIORITY = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
             DRAFT_SIMPLE)
@@ -43,6 +43,8 @@ class SpecSettings:
     mod_n_min: int = 48
     mod_n_max: int = 64
     mod_n_match: int = 24
+    lookup_static: str | None = None    # -lcs (ngram-cache)
+    lookup_dynamic: str | None = None   # -lcd (ngram-cache)
 
     @property
     def on(self) -> bool:

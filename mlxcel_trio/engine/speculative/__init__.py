@@ -2,7 +2,8 @@
 
 drafters.py proposes (ngram-simple, and the `Chain` that tries the drafters
 in upstream's order), ngram_map.py holds the n-gram drafters with memory
-(ngram-map-k, ngram-map-k4v, ngram-mod), draft_model.py proposes with a
+(ngram-map-k, ngram-map-k4v, ngram-mod), ngram_cache.py upstream's lookup
+decoding over a context table and the -lcs / -lcd files, draft_model.py proposes with a
 second model,
 batch.py verifies every row's proposal in one target forward, and
 rollback.py cuts each row's KV back by its own count.  The scheduler
@@ -37,6 +38,12 @@ def build_chain(settings: SpecSettings, draft_model=None) -> Chain | None:
         elif kind == "ngram-mod":
             drafters.append(NgramMod(settings.mod_n_match, settings.mod_n_min,
                                      settings.mod_n_max))
+        elif kind == "ngram-cache":
+            from .ngram_cache import NgramCache, load_table
+
+            drafters.append(NgramCache(
+                load_table(settings.lookup_static) if settings.lookup_static else None,
+                load_table(settings.lookup_dynamic) if settings.lookup_dynamic else None))
         else:
             raise ValueError(f"speculative type {kind!r} has no drafter")
     return Chain(drafters)

@@ -124,6 +124,8 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     # speculative decoding
     "spec_type": ("ngram-simple", ("ngram-simple",)),
     "spec_model": ("/srv/draft", "/srv/draft"),
+    "spec_lookup_cache_static": ("/srv/static.bin", "/srv/static.bin"),
+    "spec_lookup_cache_dynamic": ("/srv/dynamic.bin", "/srv/dynamic.bin"),
     "spec_n_max": ("8", 8),
     "spec_n_min": ("2", 2),
     "spec_p_min": ("0.5", 0.5),

@@ -37,6 +37,7 @@ def _prompts(n: int, seed: int = 0) -> list[tuple[int, ...]]:
 def _chain(kind: str, models):
     from mlxcel_trio.engine.speculative.draft_model import DraftModel
     from mlxcel_trio.engine.speculative.drafters import Chain, NgramSimple
+    from mlxcel_trio.engine.speculative.ngram_cache import NgramCache
     from mlxcel_trio.engine.speculative.ngram_map import NgramMap, NgramMod
 
     target, draft, _ = models
@@ -44,6 +45,7 @@ def _chain(kind: str, models):
             "map-k": lambda: Chain([NgramMap(2, 6, 1, key_only=True)]),
             "map-k4v": lambda: Chain([NgramMap(1, 3, 1, key_only=False)]),
             "mod": lambda: Chain([NgramMod(2, 1, 8)]),
+            "cache": lambda: Chain([NgramCache()]),
             "self": lambda: Chain([DraftModel(target)]),
             "draft": lambda: Chain([DraftModel(draft)])}[kind]()
 
@@ -101,9 +103,12 @@ def test_rewind_drops_each_rows_own_count():
 
 # ---- lossless greedy ---------------------------------------------------------
 
-@pytest.mark.parametrize("kind", ["ngram", "map-k", "map-k4v", "mod", "draft", "self"])
+@pytest.mark.parametrize("kind", ["ngram", "map-k", "map-k4v", "mod", "cache", "draft", "self"])
 def test_greedy_output_is_unchanged_single_and_batched(models, kind):
     prompts = _prompts(N_SLOTS)
+    if kind == "cache":
+        # its context floors want an n-gram seen twice: repeat each prompt
+        prompts = [p + p for p in prompts]
     plain = _run(models, _jobs(prompts[:1], spec_every=0))
     spec = _run(models, _jobs(prompts[:1]), _chain(kind, models))
     assert spec[1].tokens == plain[1].tokens
@@ -259,6 +264,77 @@ def test_ngram_mod_chains_lookups_and_forgets_after_poor_acceptance():
         d.propose([Ask(1, h, 3, 8)])
         d.accepted(1, 4, 0)
     assert not d.may_propose(2, [7, 8]) and d.propose([Ask(2, [7, 8], 3, 8)]) == [[]]
+
+
+def test_ngram_cache_drafts_from_context_then_dynamic_then_static():
+    from mlxcel_trio.engine.speculative.drafters import Ask
+    from mlxcel_trio.engine.speculative.ngram_cache import NgramCache, draft, update
+
+    # the context table: (1, 2) was followed by 3 twice, so 3 is drafted and
+    # the chain goes on through (2, 3) -> 4, (3, 4) -> 1 ... up to eight tokens
+    d = NgramCache()
+    assert d.propose([Ask(1, [1, 2, 3, 4, 1, 2, 3, 4, 1], 2, 8)]) == [[3, 4, 1, 2, 3, 4, 1, 2]]
+    # only the tokens new since the last draft are counted, as upstream does:
+    # the 1-gram (2,) -> 9 crosses the boundary and is never seen
+    assert d.propose([Ask(1, [1, 2, 3, 4, 1, 2, 3, 4, 1, 2], 9, 8)]) == [[]]
+    # one sample is under the lax floor for a 1-gram (2) but enough for a 4-gram
+    ctx: dict = {}
+    update(ctx, [5, 6, 7, 8, 9])
+    assert draft([5, 6, 7, 8], ctx, {}, {}) == [9]
+    assert draft([6], ctx, {}, {}) == []                    # too short to draft at all
+    # the dynamic table needs the strict floors: 2 samples of a 4-gram at 100%
+    dyn: dict = {}
+    update(dyn, [1, 2, 3, 4, 5])
+    assert draft([1, 2, 3, 4], {}, dyn, {}) == []
+    update(dyn, [1, 2, 3, 4, 5])
+    assert draft([1, 2, 3, 4], {}, dyn, {}) == [5]
+    # the static table alone: two samples of the last two tokens, half agree
+    assert draft([9, 3, 4], {}, {}, {(3, 4): {5: 1, 6: 1}}) == [5]
+    assert draft([9, 3, 4], {}, {}, {(3, 4): {5: 1, 6: 1, 7: 1}}) == []
+    assert draft([9, 3, 4], {}, {}, {(3, 4): {5: 1}}) == []
+    # and it weights the context's candidates: the static table breaks a tie
+    ctx = {(1, 2, 3, 4): {5: 1, 6: 1}}
+    assert draft([1, 2, 3, 4], ctx, {}, {})[:1] == [5]
+    assert draft([1, 2, 3, 4], ctx, {}, {(3, 4): {6: 1}})[:1] == [6]
+
+
+def test_lookup_cache_files_round_trip_in_upstreams_layout(tmp_path):
+    import struct
+
+    from mlxcel_trio.engine.speculative.ngram_cache import (
+        CacheFileError,
+        dump_table,
+        load_table,
+    )
+
+    table = {(3, 4): {5: 2, 6: 1}, (7,): {8: 4}, (1, 2, 3, 4): {9: 1}}
+    data = dump_table(table)
+    # one entry: four int32 ids padded with -1, the follower count, the pairs
+    assert data[:36] == struct.pack("<4iiii", 3, 4, -1, -1, 2, 5, 2) + struct.pack("<ii", 6, 1)
+    path = tmp_path / "static.bin"
+    path.write_bytes(data)
+    assert load_table(path) == table
+    path.write_bytes(data[:-3])
+    with pytest.raises(CacheFileError, match="bad follower count"):
+        load_table(path)
+
+
+def test_ngram_cache_drafts_from_a_static_file_through_the_scheduler(models):
+    from mlxcel_trio.engine.speculative.drafters import Chain
+    from mlxcel_trio.engine.speculative.ngram_cache import NgramCache
+
+    prompts = _prompts(2, seed=31)
+    plain = _run(models, _jobs(prompts, spec_every=0))
+    # a static table that knows the plain run's every bigram -> next token
+    static: dict = {}
+    for f in plain.values():
+        seq = [*prompts[f.job_id - 1], *f.tokens]
+        for i in range(2, len(seq)):
+            static.setdefault((seq[i - 2], seq[i - 1]), {})[seq[i]] = 2
+    spec = _run(models, _jobs(prompts), Chain([NgramCache(static=static)]))
+    assert {i: f.tokens for i, f in spec.items()} == {i: f.tokens for i, f in plain.items()}
+    t = [f.timings for f in spec.values()]
+    assert sum(x.draft_n_accepted for x in t) >= 0.8 * sum(x.draft_n for x in t) > 0
 
 
 def test_ngram_proposals_are_capped_by_their_sizes_not_the_draft_models(models):
