@@ -1,0 +1,62 @@
+"""Media inputs (images, audio, video): reading a reference into bounded
+bytes, and decoding images within bounds.  Pure: no server, engine or MLX
+imports; async entry points run under trio (or asyncio) through anyio.
+
+Public API:
+
+``MediaPolicy(media_path=None, max_bytes=20 MiB, allow_private=False,
+timeout=10.0)``
+    What a read may do.  ``MediaPolicy.from_settings(media_path, max_bytes,
+    env)`` builds the server's: --media-path (canonicalized),
+    --max-image-payload-size, MLXCEL_ALLOW_PRIVATE_MEDIA_URLS from `env`.
+
+``await read_media(url, policy) -> bytes``
+    The bytes a request's media reference names, at most policy.max_bytes:
+    ``http(s)://`` fetched behind the SSRF guard (fetch.py, ssrf.py),
+    ``file://`` read inside --media-path (paths.py), ``data:...;base64,``
+    and bare base64 decoded (data_url.py).  Raises `MediaError`.
+
+``decode_image(data, max_side=16384, max_pixels=64 Mi) -> PIL.Image``
+    RGB, with the size caps checked from the header before the pixels are
+    decoded.  Raises `MediaError`.
+
+``MediaError(message, status=400, type="invalid_request_error")``
+    Every refusal; its `status`, `message` and `type` are the HTTP answer.
+
+``body_limit(max_image_payload, max_images) -> int``
+    The JSON body ceiling of routes that carry inline media.
+"""
+
+from __future__ import annotations
+
+import re
+
+import anyio
+
+from . import data_url, fetch, paths
+from .errors import MediaError
+from .images import decode_image
+from .limits import body_limit
+from .policy import DEFAULT_MAX_IMAGES, DEFAULT_MAX_PAYLOAD, MediaPolicy
+
+__all__ = ["MediaError", "MediaPolicy", "read_media", "decode_image", "body_limit",
+           "DEFAULT_MAX_IMAGES", "DEFAULT_MAX_PAYLOAD"]
+
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
+
+
+async def read_media(url: str, policy: MediaPolicy) -> bytes:
+    """The bytes `url` names, within `policy` (see the module docstring)."""
+    m = _SCHEME.match(url)
+    scheme = m.group(1).lower() if m else ""
+    if scheme in ("http", "https"):
+        return await fetch.fetch(url, policy)
+    if scheme == "file" and url[5:7] == "//":
+        reference = url[7:]  # upstream: everything after "file://"
+        return await anyio.to_thread.run_sync(paths.read_file, reference, policy.media_path,
+                                              policy.max_bytes)
+    if scheme == "data":
+        return data_url.decode_data_url(url, policy.max_bytes)
+    if m and url[m.end():m.end() + 2] == "//":
+        raise MediaError(f"{fetch.DOWNLOAD_FAILED}: only http and https URLs are fetched")
+    return data_url.decode_base64(url, policy.max_bytes)
