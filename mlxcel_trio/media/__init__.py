@@ -14,7 +14,9 @@ timeout=10.0)``
     The bytes a request's media reference names, at most policy.max_bytes:
     ``http(s)://`` fetched behind the SSRF guard (fetch.py, ssrf.py),
     ``file://`` read inside --media-path (paths.py), ``data:...;base64,``
-    and bare base64 decoded (data_url.py).  Raises `MediaError`.
+    and bare base64 decoded (data_url.py); with --media-path set, a bare
+    path that is not base64 (``cat.png``) is read like ``file://cat.png``.
+    Raises `MediaError`.
 
 ``decode_image(data, max_side=16384, max_pixels=64 Mi) -> PIL.Image``
     RGB, with the size caps checked from the header before the pixels are
@@ -30,14 +32,17 @@ timeout=10.0)``
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
-import anyio
-
-from . import data_url, fetch, paths
 from .errors import MediaError
-from .images import decode_image
-from .limits import body_limit
-from .policy import DEFAULT_MAX_IMAGES, DEFAULT_MAX_PAYLOAD, MediaPolicy
+from .limits import DEFAULT_MAX_IMAGES, DEFAULT_MAX_PAYLOAD, body_limit
+from .policy import MediaPolicy
+
+if TYPE_CHECKING:
+    from PIL import Image
+
+# The package is imported by the command line (its defaults): httpx, anyio
+# and Pillow are imported on first use, not at startup.
 
 __all__ = ["MediaError", "MediaPolicy", "read_media", "decode_image", "body_limit",
            "DEFAULT_MAX_IMAGES", "DEFAULT_MAX_PAYLOAD"]
@@ -47,6 +52,10 @@ _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
 
 async def read_media(url: str, policy: MediaPolicy) -> bytes:
     """The bytes `url` names, within `policy` (see the module docstring)."""
+    import anyio
+
+    from . import data_url, fetch, paths
+
     m = _SCHEME.match(url)
     scheme = m.group(1).lower() if m else ""
     if scheme in ("http", "https"):
@@ -59,4 +68,17 @@ async def read_media(url: str, policy: MediaPolicy) -> bytes:
         return data_url.decode_data_url(url, policy.max_bytes)
     if m and url[m.end():m.end() + 2] == "//":
         raise MediaError(f"{fetch.DOWNLOAD_FAILED}: only http and https URLs are fetched")
+    if policy.media_path and not data_url.is_base64(url) and paths.valid_name(url):
+        # a bare path under --media-path: what an operator who set it writes
+        return await anyio.to_thread.run_sync(paths.read_file, url, policy.media_path,
+                                              policy.max_bytes)
     return data_url.decode_base64(url, policy.max_bytes)
+
+
+def decode_image(data: bytes, max_side: int | None = None,
+                 max_pixels: int | None = None) -> "Image.Image":
+    """`data` as an RGB image within the size caps (images.py)."""
+    from . import images
+
+    return images.decode_image(data, max_side or images.MAX_SIDE,
+                               max_pixels or images.MAX_PIXELS)

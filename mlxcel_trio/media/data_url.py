@@ -18,6 +18,15 @@ from .errors import MediaError, too_large
 _WHITESPACE = re.compile(r"\s+")
 
 
+_BASE64 = re.compile(r"[A-Za-z0-9+/]+={0,2}")
+
+
+def is_base64(text: str) -> bool:
+    """Whether `text` (whitespace aside) is standard base64 of whole quanta."""
+    payload = _WHITESPACE.sub("", text)
+    return len(payload) % 4 == 0 and _BASE64.fullmatch(payload) is not None
+
+
 def decode_base64(text: str, max_bytes: int) -> bytes:
     """Standard-alphabet base64 (whitespace ignored, padding optional)."""
     payload = _WHITESPACE.sub("", text)

@@ -7,10 +7,9 @@ from typing import Awaitable, Callable, Mapping
 
 import attrs
 
+from .limits import DEFAULT_MAX_PAYLOAD
 from .ssrf import IPAddress, allow_private_from_env, is_public
 
-DEFAULT_MAX_PAYLOAD = 20 * 1024 * 1024  # bytes per image (--max-image-payload-size)
-DEFAULT_MAX_IMAGES = 16                 # per request (--max-images)
 FETCH_TIMEOUT = 10.0                    # seconds for a whole remote fetch, redirects included
 
 # (host, port) -> the addresses a name resolves to

@@ -72,6 +72,16 @@ async def test_file_urls_go_through_the_media_path(tmp_path):
         "file:// URLs are not allowed unless --media-path is specified"
 
 
+async def test_a_bare_path_reads_under_the_media_path(tmp_path):
+    (tmp_path / "cat.png").write_bytes(b"cat")
+    policy = MediaPolicy(media_path=os.path.realpath(tmp_path))
+    assert await read_media("cat.png", policy) == b"cat"
+    assert (await refused("../cat.png", policy)) == "Invalid base64 value"  # not a valid name
+    assert (await refused("dog.png", policy)).startswith("file does not exist")
+    assert await refused("cat.png") == "Invalid base64 value"  # no --media-path: base64 only
+    assert await read_media("Y2F0", policy) == b"cat"  # base64 wins where the text is base64
+
+
 async def test_other_schemes_are_not_fetched():
     assert "only http and https" in await refused("ftp://example.com/cat.png")
 
