@@ -182,7 +182,7 @@ MULTIMODAL: tuple[Option, ...] = (
            "file:///... URL only when it names a file inside it; a path leaving PATH "
            "(.., a symlink out) is refused",
            value=Directory(), metavar="PATH", default_text="disabled", section="multimodal",
-           status="aliased", owner=MEDIA_ISSUE),
+           status="by_design", owner=MEDIA_ISSUE),
     Option(("--max-image-payload-size",), "max_image_payload_size",
            "most bytes one media payload (a fetched URL, a file:// file, an inline base64 "
            "item) may hold",
