@@ -4,11 +4,13 @@ imports; async entry points run under trio (or asyncio) through anyio.
 
 Public API:
 
-``MediaPolicy(media_path=None, max_bytes=20 MiB, allow_private=False,
-timeout=10.0)``
+``MediaPolicy(media_path=None, max_bytes=20 MiB, max_items=16,
+allow_private=False, timeout=10.0)``
     What a read may do.  ``MediaPolicy.from_settings(media_path, max_bytes,
-    env)`` builds the server's: --media-path (canonicalized),
-    --max-image-payload-size, MLXCEL_ALLOW_PRIVATE_MEDIA_URLS from `env`.
+    max_items, env)`` builds the server's from --media-path (canonicalized),
+    --max-image-payload-size, --max-images and MLXCEL_ALLOW_PRIVATE_MEDIA_URLS
+    in `env` (os.environ by default).  ``policy.check_count(n)`` refuses a
+    request carrying more than max_items media items (call it before reading).
 
 ``await read_media(url, policy) -> bytes``
     The bytes a request's media reference names, at most policy.max_bytes:

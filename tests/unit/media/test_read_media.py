@@ -142,3 +142,12 @@ def test_the_body_limit_follows_the_image_budget():
     assert body_limit(20 * mib, 16) == -(-20 * mib * 16 * 4 // 3) + mib
     assert body_limit(1, 1, floor=64 * mib) == 64 * mib   # never below the general limit
     assert body_limit(1 << 40, 1 << 10) == 2 * 1024 * mib  # clamped at 2 GiB
+
+
+def test_the_item_count_is_bounded():
+    policy = MediaPolicy.from_settings(None, max_items=2, env={})
+    policy.check_count(2)
+    with pytest.raises(MediaError) as info:
+        policy.check_count(3)
+    assert info.value.status == 400 and info.value.message == (
+        "the request carries 3 media items; at most 2 are accepted per request (--max-images)")
