@@ -157,5 +157,5 @@ async def fetch(url: str, policy: MediaPolicy) -> bytes:
             return await _fetch(url, policy)
     except TimeoutError:
         raise _failed(f"no complete answer within {policy.timeout:g} seconds") from None
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
         raise _failed(f"the request failed ({type(exc).__name__})") from None

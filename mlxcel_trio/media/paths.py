@@ -134,7 +134,10 @@ def _open_confined(real: str, root: str, reference: str) -> int:
     parts = [] if rel == "." else rel.split(os.sep)
     if not parts:
         raise not_allowed(reference)  # the root itself: a directory
-    dirfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        dirfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:  # the root itself went away after startup
+        raise missing(reference) from None
     try:
         for part in parts[:-1]:
             nxt = os.open(part, _DIR_FLAGS, dir_fd=dirfd)
