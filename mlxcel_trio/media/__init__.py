@@ -46,8 +46,8 @@ if TYPE_CHECKING:
 # The package is imported by the command line (its defaults): httpx, anyio
 # and Pillow are imported on first use, not at startup.
 
-__all__ = ["MediaError", "MediaPolicy", "read_media", "decode_image", "body_limit",
-           "DEFAULT_MAX_IMAGES", "DEFAULT_MAX_PAYLOAD"]
+__all__ = ["DEFAULT_MAX_IMAGES", "DEFAULT_MAX_PAYLOAD", "MediaError", "MediaPolicy",
+           "body_limit", "decode_image", "read_media"]
 
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
 

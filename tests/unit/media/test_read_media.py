@@ -26,9 +26,9 @@ def noise_png() -> bytes:
     return out.getvalue()
 
 
-async def refused(url: str, policy: MediaPolicy = MediaPolicy()) -> str:
+async def refused(url: str, policy: MediaPolicy | None = None) -> str:
     with pytest.raises(MediaError) as info:
-        await read_media(url, policy)
+        await read_media(url, policy or MediaPolicy())
     assert info.value.status == 400
     return info.value.message
 
