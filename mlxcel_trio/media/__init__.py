@@ -27,8 +27,12 @@ allow_private=False, timeout=10.0)``
 ``MediaError(message, status=400, type="invalid_request_error")``
     Every refusal; its `status`, `message` and `type` are the HTTP answer.
 
-``body_limit(max_image_payload, max_images) -> int``
-    The JSON body ceiling of routes that carry inline media.
+``body_limit(max_image_payload, max_images, floor=0) -> int``
+    The JSON body ceiling of routes that carry inline media:
+    ceil(payload * images * 4/3) + 1 MiB, at least `floor`, at most 2 GiB.
+
+``DEFAULT_MAX_PAYLOAD`` (20 MiB), ``DEFAULT_MAX_IMAGES`` (16)
+    The option defaults.
 """
 
 from __future__ import annotations
