@@ -172,6 +172,10 @@ class ServerConfig:
     # both options' adapters in command-line order: (path, scale) by adapter id
     adapters: tuple[tuple[str, float], ...] = ()
     slot_save_path: str | None = None  # canonical directory; None = slot actions 501
+    # -- media inputs (mlxcel_trio/media) --
+    media_path: str | None = None    # canonical --media-path; None = file:// refused
+    max_image_payload_size: int = 20 * 1024 * 1024  # bytes per media item
+    max_images: int = 16             # media items per request
     # -- embeddings and reranking (engine/embedder.py) --
     embeddings: bool = False         # --embeddings: -m is an encoder, generation is off
     reranking: bool = False          # --reranking: -m is a cross-encoder, generation is off

@@ -28,10 +28,13 @@ from mlxcel_trio.cli.refusals import (
     equals,
     not_applicable,
 )
+from mlxcel_trio.cli.options_server import Directory
 from mlxcel_trio.cli.values import CsvList, Int, IntPair, LoraList, Text
+from mlxcel_trio.media.limits import DEFAULT_MAX_IMAGES, DEFAULT_MAX_PAYLOAD
 
 MODEL_ISSUE = 2
 ADAPTER_ISSUE = 16
+MEDIA_ISSUE = 3  # the compatibility boundary owns media until an issue of its own is filed
 POINT_AT_MLX = "point --model at an MLX checkpoint instead"
 
 
@@ -172,8 +175,23 @@ MULTIMODAL: tuple[Option, ...] = (
                "most image tokens encoded per batch", value=Int(), metavar="N",
                default=1024, env="LLAMA_ARG_MTMD_BATCH_MAX_TOKENS",
                inert=equals(1024), accepts="1024"),
-    _projector(("--media-path",), "media_path",
-               "directory that file:// media URLs are read from",
-               value=Text(), metavar="PATH", default_text="disabled",
-               why="mlxcel-trio serves text-only checkpoints and takes no media inputs"),
+    # media inputs (mlxcel_trio/media): visible, under their own heading
+    Option(("--media-path",), "media_path",
+           "directory for local media files: a file:// URL is read relative to it first "
+           "(file://cat.png and a bare cat.png read PATH/cat.png), and an absolute "
+           "file:///... URL only when it names a file inside it; a path leaving PATH "
+           "(.., a symlink out) is refused",
+           value=Directory(), metavar="PATH", default_text="disabled", section="multimodal",
+           status="by_design", owner=MEDIA_ISSUE),
+    Option(("--max-image-payload-size",), "max_image_payload_size",
+           "most bytes one media payload (a fetched URL, a file:// file, an inline base64 "
+           "item) may hold",
+           value=Int(lo=1), metavar="BYTES", default=DEFAULT_MAX_PAYLOAD,
+           default_text=f"{DEFAULT_MAX_PAYLOAD} (20 MiB)", section="multimodal",
+           upstream=False, owner=MEDIA_ISSUE),
+    Option(("--max-images",), "max_images",
+           "most media items one request may carry; with --max-image-payload-size it "
+           "also sizes the JSON body limit of the chat, responses and messages routes",
+           value=Int(lo=1, hi=4096), metavar="N", default=DEFAULT_MAX_IMAGES,
+           section="multimodal", upstream=False, owner=MEDIA_ISSUE),
 )

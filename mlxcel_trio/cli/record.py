@@ -39,6 +39,7 @@ SECTIONS: dict[str, str] = {
     "sampling": "sampling options",
     "speculative": "speculative decoding options",
     "server": "server options",
+    "multimodal": "multimodal options",
 }
 
 # Our issues (the manifest's owner sets hold these numbers).

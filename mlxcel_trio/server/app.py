@@ -8,7 +8,8 @@ the key exemption compares the full path, so a prefixed /health needs the
 key, as upstream.  Every exception becomes an upstream-shaped error in
 `_on_error`; unknown paths and wrong methods are both upstream's 404 "File
 Not Found" (there is no 405).  A body over MAX_BODY_BYTES is a 413 before it
-is read, one not complete within --timeout a 408.
+is read (a route carrying inline media has the larger ceiling its image
+budget implies: http/body_limits.py), one not complete within --timeout a 408.
 
 What lives as long as the app (sessions, registries, chat settings) is one
 `AppState` (server/state.py), built here and exposed as `app.mlxcel_state`
@@ -40,6 +41,7 @@ from .surfaces.metrics import Metrics
 from .surfaces import chat_routes, lora, webui
 from .request.jobs import Served, server_defaults
 from .http.body import read_json_body
+from .http.body_limits import media_body_limits, sized_request_class
 from .http.resources import SCOPE_KEY, RequestResources
 from .http.cors import CorsMiddleware, CorsPolicy
 from .http.errors import (
@@ -142,7 +144,8 @@ def answer_errors(app: QuartTrio, config: ServerConfig) -> None:
         if err.code in (404, 405):
             return not_found()
         if err.code in (408, 413):  # the body is left unread: close the connection
-            resp = error_response(payload_too_large(MAX_BODY_BYTES) if err.code == 413
+            limit = request.max_content_length or MAX_BODY_BYTES  # the path's own (body_limits)
+            resp = error_response(payload_too_large(limit) if err.code == 413
                                   else request_timeout(config.timeout))
             resp.headers["Connection"] = "close"
             return resp
@@ -167,6 +170,9 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
     app = QuartTrio("mlxcel_trio")
     app.config.update(RESPONSE_TIMEOUT=None, BODY_TIMEOUT=config.timeout,
                       MAX_CONTENT_LENGTH=MAX_BODY_BYTES)
+    app.request_class = sized_request_class(media_body_limits(
+        ROUTES, config.api_prefix, config.max_image_payload_size, config.max_images,
+        MAX_BODY_BYTES))
     keys = [k.encode() for k in config.api_keys]
     state = app.mlxcel_state = AppState.create(config, bridge)
     public = {r.path for r in ROUTES if r.public}

@@ -34,6 +34,8 @@ class Route:
     body: bool = False    # the handler takes the request's JSON body
     generates: bool = False  # runs the chat model: 501 on an --embeddings / --reranking server
     router: bool = False  # mounted only in router mode (server/router/app.py), as upstream
+    media: bool = False   # the body may carry inline media: its size limit follows the
+                          # image budget (server/http/body_limits.py)
 
     @property
     def params(self) -> tuple[str, ...]:
@@ -57,17 +59,17 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/tokenize", "tokenize", body=True),
     Route("POST", "/detokenize", "detokenize", body=True),
     # chat surfaces (handlers in server/surfaces/chat_routes.py)
-    Route("POST", "/chat/completions", "chat_completions", body=True, generates=True),
-    Route("POST", "/v1/chat/completions", "chat_completions", body=True, generates=True),
+    Route("POST", "/chat/completions", "chat_completions", body=True, generates=True, media=True),
+    Route("POST", "/v1/chat/completions", "chat_completions", body=True, generates=True, media=True),
     Route("POST", "/apply-template", "apply_template", body=True),
-    Route("POST", "/chat/completions/input_tokens", "chat_input_tokens", body=True),
-    Route("POST", "/v1/chat/completions/input_tokens", "chat_input_tokens", body=True),
-    Route("POST", "/v1/messages", "anthropic_messages", body=True, generates=True),
-    Route("POST", "/v1/messages/count_tokens", "anthropic_count_tokens", body=True),
-    Route("POST", "/v1/responses", "responses", body=True, generates=True),
-    Route("POST", "/responses", "responses", body=True, generates=True),
-    Route("POST", "/responses/input_tokens", "responses_input_tokens", body=True),
-    Route("POST", "/v1/responses/input_tokens", "responses_input_tokens", body=True),
+    Route("POST", "/chat/completions/input_tokens", "chat_input_tokens", body=True, media=True),
+    Route("POST", "/v1/chat/completions/input_tokens", "chat_input_tokens", body=True, media=True),
+    Route("POST", "/v1/messages", "anthropic_messages", body=True, generates=True, media=True),
+    Route("POST", "/v1/messages/count_tokens", "anthropic_count_tokens", body=True, media=True),
+    Route("POST", "/v1/responses", "responses", body=True, generates=True, media=True),
+    Route("POST", "/responses", "responses", body=True, generates=True, media=True),
+    Route("POST", "/responses/input_tokens", "responses_input_tokens", body=True, media=True),
+    Route("POST", "/v1/responses/input_tokens", "responses_input_tokens", body=True, media=True),
     # streams that survive reconnects (X-Conversation-Id; server/sessions/streams.py)
     Route("GET", "/v1/stream", "stream_get"),
     Route("DELETE", "/v1/stream", "stream_delete"),

@@ -73,6 +73,25 @@ def test_an_oversized_body_is_413_before_it_is_sent(server):
                                                      "67108864 bytes"}}
 
 
+def test_a_media_route_is_held_to_the_image_budgets_ceiling(server):
+    """Chat, responses and messages bodies may carry base64 images: their
+    ceiling is --max-image-payload-size * --max-images * 4/3 + 1 MiB (the
+    defaults: 20 MiB * 16), not the general 64 MiB; past it, the same 413."""
+    derived = -(-20 * 1024 * 1024 * 16 * 4 // 3) + 1024 * 1024
+    for path in ("/v1/chat/completions", "/v1/responses", "/v1/messages"):
+        with socket.create_connection(addr(server), timeout=10) as s:
+            s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      f"Content-Length: {derived + 1}\r\n\r\n{{".encode())
+            reply = b""
+            while chunk := s.recv(65536):
+                reply += chunk
+        head, _, body = reply.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 413"), (path, head)
+        assert json.loads(body)["error"] == {
+            "code": 413, "type": "invalid_request_error",
+            "message": f"Request body too large: the limit is {derived} bytes"}
+
+
 def test_oversized_headers_are_431_and_the_server_goes_on(server):
     r = httpx.get(server.url + "/health", headers={"X-Big": "a" * 40_000}, timeout=10)
     assert r.status_code == 431 and r.json()["error"]["code"] == 431

@@ -169,3 +169,12 @@ def test_pure_libraries_stay_pure():
     no bridge, no server."""
     forbidden = WEB + tuple(f"mlxcel_trio.{r}" for r in ("server", "bridge", "cli", "monitor"))
     assert _offenders(_in("chat") + _in("grammar"), forbidden) == {}
+
+
+def test_the_media_room_is_pure():
+    """media/ (path confinement, the SSRF-guarded fetch, bounded decoding)
+    runs without a server and without MLX: anyio, not trio, so it serves
+    any event loop, and nothing of the engine."""
+    forbidden = WEB + ("mlx",) + tuple(f"mlxcel_trio.{r}" for r in
+                                       ("server", "bridge", "cli", "monitor", "engine"))
+    assert _in("media") and _offenders(_in("media"), forbidden) == {}

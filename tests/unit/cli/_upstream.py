@@ -110,7 +110,7 @@ def plausible(rec: dict[str, Any], some_file: Path, model: Path) -> list[str]:
         return [opt.name, str(model)]     # a draft sharing the target's vocabulary: itself
     if opt.dest == "spec_type":
         return [opt.name, "ngram-simple"]
-    if opt.dest in ("slot_save_path", "models_dir"):
+    if opt.dest in ("slot_save_path", "models_dir", "media_path"):
         return [opt.name, str(some_file.parent)]  # an existing directory
     if opt.dest == "chat_template_kwargs":
         return [opt.name, '{"enable_thinking": false}']

@@ -98,7 +98,6 @@ REFUSED = [
     (["--no-mmproj-offload"], "--no-mmproj-offload"), (["-mmdev", "x"], "--mmproj-device"),
     (["--image-max-tokens", "1024"], "--image-max-tokens"),
     (["--mtmd-batch-max-tokens", "512"], "--mtmd-batch-max-tokens"),
-    (["--media-path", "/srv"], "--media-path"),
     (["--control-vector", "v.gguf"], "--control-vector"),
     (["--control-vector-scaled", "v.gguf:0"], "--control-vector-scaled"),
     (["--spec-type", "draft-mtp"], "MLX checkpoints do not carry"),

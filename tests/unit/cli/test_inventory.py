@@ -49,9 +49,11 @@ def test_every_upstream_entry_is_in_the_table() -> None:
     # spec's native --reasoning-alias-field policy, the CPU runtime
     # choices (--blas, --weights) and the side encoders (--embedding-model,
     # --reranker-model)
+    # (and the media budgets, --max-image-payload-size and --max-images)
     assert sorted(o.name for o in upstream_only) == [
-        "--blas", "--dump-flag-surface", "--embedding-model", "--model-store-root",
-        "--reasoning-alias-field", "--reranker-model", "--weights"]
+        "--blas", "--dump-flag-surface", "--embedding-model", "--max-image-payload-size",
+        "--max-images", "--model-store-root", "--reasoning-alias-field", "--reranker-model",
+        "--weights"]
     assert all(not o.upstream for o in upstream_only)
     assert [o.name for o in upstream_only if o.hidden] == ["--dump-flag-surface"]
 
@@ -62,7 +64,7 @@ def test_no_spelling_or_variable_upstream_lacks() -> None:
     mine = {s for o in OPTIONS for s in o.all_spellings}
     assert mine - theirs == {"--dump-flag-surface", "--reasoning-alias-field",  # ours
                              "--blas", "--weights", "--embedding-model", "--reranker-model",
-                             "--model-store-root"}
+                             "--model-store-root", "--max-image-payload-size", "--max-images"}
     assert theirs - mine == set()
     envs = {e for o in OPTIONS for e in (o.env, o.env_negated) if e}
     want = (set(data["env_vars_named_in_help"]) | set(data["implicit_LLAMA_ARG_NO_env_aliases"])

@@ -77,6 +77,10 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "lora_scaled": ("a:0.5", ((("a", 0.5),),)),
     "weights": ("keep", "keep"),
     "slot_save_path": (str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent)),
+    # media inputs
+    "media_path": (str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent)),
+    "max_image_payload_size": ("1048576", 1048576),
+    "max_images": ("4", 4),
     # issue #5: the sampler chain, logit bias, reverse prompts
     "sampling.samplers": ("penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature;"
                           "adaptive_p", "penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;"

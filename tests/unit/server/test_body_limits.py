@@ -41,3 +41,21 @@ def test_fields_within_limits_pass():
     limits.check({"stop": ["x"] * limits.MAX_STOPS, "logit_bias": [[1, 2.0]],
                   "response_fields": ["content"]})
     limits.check([1, 2])
+
+
+def test_the_media_routes_get_the_image_budgets_ceiling():
+    """The chat, responses and Anthropic routes (and their token counters)
+    carry inline images; every other route keeps the general limit."""
+    from mlxcel_trio.server.http.body_limits import media_body_limits
+    from mlxcel_trio.server.routes import ROUTES
+
+    mib = 1024 * 1024
+    table = media_body_limits(ROUTES, "/api", 20 * mib, 16, general=64 * mib)
+    assert set(table) == {f"/api{p}" for p in (
+        "/chat/completions", "/v1/chat/completions", "/chat/completions/input_tokens",
+        "/v1/chat/completions/input_tokens", "/v1/messages", "/v1/messages/count_tokens",
+        "/v1/responses", "/responses", "/responses/input_tokens",
+        "/v1/responses/input_tokens")}
+    assert set(table.values()) == {-(-20 * mib * 16 * 4 // 3) + mib}
+    # a small budget never shrinks what a text-only body may send
+    assert set(media_body_limits(ROUTES, "", 1000, 1, general=64 * mib).values()) == {64 * mib}
