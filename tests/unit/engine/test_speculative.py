@@ -390,3 +390,33 @@ def test_a_stop_string_inside_an_accepted_run_ends_the_row_there(models):
     assert plain.stop_type == "word" and plain.stopping_word == word
     assert (spec.content, spec.tokens, spec.stop_type) == (plain.content, plain.tokens, "word")
     assert spec.timings.draft_n_accepted > 0
+
+
+@pytest.mark.parametrize("kind", ["ngram", "map-k", "mod", "cache"])
+def test_a_copied_passage_is_drafted_and_accepted(kind):
+    """On a checkpoint whose greedy output follows a fixed token cycle
+    (fixtures/forms.build_successor), a prompt holding a stretch of the
+    cycle is copied by the answer: every n-gram drafter finds it and the
+    target keeps nearly every proposal."""
+    import json
+
+    from mlx_lm.utils import load_model
+
+    from fixtures.build import ensure
+    from mlxcel_trio.engine.vocab import Vocab
+
+    path = ensure("tiny-successor")
+    model, _ = load_model(path)
+    vocab_size = json.loads((path / "config.json").read_text())["vocab_size"]
+    perm = np.random.default_rng(7).permutation(vocab_size)
+    succ = np.empty_like(perm)
+    succ[perm] = np.roll(perm, -1)
+    passage = [int(perm[0])]
+    for _ in range(39):
+        passage.append(int(succ[passage[-1]]))
+    prompt = (*passage, *passage[:4])          # the answer goes on with passage[4:]
+    models = (model, None, Vocab(path))
+    spec = _run(models, _jobs([prompt], n_predict=30), _chain(kind, models))
+    assert list(spec[1].tokens) == passage[4:34]
+    t = spec[1].timings
+    assert t.draft_n_accepted >= 0.9 * t.draft_n > 0
