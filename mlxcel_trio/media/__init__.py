@@ -1,0 +1,1 @@
+"""Media handling shared by the surfaces: decoding with bounds (pure, no MLX, no trio)."""
