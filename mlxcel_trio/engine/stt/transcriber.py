@@ -37,7 +37,7 @@ from . import mel
 
 log = logging.getLogger("mlxcel.engine")
 
-TOKENS_PER_STEP = 8
+TOKENS_PER_STEP = 1   # one delta per token, and a Cancel waits for one forward
 MAX_WINDOWS = 20   # 600 s (media/audio.py's cap) in 30 s windows
 
 
