@@ -156,9 +156,7 @@ def checkpoint_problem(cfg: ServerConfig) -> str | None:
     """Why the engine could not build the configured checkpoint with its KV
     cache types (one line), or None; asked before the server listens, so
     nothing loads in vain."""
-    from .engine.stt.transcriber import is_whisper
-
-    if is_whisper(cfg.model):
+    if EngineLoop.serves_speech(cfg.model):
         return _whisper_problem(cfg)
     for path, flag, rank in ((cfg.embedding_model, "--embedding-model", False),
                              (cfg.reranker_model, "--reranker-model", True)):

@@ -288,6 +288,14 @@ class EngineLoop:
         return problem(path, kv_types)
 
     @staticmethod
+    def serves_speech(path: str) -> bool:
+        """Whether the checkpoint at `path` is a speech-to-text model (a
+        Whisper checkpoint), which the engine serves without a chat model."""
+        from .stt.transcriber import is_whisper
+
+        return is_whisper(path)
+
+    @staticmethod
     def adapter_problem(paths: tuple[str, ...], encoder_flag: str | None = None) -> str | None:
         """Why LoRA adapters at `paths` cannot be served (every problem, one
         line each), from their configs alone; None when they can be loaded."""

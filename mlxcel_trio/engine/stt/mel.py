@@ -5,8 +5,10 @@ The arithmetic is the reference implementation's: a centred, reflect-padded
 STFT whose last frame is dropped, power spectrum, Mel projection, log10
 floored at 1e-10, clipped to 8 decades below the clip's maximum, then
 scaled by (x + 4) / 4.  The clip is padded with one window of silence
-before the spectrogram, as the reference does, so every 30 s window can be
-cut from it without a second pass.  Pure numpy: no MLX, no trio.
+before the spectrogram, as the reference does, so every window can be cut
+from it without a second pass.  A window is what the encoder takes, twice
+its n_audio_ctx: 30 s for every released Whisper (a test checkpoint may
+have a shorter one).  Pure numpy: no MLX, no trio.
 """
 
 from __future__ import annotations
@@ -53,15 +55,16 @@ def mel_filters(n_mels: int) -> np.ndarray:
     return weights.astype(np.float32)
 
 
-def log_mel(samples: np.ndarray, n_mels: int) -> np.ndarray:
-    """The log-Mel spectrogram [n_frames, n_mels] of `samples` (16 kHz mono)
-    followed by one window of silence."""
-    audio = np.concatenate([np.asarray(samples, np.float32), np.zeros(N_SAMPLES, np.float32)])
+def log_mel(samples: np.ndarray, n_mels: int, n_frames: int = N_FRAMES) -> np.ndarray:
+    """The log-Mel spectrogram [frames, n_mels] of `samples` (16 kHz mono)
+    followed by one window (`n_frames`) of silence."""
+    audio = np.concatenate([np.asarray(samples, np.float32),
+                            np.zeros(n_frames * HOP_LENGTH, np.float32)])
     pad = N_FFT // 2
     padded = np.pad(audio, (pad, pad), mode="reflect")
-    n_frames = 1 + (len(padded) - N_FFT) // HOP_LENGTH
+    count = 1 + (len(padded) - N_FFT) // HOP_LENGTH
     frames = np.lib.stride_tricks.as_strided(
-        padded, (n_frames, N_FFT), (padded.strides[0] * HOP_LENGTH, padded.strides[0]))
+        padded, (count, N_FFT), (padded.strides[0] * HOP_LENGTH, padded.strides[0]))
     window = (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(N_FFT) / N_FFT)).astype(np.float32)
     power = np.abs(np.fft.rfft(frames * window, axis=-1)[:-1]) ** 2
     mel = power.astype(np.float32) @ mel_filters(n_mels).T
@@ -70,12 +73,11 @@ def log_mel(samples: np.ndarray, n_mels: int) -> np.ndarray:
     return ((log_spec + 4.0) / 4.0).astype(np.float32)
 
 
-def windows(samples: np.ndarray, n_mels: int) -> list[np.ndarray]:
-    """The clip as consecutive 30 s windows, each [N_FRAMES, n_mels]; a clip
-    of any length (even empty) gives at least one."""
-    mel = log_mel(samples, n_mels)
+def windows(samples: np.ndarray, n_mels: int, n_frames: int = N_FRAMES) -> list[np.ndarray]:
+    """The clip as consecutive windows of `n_frames` Mel frames each (the
+    encoder's input: 2 * n_audio_ctx, 3000 = 30 s for every released
+    Whisper); a clip of any length (even empty) gives at least one."""
+    mel = log_mel(samples, n_mels, n_frames)
     n_content = max(1, len(samples) // HOP_LENGTH)
-    out = []
-    for start in range(0, n_content, N_FRAMES):
-        out.append(np.ascontiguousarray(mel[start:start + N_FRAMES]))
-    return out
+    return [np.ascontiguousarray(mel[start:start + n_frames])
+            for start in range(0, n_content, n_frames)]

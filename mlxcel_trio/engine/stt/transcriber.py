@@ -3,7 +3,8 @@
 
 Theory of operation.  `submit` checks a job (a language the vocabulary
 knows) and queues it, or answers `Failed` at once.  `step` works on the
-oldest job: its first step cuts the clip into 30 s log-Mel windows; each
+oldest job: its first step cuts the clip into log-Mel windows (30 s, the
+encoder's 2 * n_audio_ctx frames); each
 window is encoded once, its prompt (<|startofprev|> and the request's
 prompt, then <|startoftranscript|>, the language and <|transcribe|> on a
 multilingual model, then <|notimestamps|>) is prefilled, and then tokens are
@@ -16,7 +17,8 @@ Decoding is Whisper's: greedy at temperature 0 (else sampled at that
 temperature), every special token suppressed except <|endoftext|>, which
 is itself suppressed on the first token of a window together with the
 blank, so a window's transcript is never empty; a window stops at
-<|endoftext|> or after n_text_ctx // 2 tokens, the whole job at
+<|endoftext|>, after n_text_ctx // 2 tokens or at the end of the text
+context, the whole job at
 `max_tokens`.  Text is detokenized from the window's tokens so far and
 released only up to a complete UTF-8 character; leading whitespace of the
 transcript is dropped.  Nothing here imports trio.
@@ -38,7 +40,7 @@ from . import mel
 log = logging.getLogger("mlxcel.engine")
 
 TOKENS_PER_STEP = 1   # one delta per token, and a Cancel waits for one forward
-MAX_WINDOWS = 20   # 600 s (media/audio.py's cap) in 30 s windows
+MAX_SECONDS = 600     # the longest clip (media/audio.py refuses longer ones first)
 
 
 def is_whisper(path: str | Path) -> bool:
@@ -80,6 +82,7 @@ class _Active:
         self.cache = None         # the decoder's cache for that window
         self.logits = None        # the next token's logits
         self.tokens: list[int] = []   # text tokens of the current window
+        self.n_prompt = 0         # the current window's prompt length
         self.done_text = ""       # the finished windows' text
         self.emitted = ""         # the text released so far
         self.n_tokens = 0
@@ -117,15 +120,24 @@ class Transcriber:
                           and 2 <= len(name) - 4 <= 3 and name[2:-2].isalpha()
                           and name[2:-2].islower() and tid > self.eot} \
             if self.multilingual else {}
-        # every id past <|endoftext|> is a special token (Whisper's layout)
-        self._suppress = np.zeros(self.dims.n_vocab, bool)
-        self._suppress[self.eot + 1:] = True
-        self._blank = [t for t in self.tok.encode(" ", add_special_tokens=False).ids
-                       if t < self.dims.n_vocab]
+        # every id past <|endoftext|> is a special token (Whisper's layout);
+        # a window's first token may be neither the end nor a blank
+        import mlx.core as mx
+
+        suppress = np.zeros(self.dims.n_vocab, bool)
+        suppress[self.eot + 1:] = True
+        self._suppress = mx.array(suppress)
+        suppress[self.eot] = True
+        suppress[[t for t in self.tok.encode(" ", add_special_tokens=False).ids
+                  if t < self.dims.n_vocab]] = True
+        self._suppress_first = mx.array(suppress)
         self.sample_len = self.dims.n_text_ctx // 2
+        self.window_frames = 2 * self.dims.n_audio_ctx
+        window_samples = self.window_frames * mel.HOP_LENGTH
+        self.max_windows = -(-MAX_SECONDS * mel.SAMPLE_RATE // window_samples)
         self.public = TranscriberInfo(
             path=str(path), architecture="whisper", n_mels=self.dims.n_mels,
-            n_text_ctx=self.dims.n_text_ctx, max_tokens=MAX_WINDOWS * self.sample_len,
+            n_text_ctx=self.dims.n_text_ctx, max_tokens=self.max_windows * self.sample_len,
             languages=tuple(sorted(self.languages)))
         self._queue: collections.deque[TranscribeJob] = collections.deque()
         self._active: _Active | None = None
@@ -148,9 +160,9 @@ class Transcriber:
         if job.language and self.multilingual and job.language not in self.languages:
             out.append(Failed(job.id, "invalid_request_error",
                               f"language '{job.language}' is not one this model transcribes"))
-        elif len(job.samples) > MAX_WINDOWS * mel.N_SAMPLES:
+        elif len(job.samples) > MAX_SECONDS * mel.SAMPLE_RATE:
             out.append(Failed(job.id, "invalid_request_error",
-                              f"audio clip is longer than {MAX_WINDOWS * mel.CHUNK_SECONDS} s"))
+                              f"audio clip is longer than {MAX_SECONDS} s"))
         else:
             self._queue.append(job)
 
@@ -188,7 +200,8 @@ class Transcriber:
             if not self._queue:
                 return
             job = self._queue.popleft()
-            self._active = _Active(job, mel.windows(job.samples, self.dims.n_mels))
+            self._active = _Active(job, mel.windows(job.samples, self.dims.n_mels,
+                                                    self.window_frames))
         a = self._active
         produced = 0
         while produced < TOKENS_PER_STEP:
@@ -198,6 +211,7 @@ class Transcriber:
             token = self._pick(a)
             limit = a.job.max_tokens
             if (token == self.eot or len(a.tokens) >= self.sample_len
+                    or a.n_prompt + len(a.tokens) >= self.dims.n_text_ctx
                     or (limit is not None and a.n_tokens >= limit)):
                 a.done_text += self._text(a.tokens)
                 a.tokens, a.logits, a.cache, a.features = [], None, None, None
@@ -220,7 +234,9 @@ class Transcriber:
         a.features = self.model.encoder(mx.array(a.windows[a.window])[None])
         a.cache = None
         a.first = True
-        self._forward(a, self._prompt(a))
+        prompt = self._prompt(a)
+        a.n_prompt = len(prompt)
+        self._forward(a, prompt)
         return True
 
     def _prompt(self, a: _Active) -> list[int]:
@@ -244,12 +260,9 @@ class Transcriber:
     def _pick(self, a: _Active) -> int:
         import mlx.core as mx
 
-        suppress = self._suppress.copy()
-        if a.first:
-            suppress[self.eot] = True
-            suppress[self._blank] = True
-            a.first = False
-        logits = mx.where(mx.array(suppress), -mx.inf, a.logits)
+        suppress = self._suppress_first if a.first else self._suppress
+        a.first = False
+        logits = mx.where(suppress, -mx.inf, a.logits)
         if a.job.temperature > 0:
             return int(mx.random.categorical(logits / a.job.temperature).item())
         return int(mx.argmax(logits).item())
