@@ -191,6 +191,12 @@ def _whisper_problem(cfg: ServerConfig) -> str | None:
             return (f"-m names a Whisper (speech-to-text) checkpoint, which serves "
                     f"/v1/audio/transcriptions alone; {flag} needs a chat or encoder model: "
                     f"drop {flag}, or serve the Whisper model from a server of its own")
+    import importlib.util
+
+    missing = [m for m in ("soundfile", "scipy") if importlib.util.find_spec(m) is None]
+    if missing:
+        return (f"serving a Whisper checkpoint needs {' and '.join(missing)} to decode audio: "
+                "install the media extra (pip install 'mlxcel-trio[media]')")
     return EngineLoop.checkpoint_problem(cfg.model)
 
 
