@@ -44,12 +44,14 @@ MAX_SECONDS = 600     # the longest clip (media/audio.py refuses longer ones fir
 
 
 def is_whisper(path: str | Path) -> bool:
-    """Whether `path` is a Whisper checkpoint (config.json model_type)."""
+    """Whether `path` is a Whisper checkpoint: config.json says model_type
+    "whisper", or (an older MLX export) carries Whisper's dimensions."""
     try:
         config = json.loads((Path(path) / "config.json").read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(config, dict) and config.get("model_type") == "whisper"
+    return isinstance(config, dict) and (config.get("model_type") == "whisper" or (
+        "model_type" not in config and {"n_audio_ctx", "n_text_ctx", "n_mels"} <= set(config)))
 
 
 def checkpoint_problem(path: str | Path) -> str | None:

@@ -10,6 +10,10 @@ decoder.positional_embedding, decoder.blocks.N.{attn,cross_attn,...},
 decoder.ln.  The encoder's sinusoidal positions are computed, not stored.
 A "quantization" block ({group_size, bits}) quantizes the Linear and
 Embedding layers that carry scales, as mlx-community's quantized exports do.
+transformers' layout is read too: a config with d_model / encoder_layers /
+num_mel_bins, and weights named model.encoder.layers.N.self_attn.q_proj and
+so on (conv kernels transposed to channels-last, the encoder's stored
+positions and the tied proj_out dropped).
 
 The decoder keeps a per-layer cache: self-attention keys/values grow by one
 row per token; cross-attention keys/values are computed from the audio
@@ -29,6 +33,21 @@ import mlx.nn as nn
 DIMS = ("n_mels", "n_audio_ctx", "n_audio_state", "n_audio_head", "n_audio_layer",
         "n_vocab", "n_text_ctx", "n_text_state", "n_text_head", "n_text_layer")
 WEIGHT_FILES = ("weights.safetensors", "model.safetensors")
+_HF_DIMS = {"n_mels": "num_mel_bins", "n_audio_ctx": "max_source_positions",
+            "n_audio_state": "d_model", "n_audio_head": "encoder_attention_heads",
+            "n_audio_layer": "encoder_layers", "n_vocab": "vocab_size",
+            "n_text_ctx": "max_target_positions", "n_text_head": "decoder_attention_heads",
+            "n_text_layer": "decoder_layers"}
+# transformers' weight names -> the MLX port's, applied in order
+_HF_NAMES = (("model.", ""), ("encoder.layers.", "encoder.blocks."),
+             ("decoder.layers.", "decoder.blocks."), ("encoder.layer_norm.", "encoder.ln_post."),
+             ("decoder.layer_norm.", "decoder.ln."), (".self_attn_layer_norm.", ".attn_ln."),
+             (".encoder_attn_layer_norm.", ".cross_attn_ln."),
+             (".final_layer_norm.", ".mlp_ln."), (".fc1.", ".mlp1."), (".fc2.", ".mlp2."),
+             (".self_attn.", ".attn."), (".encoder_attn.", ".cross_attn."),
+             (".q_proj.", ".query."), (".k_proj.", ".key."), (".v_proj.", ".value."),
+             (".out_proj.", ".out."), ("decoder.embed_tokens.", "decoder.token_embedding."),
+             ("decoder.embed_positions.weight", "decoder.positional_embedding"))
 
 
 @attrs.frozen
@@ -46,6 +65,9 @@ class Dims:
 
     @classmethod
     def from_config(cls, config: dict) -> "Dims":
+        if "d_model" in config:   # transformers' WhisperConfig
+            config = {**config, **{ours: config.get(theirs) for ours, theirs in _HF_DIMS.items()}}
+            config["n_text_state"] = config["n_audio_state"]
         missing = [k for k in DIMS if not isinstance(config.get(k), int) or config[k] <= 0]
         if missing:
             raise ValueError(f"config.json lacks the Whisper dimension(s) {', '.join(missing)}")
@@ -162,6 +184,19 @@ class Whisper(nn.Module):
         self.decoder = TextDecoder(dims)
 
 
+def _from_transformers(weights: dict) -> dict:
+    out = {}
+    for key, value in weights.items():
+        if key == "proj_out.weight" or key.endswith("encoder.embed_positions.weight"):
+            continue   # tied to the token embedding / computed
+        for theirs, ours in _HF_NAMES:
+            key = key.replace(theirs, ours)
+        if key.startswith("encoder.conv") and key.endswith(".weight") and value.ndim == 3:
+            value = value.transpose(0, 2, 1)   # (out, in, k) -> (out, k, in)
+        out[key] = value
+    return out
+
+
 def weight_file(path: Path) -> Path | None:
     return next((path / name for name in WEIGHT_FILES if (path / name).is_file()), None)
 
@@ -181,7 +216,11 @@ def load(path: Path) -> tuple[Whisper, dict]:
                     bits=int(quant.get("bits", 4)),
                     class_predicate=lambda p, m: isinstance(m, (nn.Linear, nn.Embedding))
                     and f"{p}.scales" in weights)
-    weights = {k: v for k, v in weights.items() if not k.startswith("encoder.positional")}
+    if any(k.startswith("model.") for k in weights):
+        weights = _from_transformers(weights)
+    # not parameters of the port: computed positions, the reference's alignment heads
+    weights = {k: v for k, v in weights.items()
+               if not k.startswith("encoder.positional") and k != "alignment_heads"}
     model.load_weights(list(weights.items()), strict=True)
     dtype = weights["decoder.token_embedding.weight"].dtype
     if dtype in (mx.float16, mx.bfloat16, mx.float32):

@@ -117,3 +117,51 @@ def test_an_unknown_language_fails_the_job(transcriber):
                           "language 'xx' is not one this model transcribes")]
     assert isinstance(_run(transcriber, TranscribeJob(2, _tone(), language="de"))[-1],
                       Transcribed)
+
+
+_TO_HF = ((".cross_attn_ln.", ".encoder_attn_layer_norm."), (".attn_ln.", ".self_attn_layer_norm."),
+          (".mlp_ln.", ".final_layer_norm."), (".mlp1.", ".fc1."), (".mlp2.", ".fc2."),
+          (".cross_attn.", ".encoder_attn."), (".attn.", ".self_attn."),
+          (".query.", ".q_proj."), (".key.", ".k_proj."), (".value.", ".v_proj."),
+          (".out.", ".out_proj."), ("encoder.blocks.", "encoder.layers."),
+          ("decoder.blocks.", "decoder.layers."), ("encoder.ln_post.", "encoder.layer_norm."),
+          ("decoder.ln.", "decoder.layer_norm."),
+          ("decoder.token_embedding.", "decoder.embed_tokens."),
+          ("decoder.positional_embedding", "decoder.embed_positions.weight"))
+
+
+def test_transformers_layout_loads_to_the_same_model(path, tmp_path):
+    """The fixture rewritten as transformers saves Whisper (names, conv
+    kernels, config keys, stored encoder positions, proj_out) gives the
+    same logits."""
+    import json
+    import shutil
+
+    import mlx.core as mx
+
+    from mlxcel_trio.engine.stt import whisper
+
+    ours, config = whisper.load(path)
+    hf = {}
+    for key, value in mx.load(str(path / "weights.safetensors")).items():
+        if key.startswith("encoder.conv") and key.endswith(".weight"):
+            value = value.transpose(0, 2, 1)
+        for a, b in _TO_HF:
+            key = key.replace(a, b)
+        hf["model." + key] = value
+    hf["model.encoder.embed_positions.weight"] = mx.zeros((config["n_audio_ctx"], 64))
+    hf["proj_out.weight"] = hf["model.decoder.embed_tokens.weight"]
+    mx.save_safetensors(str(tmp_path / "model.safetensors"), hf)
+    shutil.copy(path / "tokenizer.json", tmp_path / "tokenizer.json")
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "whisper", "num_mel_bins": 80, "max_source_positions": 150,
+        "d_model": 64, "encoder_attention_heads": 2, "encoder_layers": 2,
+        "vocab_size": config["n_vocab"], "max_target_positions": 64,
+        "decoder_attention_heads": 2, "decoder_layers": 2}))
+    theirs, _ = whisper.load(tmp_path)
+    assert theirs.dims == ours.dims
+    mel_in = mx.array(mel.windows(_tone(), 80, 300)[0])[None]
+    tokens = mx.array([[601, 602, 606, 610, 5]])
+    a = ours.decoder(tokens, ours.encoder(mel_in), None)[0]
+    b = theirs.decoder(tokens, theirs.encoder(mel_in), None)[0]
+    np.testing.assert_array_equal(np.array(a), np.array(b))
