@@ -30,6 +30,7 @@ data: [DONE].
 
 from __future__ import annotations
 
+import math
 import re
 
 import trio
@@ -89,10 +90,10 @@ def parse_form(raw: bytes, content_type: str) -> tuple[dict, dict[str, bytes]]:
         part, chunks, size = None, [], 0
         while True:
             event = decoder.next_event()
-            if isinstance(event, (NeedData, Epilogue)):
-                if isinstance(event, NeedData):
-                    raise ValueError("the body ends inside a part")
+            if isinstance(event, Epilogue):
                 break
+            if isinstance(event, NeedData):
+                raise _bad("malformed multipart body: it ends inside a part")
             if isinstance(event, (Field, File)):
                 n_parts += 1
                 if n_parts > MAX_PARTS:
@@ -142,7 +143,7 @@ def _temperature(fields: dict) -> float:
     if m is None:
         raise _bad(f"Invalid 'temperature': expected a number, got '{raw}'")
     value = float(m.group(1))
-    if value != value or value in (float("inf"), float("-inf")):
+    if not math.isfinite(value):
         raise _bad(f"Invalid 'temperature': expected a finite number, got '{raw}'")
     return max(0.0, value)
 
