@@ -4,7 +4,8 @@ Commands go into the engine (`Submit`, `Cancel`, `ForceEnd`, `SlotAction`,
 `ClearPromptCache`, `Shutdown`); events come out, one `StepEvents` batch per
 engine step (`Loaded`, `Started`, `PromptProgress`, `TokenPiece`,
 `Finished`, `Failed`, `SlotFreed`, `CacheStats`, `EngineStats`, and
-`Sleeping` / `Woke` around an idle sleep).  All of them are immutable so
+`Sleeping` / `Woke` around an idle sleep; `Embedded` for an `EmbedJob`,
+`TranscriptPiece` / `Transcribed` for a `TranscribeJob`).  All of them are immutable so
 that the trio side can read them without locks once they have been handed
 over; what the engine counts reaches trio only as such events.
 
