@@ -58,6 +58,8 @@ from .protocol.records import (
     StepEvents,
     Submit,
     TokenPiece,
+    TranscribeJob,
+    Transcribed,
 )
 
 log = logging.getLogger("mlxcel.bridge")
@@ -154,6 +156,8 @@ def checkpoint_problem(cfg: ServerConfig) -> str | None:
     """Why the engine could not build the configured checkpoint with its KV
     cache types (one line), or None; asked before the server listens, so
     nothing loads in vain."""
+    if EngineLoop.serves_speech(cfg.model):
+        return _whisper_problem(cfg)
     for path, flag, rank in ((cfg.embedding_model, "--embedding-model", False),
                              (cfg.reranker_model, "--reranker-model", True)):
         if path is not None and cfg.encoder_mode == ("--reranking" if rank else "--embeddings"):
@@ -173,6 +177,27 @@ def checkpoint_problem(cfg: ServerConfig) -> str | None:
         problem = EngineLoop.adapter_problem(tuple(p for p, _ in cfg.adapters),
                                              cfg.encoder_mode)
     return problem
+
+
+def _whisper_problem(cfg: ServerConfig) -> str | None:
+    """A Whisper -m serves transcription alone: the options that need a
+    chat model or an encoder beside it are refused by name."""
+    for present, flag in ((cfg.encoder_mode is not None, cfg.encoder_mode),
+                          (cfg.embedding_model is not None, "--embedding-model"),
+                          (cfg.reranker_model is not None, "--reranker-model"),
+                          (cfg.spec_model is not None, "-md/--model-draft"),
+                          (bool(cfg.adapters), "--lora")):
+        if present:
+            return (f"-m names a Whisper (speech-to-text) checkpoint, which serves "
+                    f"/v1/audio/transcriptions alone; {flag} needs a chat or encoder model: "
+                    f"drop {flag}, or serve the Whisper model from a server of its own")
+    import importlib.util
+
+    missing = [m for m in ("soundfile", "scipy") if importlib.util.find_spec(m) is None]
+    if missing:
+        return (f"serving a Whisper checkpoint needs {' and '.join(missing)} to decode audio: "
+                "install the media extra (pip install 'mlxcel-trio[media]')")
+    return EngineLoop.checkpoint_problem(cfg.model)
 
 
 class Bridge:
@@ -231,14 +256,17 @@ class Bridge:
         """Submit `jobs`; whoever holds the handle must `close()` it (the
         server ties it to its request or to detached work)."""
         assert self._engine is not None and self.info is not None
-        # an embedding job produces one event (its result or its failure)
-        bound = sum(2 if isinstance(job, EmbedJob) else 2 * self.info.n_ctx_slot + 16
-                    for job in jobs)
+        # an embedding job produces one event (its result or its failure); a
+        # transcription at most one piece per token, then its result
+        bound = sum(2 if isinstance(job, EmbedJob)
+                    else self.info.transcriber.max_tokens + 4
+                    if isinstance(job, TranscribeJob) and self.info.transcriber is not None
+                    else 2 * self.info.n_ctx_slot + 16 for job in jobs)
         send, recv = trio.open_memory_channel(bound)
         group = _Group(send, (job.id for job in jobs))
         for job in jobs:
             self._streams[job.id] = group
-            if not isinstance(job, EmbedJob):
+            if not isinstance(job, (EmbedJob, TranscribeJob)):
                 self.monitor.submitted(job)
             self._engine.post(Submit(job))
         return JobHandle(self, tuple(job.id for job in jobs), recv)
@@ -324,6 +352,6 @@ class Bridge:
                 for other in tuple(group.live):
                     self._forget(other)
                 continue
-            if isinstance(ev, (Finished, Failed, SlotTokens, Embedded)):
+            if isinstance(ev, (Finished, Failed, SlotTokens, Embedded, Transcribed)):
                 streams.pop(job_id, None)
                 group.end(job_id)

@@ -27,6 +27,11 @@ per encoder between two scheduler steps, so a chat stream waits at most one
 chunk; a `Cancel` drops a still-queued one.  With an encoder as -m
 (--embeddings / --reranking) the scheduler is `NoChat`, which never has
 work, and idle sleep is off.
+
+Speech to text (engine/stt/): with a Whisper checkpoint as -m the engine
+serves `TranscribeJob`s alone, the same way: its transcriber is one more
+side worker the loop steps between scheduler steps (a few tokens per step),
+the scheduler is `NoChat` and idle sleep is off.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ from ..protocol.records import (
     SlotTokens,
     StepEvents,
     Submit,
+    TranscribeJob,
     Woke,
 )
 from ..protocol.speculative import SpecSettings
@@ -76,17 +82,19 @@ BURST_MAX_S = 0.010
 
 class NoChat:
     """The scheduler of an engine that serves an encoder alone (--embeddings
-    or --reranking with an encoder -m): it never has work, and a generation
-    job or slot action is refused (the routes refuse them first)."""
+    or --reranking with an encoder -m) or a speech-to-text model: it never
+    has work, and a generation job or slot action is refused (the routes
+    refuse them first)."""
 
     busy = False
     n_active = 0
 
-    @staticmethod
-    def _refuse(job_id: int, out: list) -> None:
+    def __init__(self, serves: str = "an embedding or reranking model") -> None:
+        self.serves = serves
+
+    def _refuse(self, job_id: int, out: list) -> None:
         out.append(Failed(job_id, "not_supported_error",
-                          "This server does not support generation: it serves an "
-                          "embedding or reranking model"))
+                          f"This server does not support generation: it serves {self.serves}"))
 
     def submit(self, job, out: list) -> None:
         self._refuse(job.id, out)
@@ -231,6 +239,7 @@ class EngineLoop:
         self._pooling = pooling          # --pooling (the embed role's); None = the checkpoint's
         self._embd_n_batch = embd_n_batch
         self.embedders: dict = {}        # role -> engine/embedder.py's Embedder, once loaded
+        self.transcriber = None          # engine/stt's Transcriber when -m is a Whisper checkpoint
         self.embed_vocab = None          # the roles' tokenizers; published before Loaded
         self.rerank_vocab = None
         self._n_slots = n_slots
@@ -271,8 +280,20 @@ class EngineLoop:
             from .embedder import checkpoint_problem
 
             return checkpoint_problem(path, encoder_flag, rank=rank)
+        from .stt.transcriber import checkpoint_problem as stt_problem, is_whisper
+
+        if is_whisper(path):
+            return stt_problem(path)
 
         return problem(path, kv_types)
+
+    @staticmethod
+    def serves_speech(path: str) -> bool:
+        """Whether the checkpoint at `path` is a speech-to-text model (a
+        Whisper checkpoint), which the engine serves without a chat model."""
+        from .stt.transcriber import is_whisper
+
+        return is_whisper(path)
 
     @staticmethod
     def adapter_problem(paths: tuple[str, ...], encoder_flag: str | None = None) -> str | None:
@@ -353,11 +374,40 @@ class EngineLoop:
         self._emit(StepEvents((Loaded(info),)))
         return NoChat()
 
+    def _load_transcriber_only(self):
+        """-m is a Whisper checkpoint: a transcriber, no chat model."""
+        import json
+
+        import attrs
+
+        from .stt.transcriber import Transcriber
+        from .vocab import Vocab
+
+        t0 = time.perf_counter()
+        self.transcriber = t = Transcriber.load(self._path)
+        self.vocab = Vocab(self._path, t.dims.n_vocab)
+        self._sleep_idle_s = None  # nothing worth dropping: the model is the whole server
+        config = json.loads((self._path / "config.json").read_text())
+        n_ctx = t.dims.n_text_ctx
+        info = _model_facts(t.model, config, self._path, n_ctx, n_ctx, 1)
+        info = attrs.evolve(info, n_ctx_train=n_ctx, n_vocab=t.dims.n_vocab,
+                            n_embd=t.dims.n_text_state, generates=False, transcriber=t.public)
+        log.info("model loaded in %.2f s: %s | whisper (speech to text), %s, %s parameters, "
+                 "%s | %d Mel bins, text context %d, languages: %s",
+                 time.perf_counter() - t0, self._path, info.quantization or info.dtype,
+                 _count(info.n_params), _mib(info.size_bytes), t.dims.n_mels, n_ctx,
+                 ", ".join(t.public.languages) or "the model's own")
+        self._emit(StepEvents((Loaded(info),)))
+        return NoChat("a speech-to-text model")
+
     def _load(self):
+        from .stt.transcriber import is_whisper
         from .vocab import Vocab
 
         if self._encoder_only:
             return self._load_encoder_only()
+        if is_whisper(self._path):
+            return self._load_transcriber_only()
         t0 = time.perf_counter()
         model, config = self._load_model()
         n_ctx = self._ctx_size or int(config.get("max_position_embeddings") or 4096)
@@ -478,7 +528,9 @@ class EngineLoop:
     def _serve(self, box: list) -> None:
         scheduler = box.pop()
         commands = self._commands
-        embedders = tuple(self.embedders.values())
+        # the side workers: encoders and the transcriber, stepped between scheduler steps
+        embedders = tuple(self.embedders.values()) + (
+            (self.transcriber,) if self.transcriber is not None else ())
         while True:
             out: list = []
             block = not scheduler.busy and not any(e.pending for e in embedders)
@@ -511,6 +563,8 @@ class EngineLoop:
                 try:
                     if isinstance(cmd, Submit) and isinstance(cmd.job, EmbedJob):
                         self._submit_embed(cmd.job, out)
+                    elif isinstance(cmd, Submit) and isinstance(cmd.job, TranscribeJob):
+                        self._submit_transcribe(cmd.job, out)
                     elif isinstance(cmd, Submit):
                         scheduler.submit(cmd.job, out)
                     elif isinstance(cmd, Cancel):
@@ -557,6 +611,13 @@ class EngineLoop:
                               f"This server does not support {what}. Start it with `{flag}`"))
         else:
             embedder.submit(job, out)
+
+    def _submit_transcribe(self, job: TranscribeJob, out: list) -> None:
+        if self.transcriber is None:
+            out.append(Failed(job.id, "not_supported_error",
+                              "The current model does not support audio input."))
+        else:
+            self.transcriber.submit(job, out)
 
     @staticmethod
     def _command_failed(scheduler, cmd, out: list, message: str) -> None:

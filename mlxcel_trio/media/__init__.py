@@ -33,6 +33,10 @@ allow_private=False, timeout=10.0)``
 
 ``DEFAULT_MAX_PAYLOAD`` (20 MiB), ``DEFAULT_MAX_IMAGES`` (16)
     The option defaults.
+
+Audio (audio.py, imported by its users directly): a transcription upload's
+container identified from its bytes, its geometry bounded from the header,
+then decoded and resampled to 16 kHz mono within a frame budget.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ Commands go into the engine (`Submit`, `Cancel`, `ForceEnd`, `SlotAction`,
 `ClearPromptCache`, `Shutdown`); events come out, one `StepEvents` batch per
 engine step (`Loaded`, `Started`, `PromptProgress`, `TokenPiece`,
 `Finished`, `Failed`, `SlotFreed`, `CacheStats`, `EngineStats`, and
-`Sleeping` / `Woke` around an idle sleep).  All of them are immutable so
+`Sleeping` / `Woke` around an idle sleep; `Embedded` for an `EmbedJob`,
+`TranscriptPiece` / `Transcribed` for a `TranscribeJob`).  All of them are immutable so
 that the trio side can read them without locks once they have been handed
 over; what the engine counts reaches trio only as such events.
 
@@ -241,6 +242,7 @@ class ModelInfo:
     embedder: "EmbedderInfo | None" = None
     reranker: "EmbedderInfo | None" = None
     generates: bool = True   # False: an encoder alone, no chat model
+    transcriber: "TranscriberInfo | None" = None  # a speech-to-text model served as -m
 
 
 @attrs.frozen
@@ -256,6 +258,54 @@ class EmbedderInfo:
     is_classifier: bool
     # a decoder reranker's prompt ({query}, {document}); None = the tokenizer's pair template
     rerank_template: str | None = None
+
+
+@attrs.frozen(eq=False)
+class TranscribeJob:
+    """One clip for the speech-to-text model: `samples` are 16 kHz mono
+    float32 (media/audio.py decoded them); `language` names a language token
+    (None: the model's default); `prompt` is earlier text the decoder is
+    conditioned on (its <|startofprev|> context; None: none); temperature 0
+    decodes greedily; `max_tokens` caps the transcript's tokens (None: the
+    model's own per-window limit)."""
+
+    id: int
+    samples: "np.ndarray"
+    language: str | None = None
+    prompt: str | None = None
+    temperature: float = 0.0
+    max_tokens: int | None = None
+
+
+@attrs.frozen
+class TranscriptPiece:
+    """Transcript text decoded in one engine step (one or more tokens)."""
+
+    job_id: int
+    text: str
+    n_tokens: int
+
+
+@attrs.frozen
+class Transcribed:
+    """A `TranscribeJob`'s final record: `text` is the concatenation of every
+    `TranscriptPiece.text`; `n_tokens` the transcript's token count."""
+
+    job_id: int
+    text: str
+    n_tokens: int
+
+
+@attrs.frozen
+class TranscriberInfo:
+    """What the server needs to know of the engine's speech-to-text model."""
+
+    path: str
+    architecture: str
+    n_mels: int
+    n_text_ctx: int
+    max_tokens: int       # the most transcript tokens one job can produce
+    languages: tuple[str, ...]
 
 
 @attrs.frozen

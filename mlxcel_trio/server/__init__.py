@@ -13,7 +13,7 @@
     surfaces/      one module per API family: native /completion, OpenAI
                    completions and chat, Anthropic messages, Responses,
                    infill, tokenize, info (/health /props /models /slots),
-                   /metrics, Vertex AI
+                   /metrics, Vertex AI, audio transcriptions
     sessions/      state that outlives one request: stream sessions
                    (X-Conversation-Id), realtime control, stored responses,
                    slot files

@@ -32,7 +32,7 @@ from ..logging_setup import TRACE
 from ..bridge import Bridge
 from ..config import ServerConfig
 from .surfaces import (info, infill, completion as native, embeddings, openai_completions,
-                       tokens, unserved)
+                       tokens, transcriptions)
 from .http import limits
 from .sessions import slot_files, streams
 from .state import AppState
@@ -221,7 +221,7 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
         "feature_disabled": feature_disabled,
         "lora_adapters": lambda: lora.list_adapters(state.adapters),
         "set_lora_adapters": lambda body: lora.set_adapters(state.adapters, body),
-        "transcriptions": unserved.transcriptions,
+        "transcriptions": lambda: transcriptions.transcribe(ctx()),
         "stream_get": lambda: streams.get_stream(state.streams),
         "stream_delete": lambda: streams.delete_stream(state.streams),
         "streams_lookup": lambda: streams.lookup_streams(state.streams),
@@ -236,6 +236,8 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
 
         async def view(**path_params):
             if route.generates and not bridge.info.generates:
+                if bridge.info.transcriber is not None:
+                    return transcriptions.no_chat_model()
                 return not_generating(config.encoder_mode or "--embeddings")
             if route.body:
                 body = await read_json_body(request)

@@ -91,9 +91,11 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/rerank", "rerank"),
     Route("POST", "/v1/reranking", "rerank"),
     # always mounted upstream; answered as a server without the feature
-    # answers (server/surfaces/unserved.py)
+    # answers unless it is on
     Route("GET", "/lora-adapters", "lora_adapters"),
     Route("POST", "/lora-adapters", "set_lora_adapters", body=True),
+    # speech to text (server/surfaces/transcriptions.py): upstream's 501
+    # unless -m is a Whisper checkpoint; the multipart body is read after that
     Route("POST", "/v1/audio/transcriptions", "transcriptions"),
     Route("POST", "/audio/transcriptions", "transcriptions"),
     Route("GET", "/tools", "feature_disabled"),

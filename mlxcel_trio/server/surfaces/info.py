@@ -62,7 +62,8 @@ def props(served: Served):
         "model_alias": served.model_name,
         "model_ftype": ftype_name(info),
         "model_path": info.path,
-        "modalities": {"vision": False, "video": False, "audio": False},
+        "modalities": {"vision": False, "video": False,
+                       "audio": info.transcriber is not None},
         "media_marker": MEDIA_MARKER,
         "endpoint_slots": bridge.config.endpoint_slots,
         "endpoint_props": bridge.config.endpoint_props,
@@ -140,10 +141,13 @@ def _is_m(info, side) -> bool:
 
 
 def capabilities(info) -> list[str]:
-    """What -m answers: completion (a chat model), or, served alone with
-    --embeddings / --reranking, embedding or rerank."""
+    """What -m answers: completion (a chat model), transcription (a Whisper
+    checkpoint), or, served alone with --embeddings / --reranking, embedding
+    or rerank."""
     if info.generates:
         return ["completion"]
+    if info.transcriber is not None:
+        return ["transcription"]
     return ["embedding" if info.embedder is not None and _is_m(info, info.embedder)
             else "rerank"]
 
