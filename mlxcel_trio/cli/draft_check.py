@@ -67,7 +67,7 @@ def lookup_cache_problem(path: str) -> str | None:
     """Why an ngram-cache lookup file cannot be used, or None.  The file is
     parsed in full (upstream aborts on a bad one at startup, so do we, but
     before the model loads)."""
-    from mlxcel_trio.engine.speculative.ngram_cache import CacheFileError, load_table
+    from mlxcel_trio.protocol.lookup_cache import CacheFileError, load_table
 
     try:
         load_table(path)

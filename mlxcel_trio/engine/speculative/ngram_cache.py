@@ -22,64 +22,16 @@ Engine thread only.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
-from pathlib import Path
 
+from ...protocol.lookup_cache import NGRAM_MAX, Table, load_table  # noqa: F401 (re-exported)
 from .drafters import Ask
 
-NGRAM_MIN, NGRAM_MAX, NGRAM_STATIC = 1, 4, 2
+NGRAM_MIN, NGRAM_STATIC = 1, 2
 N_DRAFT = 8                     # upstream's fixed draft length for this type
-NULL = -1                       # LLAMA_TOKEN_NULL: the padding of a short n-gram
 # per n-gram length 1..4: fewest samples, and the percentage the winner needs
 LAX = ((2, 66), (2, 50), (1, 50), (1, 50))
 STRICT = ((4, 75), (3, 66), (2, 66), (2, 66))
-
-Table = dict[tuple[int, ...], dict[int, int]]
-
-_NGRAM = struct.Struct(f"<{NGRAM_MAX}i")
-_I32 = struct.Struct("<i")
-_PAIR = struct.Struct("<ii")
-
-
-class CacheFileError(ValueError):
-    pass
-
-
-def load_table(path: str | Path) -> Table:
-    """A lookup cache file as upstream writes it: per entry the n-gram as
-    four int32 token ids padded with -1, an int32 count of followers, then
-    (token, count) int32 pairs.  Raises CacheFileError on any other shape."""
-    data = Path(path).read_bytes()
-    table: Table = {}
-    pos, end = 0, len(data)
-    while pos < end:
-        if end - pos < _NGRAM.size + _I32.size:
-            raise CacheFileError(f"truncated entry at byte {pos}")
-        ids = _NGRAM.unpack_from(data, pos)
-        (n,) = _I32.unpack_from(data, pos + _NGRAM.size)
-        pos += _NGRAM.size + _I32.size
-        if n <= 0 or end - pos < n * _PAIR.size:
-            raise CacheFileError(f"bad follower count {n} at byte {pos - _I32.size}")
-        key = tuple(t for t in ids if t != NULL)
-        part = table.setdefault(key, {})
-        for token, count in _PAIR.iter_unpack(data[pos:pos + n * _PAIR.size]):
-            if count <= 0:
-                raise CacheFileError(f"non-positive count {count} for token {token}")
-            part[token] = count
-        pos += n * _PAIR.size
-    return table
-
-
-def dump_table(table: Table) -> bytes:
-    """The inverse of load_table (tests and tooling write files with it)."""
-    out = bytearray()
-    for key, part in table.items():
-        out += _NGRAM.pack(*key, *([NULL] * (NGRAM_MAX - len(key))))
-        out += _I32.pack(len(part))
-        for token, count in part.items():
-            out += _PAIR.pack(token, count)
-    return bytes(out)
 
 
 def update(table: Table, tokens: Sequence[int]) -> None:

@@ -301,11 +301,7 @@ def test_ngram_cache_drafts_from_context_then_dynamic_then_static():
 def test_lookup_cache_files_round_trip_in_upstreams_layout(tmp_path):
     import struct
 
-    from mlxcel_trio.engine.speculative.ngram_cache import (
-        CacheFileError,
-        dump_table,
-        load_table,
-    )
+    from mlxcel_trio.protocol.lookup_cache import CacheFileError, dump_table, load_table
 
     table = {(3, 4): {5: 2, 6: 1}, (7,): {8: 4}, (1, 2, 3, 4): {9: 1}}
     data = dump_table(table)
