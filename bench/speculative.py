@@ -3,6 +3,7 @@ own single-stream speculative generation as the peer (not a test).
 
     python bench/speculative.py --quick                 # tiny fixture, ~1 min
     python bench/speculative.py --fixture bench --tokens 32
+    python bench/speculative.py --fixture bench-successor   # a checkpoint that copies
 
 One run, one checkpoint, one environment.  The prompt is copy-heavy: a seed
 passage S, the model's own greedy continuation G of S (from a plain server),
