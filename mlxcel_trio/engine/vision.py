@@ -57,7 +57,19 @@ def text_config(config: dict) -> dict:
         if key in config and key not in text:
             text[key] = config[key]
     text.setdefault("model_type", "llama")
+    # transformers' llava configs list only what differs from the text
+    # family's defaults (llava-1.5's is six keys): fill in LlamaConfig's
+    if text["model_type"] == "llama":
+        text = {**_LLAMA_DEFAULTS, **text}
+    # the text families llava wraps (llama, mistral, qwen2) default to an
+    # untied head; mlx-lm's llama would otherwise drop lm_head and tie it
+    text.setdefault("tie_word_embeddings", False)
     return text
+
+
+_LLAMA_DEFAULTS = dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                       num_attention_heads=32, rms_norm_eps=1e-6, rope_theta=10000.0,
+                       max_position_embeddings=2048, vocab_size=32000)
 
 
 def flat_config(config: dict) -> dict:

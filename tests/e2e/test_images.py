@@ -119,3 +119,11 @@ def test_no_mmproj_refuses_images(tiny_vlm_model, start_server):
     r = post(srv.url, {"prompt": {"prompt_string": "<__media__>", "multimodal_data": [png(1)]}})
     assert r.status_code == 400 and "does not support multimodal" in r.text
     srv.stop()
+
+
+def test_responses_input_image(vlm, oai):
+    r = oai.responses.create(model="m", max_output_tokens=8, temperature=0, input=[{
+        "role": "user", "content": [
+            {"type": "input_image", "image_url": f"data:image/png;base64,{png(3)}"},
+            {"type": "input_text", "text": QUESTION}]}])
+    assert r.output_text == ask(oai, user(image_part(3)))
