@@ -76,6 +76,8 @@ def test_props_and_marker_count(vlm, server):
 
     assert httpx.get(vlm.url + "/props").json()["modalities"]["vision"] is True
     assert httpx.get(server.url + "/props").json()["modalities"]["vision"] is False
+    assert httpx.get(vlm.url + "/v1/models").json()["models"][0]["capabilities"] == [
+        "completion", "multimodal"]
     # upstream's tokenize failure when markers and files disagree
     r = post(vlm.url, {"prompt": {"prompt_string": "no marker", "multimodal_data": [png(1)]}})
     assert r.status_code == 400 and r.json()["error"]["message"] == "Failed to tokenize prompt"

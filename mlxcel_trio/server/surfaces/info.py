@@ -143,7 +143,8 @@ def capabilities(info) -> list[str]:
     """What -m answers: completion (a chat model), or, served alone with
     --embeddings / --reranking, embedding or rerank."""
     if info.generates:
-        return ["completion"]
+        # upstream adds "multimodal" when a projector is loaded
+        return ["completion", "multimodal"] if info.vision is not None else ["completion"]
     return ["embedding" if info.embedder is not None and _is_m(info, info.embedder)
             else "rerank"]
 
