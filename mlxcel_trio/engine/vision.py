@@ -216,7 +216,9 @@ class VisionEncoder:
         if pre_path.exists():
             pre_cfg = json.loads(pre_path.read_text())
         strategy = config.get("vision_feature_select_strategy", "default")
-        n = (vcfg.image_size // vcfg.patch_size) ** 2 + (0 if strategy == "default" else 1)
+        # the tower's positions (a CLIP tower adds its class token), less the
+        # first one under the "default" feature strategy, as transformers drops it
+        n = tower.vision_model.embeddings.num_positions - (1 if strategy == "default" else 0)
         info = VisionInfo(image_token=int(config.get("image_token_index", 32000)),
                           tokens_per_image=n)
         return cls(tower, projector, _Preprocess(pre_cfg, vcfg.image_size),
