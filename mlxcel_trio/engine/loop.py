@@ -217,8 +217,9 @@ class EngineLoop:
                  embedding_model: str | None = None, reranker_model: str | None = None,
                  pooling: str | None = None, embd_n_batch: int = 512,
                  speculative: SpecSettings = SpecSettings(),
-                 lora: tuple[str, ...] = ()) -> None:
+                 lora: tuple[str, ...] = (), images: bool = True) -> None:
         self._path = Path(model_path)
+        self._images = images            # False (--no-mmproj): an image tower is not loaded
         self._lora = lora                # adapter paths, in id order (engine/lora.py)
         # The encoder side: -m itself (encoder_only names its role, "embed" or
         # "rank"), or models beside the chat one (--embedding-model,
@@ -401,7 +402,7 @@ class EngineLoop:
         mx.eval(model.parameters())
         if vision.is_vlm(config):
             # the image tower takes the text model's served float type
-            if self._vision is None:
+            if self._vision is None and self._images:
                 self._vision = vision.VisionEncoder.load(
                     self._path, config, vision.embed_tokens(model).weight.dtype
                     if mx.issubdtype(vision.embed_tokens(model).weight.dtype, mx.floating)

@@ -115,6 +115,9 @@ def test_text_only_checkpoint_refuses_images_with_501(server, path, body):
 
 def test_no_mmproj_refuses_images(tiny_vlm_model, start_server):
     srv = start_server(tiny_vlm_model, "-c", "512", "-np", "1", "--no-mmproj", "--no-warmup")
+    import httpx
+
+    assert httpx.get(srv.url + "/props").json()["modalities"]["vision"] is False
     r = post(srv.url, {"messages": user(image_part(1))}, path="/v1/chat/completions")
     assert r.status_code == 501 and r.json()["error"]["message"].startswith(
         "image input is not supported - hint: the server was started with --no-mmproj")

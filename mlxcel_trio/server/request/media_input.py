@@ -48,8 +48,7 @@ def refusal(kind: str, served) -> ApiError:
     """Upstream's `<kind> input is not supported` clause at 501, its hint
     replaced: there is no projector file to provide for an MLX checkpoint."""
     name = served.model_name
-    if kind == "image" and served.bridge.info is not None \
-            and served.bridge.info.vision is not None:
+    if not served.state.config.mmproj_auto:
         hint = "the server was started with --no-mmproj, which refuses media input"
     elif kind == "image":
         hint = (f"the loaded checkpoint '{name}' has no image tower; serve an MLX "
