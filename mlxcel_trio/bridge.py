@@ -149,7 +149,8 @@ def engine_loop(cfg: ServerConfig, emit: Emit) -> Engine:
                       pooling=None if cfg.pooling == "rank" else cfg.pooling,
                       embd_n_batch=min(cfg.batch_size, cfg.ubatch_size),
                       speculative=cfg.speculative,
-                      lora=tuple(path for path, _ in cfg.adapters))
+                      lora=tuple(path for path, _ in cfg.adapters),
+                      images=cfg.mmproj_auto)
 
 
 def checkpoint_problem(cfg: ServerConfig) -> str | None:

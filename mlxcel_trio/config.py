@@ -124,6 +124,7 @@ class ServerConfig:
     warmup: bool = True
     special: bool = False        # -sp: render special tokens in generated text
     spm_infill: bool = False     # --spm-infill: /infill puts the suffix block first
+    mmproj_auto: bool = True     # --no-mmproj: refuse every image part
     verbose: bool = False
     timeout: int = 3600          # HTTP socket read/write timeout, seconds
     # -- transport, CORS, keys --

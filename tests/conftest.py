@@ -205,6 +205,15 @@ def tiny_draft_model(tiny_model, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_vlm_model(tiny_model) -> Path:
+    """tiny's language model inside a llava VLM (fixtures/vlm.py); skipped
+    where the optional mlx-vlm is not installed."""
+    pytest.importorskip("mlx_vlm")
+    from fixtures.build import ensure
+    return ensure("tiny-vlm")
+
+
+@pytest.fixture(scope="session")
 def tiny_facts(tiny_model) -> dict:
     import json
     return json.loads((tiny_model / "fixture_facts.json").read_text())

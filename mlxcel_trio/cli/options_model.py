@@ -152,10 +152,13 @@ MULTIMODAL: tuple[Option, ...] = (
     _projector(("-mmu", "--mmproj-url"), "mmproj_url", "download a projector from a URL",
                value=Text(), metavar="URL", env="LLAMA_ARG_MMPROJ_URL",
                instead=POINT_AT_MLX),
-    _projector(("--mmproj-auto",), "mmproj_auto",
-               "fetch a projector next to an --hf-repo model when one exists",
-               kind="bool", negations=("--no-mmproj", "--no-mmproj-auto"), default=True,
-               env="LLAMA_ARG_MMPROJ_AUTO", inert=ALWAYS, accepts="either form"),
+    # the image tower ships inside the MLX checkpoint: the default admits
+    # images, --no-mmproj refuses every image part (server/request/media_input.py)
+    Option(("--mmproj-auto",), "mmproj_auto",
+           "accept image input when the checkpoint has an image tower "
+           "(--no-mmproj refuses every image part)",
+           kind="bool", negations=("--no-mmproj", "--no-mmproj-auto"), default=True,
+           env="LLAMA_ARG_MMPROJ_AUTO", status="by_design", hidden=True, section="server"),
     _projector(("--mmproj-offload",), "mmproj_offload", "run the projector on the GPU",
                kind="bool", negations=("--no-mmproj-offload",), default=True,
                env="LLAMA_ARG_MMPROJ_OFFLOAD", inert=equals(True),

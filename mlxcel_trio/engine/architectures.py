@@ -54,6 +54,10 @@ def problem(path: str | Path, kv_types: tuple[str, str] = DEFAULT_KV) -> str | N
         return f"cannot read {Path(path) / 'config.json'}: {exc}"
     if not isinstance(config, dict) or not config.get("model_type"):
         return "config.json names no model_type, so no mlx-lm architecture can be chosen"
+    from .vision import is_vlm, text_problem
+
+    if is_vlm(config):
+        return text_problem(config) or kv_problem(config, *kv_types)
     module = _resolved_type(config)
     if importlib.util.find_spec(f"mlx_lm.models.{module}") is not None:
         return kv_problem(config, *kv_types)

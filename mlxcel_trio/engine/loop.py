@@ -225,8 +225,9 @@ class EngineLoop:
                  embedding_model: str | None = None, reranker_model: str | None = None,
                  pooling: str | None = None, embd_n_batch: int = 512,
                  speculative: SpecSettings = SpecSettings(),
-                 lora: tuple[str, ...] = ()) -> None:
+                 lora: tuple[str, ...] = (), images: bool = True) -> None:
         self._path = Path(model_path)
+        self._images = images            # False (--no-mmproj): an image tower is not loaded
         self._lora = lora                # adapter paths, in id order (engine/lora.py)
         # The encoder side: -m itself (encoder_only names its role, "embed" or
         # "rank"), or models beside the chat one (--embedding-model,
@@ -258,6 +259,7 @@ class EngineLoop:
         self._emit = emit
         self._spec = speculative
         self._draft = None       # the draft model (-md), loaded with the target
+        self._vision = None      # engine/vision.VisionEncoder: an integrated VLM's image tower
         # None = never sleep (an encoder alone is small and has no chat to drop)
         self._sleep_idle_s = None if encoder_only is not None else sleep_idle_s
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
@@ -426,6 +428,10 @@ class EngineLoop:
         if self._warmup:
             self._run_warmup(scheduler, vocab)
         info = _model_facts(model, config, self._path, n_ctx, self._n_ctx_slot, self._n_slots)
+        if self._vision is not None:
+            import attrs
+
+            info = attrs.evolve(info, vision=self._vision.info)
         if any(self._encoder_paths.values()):
             import attrs
 
@@ -439,11 +445,22 @@ class EngineLoop:
         its config (without the quantization block once dequantized)."""
         import mlx.core as mx
 
-        from . import rope, weights
+        from . import rope, vision, weights
 
         model, config = rope.load(self._path, self._rope, lazy=True)
         model, note = weights.apply(model, self._weights)
         mx.eval(model.parameters())
+        if vision.is_vlm(config):
+            # the image tower takes the text model's served float type
+            if self._vision is None and self._images:
+                self._vision = vision.VisionEncoder.load(
+                    self._path, config, vision.embed_tokens(model).weight.dtype
+                    if mx.issubdtype(vision.embed_tokens(model).weight.dtype, mx.floating)
+                    else None)
+                log.info("image input: %s tower, %d tokens per image",
+                         config["vision_config"].get("model_type", "vision"),
+                         self._vision.info.tokens_per_image)
+            config = vision.flat_config(config)
         if self._lora:
             from . import lora
             from .lora_files import read_adapter
@@ -491,6 +508,7 @@ class EngineLoop:
                          context_shift=self._context_shift,
                          cont_batching=self._cont_batching,
                          kv_types=self._kv_types, n_adapters=len(self._lora),
+                         vision=self._vision,
                          prompt_cache=(PromptCache(budget_from_mib(self._cache_ram_mib))
                                        if self._cache_ram_mib != 0 else None))
 

@@ -131,10 +131,12 @@ def load(path: Path, o: RopeOverrides, lazy: bool = False):
     the checkpoint's family would not apply them.  `lazy`: the weights are
     read when first evaluated (mlx-lm's own flag)."""
     from mlx_lm.models import rope_utils
-    from mlx_lm.utils import _get_classes, load_config, load_model
+    from mlx_lm.utils import load_config, load_model
+
+    from .vision import model_classes as _get_classes  # an integrated VLM's text model too
 
     if not o.any:
-        return load_model(path, lazy=lazy)
+        return load_model(path, lazy=lazy, get_model_classes=_get_classes)
     base_config = load_config(path)
     changes = patch(o, base_config)
     want_theta = changes.get("rope_theta")
@@ -142,7 +144,7 @@ def load(path: Path, o: RopeOverrides, lazy: bool = False):
     remix = _block_type(want_block) == "yarn" and (
         o.yarn_ext_factor >= 0 and o.yarn_ext_factor != FULL_MIX)
     if not changes and not remix:
-        return load_model(path, lazy=lazy)     # e.g. --yarn-* against a non-YaRN rotation: inert
+        return load_model(path, lazy=lazy, get_model_classes=_get_classes)  # e.g. --yarn-* against a non-YaRN rotation: inert
     original = rope_utils.initialize_rope
     honoured: dict[int, float] = {}   # rotary module -> the base it was built with
     patched: list[Any] = []

@@ -90,7 +90,7 @@ class _Sequence:
         "stop_type", "stopping_word", "truncated", "t_start", "t_first",
         "t_prompt_ms", "last_nl_pos", "done", "processed", "row", "probs", "n_cache",
         "kv", "sampler", "processors", "prefilled", "n_shifts", "cached", "plan", "scales",
-        "ns",
+        "ns", "n_kv0",
     )
 
     def __init__(self, job: Job, slot: int, vocab: Vocab, max_tokens: int,
@@ -100,7 +100,7 @@ class _Sequence:
         # the prompt-cache namespace they imply: KV computed under other
         # scales is another model's
         self.scales = lora_scales(job.lora, n_adapters)
-        self.ns = scaled_namespace(job.cache_ns, self.scales)
+        self.ns = image_namespace(scaled_namespace(job.cache_ns, self.scales), job.images)
         self.slot = slot
         self.uid: int | None = None
         self.detok = IncrementalDetokenizer(vocab.table)
@@ -120,6 +120,7 @@ class _Sequence:
         self.row = None                     # sampler state (samplers/batch.Row)
         self.probs: list[TokenProbs] = []   # completion_probabilities, when asked
         self.n_cache = 0                    # prompt tokens the prompt cache supplied
+        self.n_kv0 = 0                      # tokens `cached` holds (cache or image prefill)
         self.cached = None                  # the prompt cache's KV until inserted
         self.kv: list[int] = list(job.prompt)  # the tokens the sequence's KV holds
         self.sampler = None                 # kept for a context shift's re-insert
@@ -154,13 +155,22 @@ def scaled_namespace(ns: str | None, scales: tuple[float, ...]) -> str | None:
     return f"{ns}|lora=" + ",".join(repr(float(s)) for s in scales)
 
 
+def image_namespace(ns: str | None, images) -> str | None:
+    """Every image's placeholder tokens are the same ids, so KV computed
+    with one picture is keyed by the pictures (in order) as well."""
+    if ns is None or not images:
+        return ns
+    return f"{ns}|images=" + ",".join(im.digest for im in images)
+
+
 class Scheduler:
     def __init__(self, model, vocab: Vocab, *, n_slots: int, n_ctx_slot: int,
                  batch_size: int, special: bool = False,
                  prompt_cache: PromptCache | None = None, context_shift: bool = False,
                  cont_batching: bool = True, kv_types: tuple[str, str] = DEFAULT_KV,
-                 drafter: Chain | None = None, n_adapters: int = 0) -> None:
+                 drafter: Chain | None = None, n_adapters: int = 0, vision=None) -> None:
         self.vocab = vocab
+        self._vision = vision  # engine/vision.VisionEncoder for an integrated VLM
         self.n_adapters = n_adapters  # the model is lora.AdaptedModel when > 0
         self.context_shift = context_shift
         self.cont_batching = cont_batching
@@ -236,8 +246,25 @@ class Scheduler:
         if len(job.prompt) >= self.n_ctx_slot:
             out.append(Failed.exceeds_context(job.id, len(job.prompt), self.n_ctx_slot))
             return
+        if job.images:
+            problem = self._image_problem(job)
+            if problem is not None:
+                out.append(Failed(job.id, *problem))
+                return
         self._pending.append(job)
         self._admit(out)
+
+    def _image_problem(self, job: Job) -> tuple[str, str] | None:
+        """The worker's own copy of the route's refusal: a job with images
+        never degrades to text on a checkpoint without an image tower."""
+        from .vision import spans_ok
+
+        if self._vision is None:
+            return ("not_supported_error", "image input is not supported - hint: the loaded "
+                    "checkpoint has no image tower")
+        if not spans_ok(job.prompt, job.images, self._vision.info):
+            return ("invalid_request_error", "Failed to tokenize prompt")
+        return None
 
     def cancel(self, job_id: int, out: list) -> None:
         seq = self._by_job.get(job_id)
@@ -409,16 +436,21 @@ class Scheduler:
         room = self.n_ctx_slot - n_prompt
         # n_predict 0 still yields one token, as upstream does.  With context
         # shift on, only n_predict bounds a generation.
-        want = (UNBOUNDED if self.context_shift else room) if job.n_predict < 0 \
-            else max(1, job.n_predict)
-        seq = _Sequence(job, slot, self.vocab, want if self.context_shift else min(want, room),
+        shift = self.context_shift and not job.images
+        want = (UNBOUNDED if shift else room) if job.n_predict < 0 else max(1, job.n_predict)
+        seq = _Sequence(job, slot, self.vocab, want if shift else min(want, room),
                         self.n_adapters)
         self._by_job[job.id] = seq
         n_cache, caches = 0, None
         if self._cache is not None and seq.ns is not None and n_prompt > 1:
             n_cache, caches = self._cache.lookup(seq.ns, job.prompt)
-            seq.n_cache, seq.cached = n_cache, caches
+            seq.n_cache, seq.cached, seq.n_kv0 = n_cache, caches, n_cache
             self._cache_stats(out)
+        if job.images and n_prompt > 1 and n_cache < _image_end(job, self._vision):
+            # the cached prefix (same pictures, by the namespace) stops short
+            # of an image's features: encode and prefill the whole prompt
+            n_cache = seq.n_cache = 0
+            seq.cached, seq.n_kv0 = self._image_prefill(seq), n_prompt - 1
         out.append(Started(job.id, slot, n_prompt, n_cache))
         if job.return_progress:
             self._progress(seq, 0, seq.t_start, out)
@@ -433,6 +465,21 @@ class Scheduler:
             return
         self._insert(seq)
 
+    def _image_prefill(self, seq: _Sequence) -> list:
+        """Run the tower over the job's images and prefill its prompt (all but
+        the last token) with their features into a fresh cache."""
+        from .vision import prefill
+
+        t0 = time.perf_counter()
+        layers = self._new_caches.layers()
+        caches = [*layers, AdapterRows([seq.scales])] if self.n_adapters else layers
+        prefill(self._model, self._vision, seq.job.prompt, seq.job.images, caches,
+                self._batch_size)
+        log.debug("job %d: %d image(s) encoded and %d prompt tokens prefilled in %.1f ms",
+                  seq.job.id, len(seq.job.images), len(seq.job.prompt) - 1,
+                  _ms_since(t0, time.perf_counter()))
+        return layers
+
     def _decoding(self) -> bool:
         """Whether an admitted sequence has reached decoding (-nocb's gate)."""
         return any(s.prefilled or s.t_first is not None for s in self._by_uid.values())
@@ -440,10 +487,11 @@ class Scheduler:
     def _insert(self, seq: _Sequence, processors: list | None = None) -> None:
         """Hand the sequence's KV tokens to the generator as its prompt (the
         first time after the prompt cache's prefix, if it supplied one)."""
-        seq.t_start = time.perf_counter() if seq.t_first is None else seq.t_start
-        gen_max = UNBOUNDED if self.context_shift else seq.max_tokens
+        if seq.t_first is None and not seq.job.images:  # an image's encode counts
+            seq.t_start = time.perf_counter()
+        gen_max = seq.max_tokens if self._bounded(seq) else UNBOUNDED
         caches, seq.cached = seq.cached, None
-        n = seq.n_cache if caches else 0
+        n = seq.n_kv0 if caches else 0
         fresh = None if caches else self._new_caches()
         if self.n_adapters:
             # the scales ride at the end of the cache list (lora.py)
@@ -468,6 +516,13 @@ class Scheduler:
                     plan.draft_n, plan.accepted, plan.rounds)
             self._gen._generation_batch.plans[uid] = seq.plan
 
+    def _bounded(self, seq: _Sequence) -> bool:
+        """Whether the slot's context bounds this sequence: always without
+        context shift, and always for a job with images, whose features a
+        shifted re-prefill from token ids would lose (upstream disables
+        context shift for multimodal too)."""
+        return not self.context_shift or bool(seq.job.images)
+
     def _drop_uid(self, uid: int) -> None:
         """The generator forgets a sequence (and so does the drafter)."""
         self._gen.remove([uid])
@@ -478,7 +533,7 @@ class Scheduler:
     def _maybe_shift(self, seq: _Sequence, now: float, out: list, finished: list) -> None:
         """Upstream's pre_decode: before the sampled token is decoded into
         the slot's last cell, process it, then shift the window."""
-        if not self.context_shift or len(seq.kv) + 1 < self.n_ctx_slot:
+        if self._bounded(seq) or len(seq.kv) + 1 < self.n_ctx_slot:
             return
         token = context_shift.pending_token(self._gen, seq.uid)
         if token is None:
@@ -554,7 +609,7 @@ class Scheduler:
             seq.stop_type, seq.stopping_word, seq.done = "word", r.word, True
         seq.content.append(emit)
         n = len(seq.tokens)
-        if not self.context_shift and len(job.prompt) + n >= self.n_ctx_slot:
+        if self._bounded(seq) and len(job.prompt) + n >= self.n_ctx_slot:
             # the slot's context is full: upstream checks this after the stop
             # words, so it overrides a word stop's type
             seq.truncated, seq.stop_type, seq.done = True, "limit", True
@@ -669,6 +724,11 @@ class Scheduler:
         st = self._cache.stats()
         out.append(CacheStats(st["entries"], st["bytes"], st["peak_bytes"],
                               st["budget_bytes"], st["hits"], st["misses"]))
+
+
+def _image_end(job: Job, vision) -> int:
+    """The prompt position just past the job's last image."""
+    return job.images[-1].start + vision.info.tokens_per_image
 
 
 def speculates(row) -> bool:

@@ -138,6 +138,32 @@ class Job:
     # this request's draft bounds (protocol/speculative.py); None = no
     # speculation for it (the server runs none, or the row cannot speculate)
     speculative: SpecRequest | None = None
+    # the request's images, in prompt order (engine/vision.py); each one's
+    # placeholder run is already in `prompt`
+    images: tuple[ImageInput, ...] = ()
+
+
+@attrs.frozen(eq=False)
+class ImageInput:
+    """One decoded image of a request: RGB bytes, row-major `height` x
+    `width` x 3; `digest` (sha256 of the pixels and size) keys the prompt
+    cache, since every image's placeholder tokens are the same ids; `start`
+    is the prompt position of its first placeholder token."""
+
+    rgb: bytes = attrs.field(repr=False)
+    width: int
+    height: int
+    digest: str
+    start: int
+
+
+@attrs.frozen
+class VisionInfo:
+    """The loaded checkpoint's image input: the placeholder token id and how
+    many placeholder positions one image fills."""
+
+    image_token: int
+    tokens_per_image: int
 
 
 # --- commands ---------------------------------------------------------------
@@ -243,6 +269,7 @@ class ModelInfo:
     reranker: "EmbedderInfo | None" = None
     generates: bool = True   # False: an encoder alone, no chat model
     transcriber: "TranscriberInfo | None" = None  # a speech-to-text model served as -m
+    vision: VisionInfo | None = None  # None: the checkpoint has no image tower
 
 
 @attrs.frozen

@@ -106,19 +106,34 @@ _BAD_PROMPT = ('"prompt" elements must be a string, a list of tokens, a JSON obj
                'containing a prompt string, or a list of mixed strings & tokens.')
 
 
-def _tokenize_one(p, vocab, limit: int | None = None) -> list[int]:
+def _tokenize_one(p, vocab, limit: int | None = None, vision=None) -> list[int]:
     if isinstance(p, dict):
         text = p.get("prompt_string")
         if not isinstance(text, str):
             raise ApiError(_BAD_PROMPT)
-        if p.get("multimodal_data"):
-            raise ApiError("Multimodal data provided, but model does not support multimodal requests.")
+        if "multimodal_data" in p:
+            if vision is None:
+                raise ApiError("Multimodal data provided, but model does not support "
+                               "multimodal requests.")
+            return _multimodal(text, p["multimodal_data"], vocab, vision)
         p = text
     if not _single_prompt(p):
         raise ApiError(_BAD_PROMPT)
     if isinstance(p, str):  # text only: its ids are in the vocabulary by construction
         return tokenize_within(vocab, p, True, limit)
     return vocab.tokenize_mixed(p, add_special=True, parse_special=True)
+
+
+def _multimodal(text: str, files, vocab, vision) -> list[int]:
+    """A prompt_string whose media markers take the base64 `files` in order
+    (upstream's multimodal_data), as ids with each image's placeholders."""
+    from .media_input import MEDIA_MARKER, decode_base64, decode_image, place
+
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        raise ApiError(_BAD_PROMPT)
+    images = [decode_image(decode_base64(f)) for f in files]
+    return place(text, MEDIA_MARKER, images, vision,
+                 lambda piece, add: vocab.tokenize(piece, add, True), add_special=True)
 
 
 def tokenize_within(vocab, text: str, add_special: bool, limit: int | None) -> list[int]:
@@ -131,18 +146,20 @@ def tokenize_within(vocab, text: str, add_special: bool, limit: int | None) -> l
         raise ApiError.from_failed(Failed.exceeds_context(0, exc.n_tokens, limit or 0)) from None
 
 
-def tokenize_prompts(body: dict, vocab, limit: int | None = None) -> list[list[int]]:
+def tokenize_prompts(body: dict, vocab, limit: int | None = None,
+                     vision=None) -> list[list[int]]:
     """Every prompt of a completion body; `limit` (the slot's context):
-    see tokenize_within."""
+    see tokenize_within; `vision`: the image input the server takes (None:
+    multimodal_data is refused)."""
     if "prompt" not in body:
         raise ApiError("[json.exception.out_of_range.403] key 'prompt' not found")
     prompt = body["prompt"]
     if isinstance(prompt, list) and not prompt:
         raise ApiError('"prompt" must not be empty')
     if _single_prompt(prompt) or isinstance(prompt, dict):
-        return [_tokenize_one(prompt, vocab, limit)]
+        return [_tokenize_one(prompt, vocab, limit, vision)]
     if isinstance(prompt, list):
-        return [_tokenize_one(p, vocab, limit) for p in prompt]
+        return [_tokenize_one(p, vocab, limit, vision) for p in prompt]
     raise ApiError(_BAD_PROMPT)
 
 
@@ -217,6 +234,7 @@ def make_job(served: Served, values: NativeRequest, prompt: list[int], copy: int
         settings=values,
         speculative=(SpecRequest(spec.n_max, spec.n_min, spec.p_min)
                      if (spec := served.speculative).on else None),
+        images=tuple(getattr(prompt, "images", ())),  # media_input.MediaPrompt
     )
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from ...bridge import Bridge
 from ...monitor import SlotView
 from ...protocol.speculative import SpecSettings
+from ..request.media_input import MEDIA_MARKER, vision_of
 from ..request.jobs import Served
 from ..request.schema import NativeRequest
 from ..request.settings import generation_settings, reduced_settings
@@ -37,7 +38,6 @@ def _default_values(served: Served) -> NativeRequest:
 
 
 FTYPE_NAMES = {"float32": "all F32", "float16": "F16", "bfloat16": "BF16"}
-MEDIA_MARKER = "<__media__>"  # upstream's default; no media is served here
 
 
 def ftype_name(info) -> str:
@@ -62,7 +62,7 @@ def props(served: Served):
         "model_alias": served.model_name,
         "model_ftype": ftype_name(info),
         "model_path": info.path,
-        "modalities": {"vision": False, "video": False,
+        "modalities": {"vision": vision_of(served) is not None, "video": False,
                        "audio": info.transcriber is not None},
         "media_marker": MEDIA_MARKER,
         "endpoint_slots": bridge.config.endpoint_slots,
@@ -145,7 +145,8 @@ def capabilities(info) -> list[str]:
     checkpoint), or, served alone with --embeddings / --reranking, embedding
     or rerank."""
     if info.generates:
-        return ["completion"]
+        # upstream adds "multimodal" when a projector is loaded
+        return ["completion", "multimodal"] if info.vision is not None else ["completion"]
     if info.transcriber is not None:
         return ["transcription"]
     return ["embedding" if info.embedder is not None and _is_m(info, info.embedder)

@@ -26,6 +26,7 @@ from ...chat.parser import ChatMsg, ChatStream, Diff
 from ...protocol.records import Finished, PromptProgress, TokenPiece
 from ..request import grammar_fields as grammar, budget_fields as reasoning_budget
 from ..request.chat import ChatPlan, plan
+from ..request.media_input import chat_images, place, vision_of
 from ..request.schema import NativeRequest
 from ..request.jobs import Served, make_jobs, now_s, off_loop, resolve, run_all
 from ..http.errors import json_response
@@ -44,9 +45,17 @@ def random_string() -> str:
 async def chat_plan(served: Served, config, body: Any, generating: bool = True) -> ChatPlan:
     """The chat plan, rendered and tokenized on a worker thread (a 5 MB
     message must not stall the event loop)."""
+    # a server without image input refuses an image part before reading it
+    body, images, marker = await chat_images(body, served)
     settings = served.state.chat_settings()   # built on the loop: it logs
     limit = served.bridge.info.n_ctx_slot if generating else None
-    return await off_loop(served, plan, body, settings, served.bridge.vocab, generating, limit)
+    vocab = served.bridge.vocab
+    chat = await off_loop(served, plan, body, settings, vocab, generating, limit)
+    if not images:
+        return chat
+    tokens = await off_loop(served, place, chat.prompt, marker, images, vision_of(served),
+                            lambda piece, add: vocab.tokenize(piece, add, True), False)
+    return attrs.evolve(chat, tokens=tokens)
 
 
 def chat_jobs(served: Served, config, chat: ChatPlan, values: NativeRequest,

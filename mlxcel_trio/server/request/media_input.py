@@ -1,0 +1,157 @@
+"""Images in requests: the capability gate, the URL-to-bytes step, the
+decode, and the placement of each image's placeholder tokens.
+
+The gate runs first, on the request's shape alone: a checkpoint without an
+image tower (or a server started with --no-mmproj) refuses an image part
+with upstream's leading clause before any URL is read.  `image_bytes` is
+the one place a URL becomes bytes.  Chat routes render each image as a
+per-request marker string in the text (as upstream's media marker), so a
+client can never forge a placeholder; the rendered prompt is then split on
+the marker and each image's run of placeholder ids goes in its place.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import io
+import secrets
+from typing import Any, Sequence
+
+import trio
+
+from ...protocol.records import ImageInput, VisionInfo
+from ..http.errors import ApiError
+
+MEDIA_MARKER = "<__media__>"  # the raw-prompt marker /props reports (upstream's default)
+# content part types that carry media, and the kind upstream's refusal names
+MEDIA_PARTS = {"image_url": "image", "input_audio": "audio", "input_video": "video"}
+
+
+class MediaPrompt(list):
+    """A prompt's token ids with the images placed in it (`images`)."""
+
+    images: tuple[ImageInput, ...] = ()
+
+
+def vision_of(served) -> VisionInfo | None:
+    """The image input the server takes: None without an image tower or
+    under --no-mmproj."""
+    info = served.bridge.info
+    if info is None or info.vision is None or not served.state.config.mmproj_auto:
+        return None
+    return info.vision
+
+
+def refusal(kind: str, served) -> ApiError:
+    """Upstream's `<kind> input is not supported` clause at 501, its hint
+    replaced: there is no projector file to provide for an MLX checkpoint."""
+    name = served.model_name
+    if not served.state.config.mmproj_auto:
+        hint = "the server was started with --no-mmproj, which refuses media input"
+    elif kind == "image":
+        hint = (f"the loaded checkpoint '{name}' has no image tower; serve an MLX "
+                "vision-language checkpoint (language model, vision tower and projector in "
+                "one snapshot) with -m to accept images")
+    else:
+        hint = f"the loaded checkpoint '{name}' has no {kind} tower"
+    return ApiError(f"{kind} input is not supported - hint: {hint}", "not_supported_error")
+
+
+def media_parts(body: Any):
+    """(message index, part index, kind) of every media part of a chat body."""
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if not isinstance(messages, list):
+        return
+    for i, msg in enumerate(messages):
+        content = msg.get("content") if isinstance(msg, dict) else None
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                if isinstance(part, dict) and part.get("type") in MEDIA_PARTS:
+                    yield i, j, MEDIA_PARTS[part["type"]]
+
+
+async def image_bytes(url: str, state) -> bytes:
+    """The bytes a request's image URL names.  Only `data:` URLs (base64)
+    are read here; other schemes are refused."""
+    if not url.startswith("data:"):
+        scheme = url.split(":", 1)[0] if ":" in url else url[:16]
+        raise ApiError(f"unsupported image URL scheme '{scheme}': send the image inline as a "
+                       "data: URL (data:image/png;base64,...)")
+    head, sep, data = url.partition(",")
+    if not sep or ";base64" not in head:
+        raise ApiError("Invalid url format: a data: image URL must be base64 "
+                       "(data:<mime>;base64,<data>)")
+    return decode_base64(data)
+
+
+def decode_base64(data: str) -> bytes:
+    try:
+        return base64.b64decode(data, validate=False)
+    except (binascii.Error, ValueError):
+        raise ApiError("Failed to load image or audio file") from None
+
+
+def decode_image(data: bytes, start: int = 0) -> ImageInput:
+    """RGB pixels of an encoded image (PIL; any format it reads)."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            rgb = img.convert("RGB")
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
+        raise ApiError("Failed to load image or audio file") from None
+    raw = rgb.tobytes()
+    digest = hashlib.sha256(f"{rgb.width}x{rgb.height}:".encode() + raw).hexdigest()
+    return ImageInput(raw, rgb.width, rgb.height, digest, start)
+
+
+async def chat_images(body: Any, served) -> tuple[Any, list[ImageInput], str]:
+    """The chat body with each image part replaced by a marker text part,
+    the decoded images in order, and the marker.  Refuses (501) before
+    reading anything when the server takes no images."""
+    found = list(media_parts(body))
+    if not found:
+        return body, [], ""
+    for _, _, kind in found:
+        if kind != "image" or vision_of(served) is None:
+            raise refusal(kind, served)
+    marker = f"<__media_{secrets.token_hex(8)}__>"
+    messages = [dict(m) if isinstance(m, dict) else m for m in body["messages"]]
+    images = []
+    for i, j, _ in found:
+        part = messages[i]["content"][j]
+        url = part.get("image_url")
+        url = url.get("url") if isinstance(url, dict) else url
+        if not isinstance(url, str):
+            raise ApiError("image_url must contain a 'url' string")
+        data = await image_bytes(url, served.state)
+        images.append(await trio.to_thread.run_sync(decode_image, data))
+        content = list(messages[i]["content"])
+        content[j] = {"type": "text", "text": marker}
+        messages[i]["content"] = content
+    return {**body, "messages": messages}, images, marker
+
+
+def place(text: str, marker: str, images: Sequence[ImageInput], vision: VisionInfo,
+          tokenize, add_special: bool) -> MediaPrompt:
+    """`text` split on `marker`: each piece tokenized, each marker replaced
+    by its image's placeholder run.  A marker count that differs from the
+    image count is upstream's tokenize failure."""
+    pieces = text.split(marker)
+    if len(pieces) - 1 != len(images):
+        raise ApiError("Failed to tokenize prompt")
+    out = MediaPrompt()
+    placed = []
+    for k, piece in enumerate(pieces):
+        if piece:
+            out.extend(tokenize(piece, add_special and k == 0))
+        elif k == 0 and add_special:
+            out.extend(tokenize("", True))
+        if k < len(images):
+            im = images[k]
+            placed.append(ImageInput(im.rgb, im.width, im.height, im.digest, len(out)))
+            out.extend([vision.image_token] * vision.tokens_per_image)
+    out.images = tuple(placed)
+    return out
