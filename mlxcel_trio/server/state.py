@@ -11,6 +11,7 @@ through `app.mlxcel_state` (it runs the two tasks below in its root nursery).
     responses   stored Responses (background runs are detached work)
     slot_identities   slot-file identity digests, by model path
     heavy_work  bounds the worker threads tokenizing and rendering requests
+    media       what a request's media reference may read (media/policy.py)
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import trio
 from ..bridge import Bridge
 from ..chat import settings as chat_settings
 from ..config import ServerConfig
+from ..media import MediaPolicy
 from .adapters import AdapterTable
 from .sessions.control import ControlRegistry
 from .sessions.detached import Detached
@@ -42,13 +44,17 @@ class AppState:
     # off_loop): two at once, so a flood of huge bodies queues instead of
     # taking every core from the engine thread.
     heavy_work: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(2))
+    media: MediaPolicy = attrs.field(factory=MediaPolicy)
     _chat: chat_settings.ChatSettings | None = None
 
     @classmethod
     def create(cls, config: ServerConfig, bridge: Bridge) -> "AppState":
         detached = Detached()
+        media = MediaPolicy.from_settings(config.media_path, config.max_image_payload_size,
+                                          config.max_images)
         return cls(config, bridge, detached, StreamRegistry.from_env(detached),
-                   ControlRegistry(bridge), adapters=AdapterTable.from_config(config))
+                   ControlRegistry(bridge), adapters=AdapterTable.from_config(config),
+                   media=media)
 
     def chat_settings(self) -> chat_settings.ChatSettings:
         """The server's chat settings, built on first use: they need the

@@ -43,8 +43,16 @@ def user(*parts) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def vlm(tiny_vlm_model, start_server):
-    return start_server(tiny_vlm_model, "-c", "1024", "-np", "2")
+def media_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("media")
+    (root / "pic.png").write_bytes(base64.b64decode(png(1)))
+    return root
+
+
+@pytest.fixture(scope="module")
+def vlm(tiny_vlm_model, start_server, media_root):
+    return start_server(tiny_vlm_model, "-c", "1024", "-np", "2",
+                        "--media-path", str(media_root), "--max-images", "2")
 
 
 @pytest.fixture(scope="module")
@@ -132,3 +140,24 @@ def test_responses_input_image(vlm, oai):
             {"type": "input_image", "image_url": f"data:image/png;base64,{png(3)}"},
             {"type": "input_text", "text": QUESTION}]}])
     assert r.output_text == ask(oai, user(image_part(3)))
+
+
+def test_urls_go_through_the_media_room(vlm, oai, media_root):
+    """file:// reads under --media-path (the same picture as inline data
+    gives the same answer); a loopback http URL is refused by the address
+    guard before anything is fetched; --max-images bounds the parts."""
+    inline = ask(oai, user(image_part(1)))
+    for url in ("file://pic.png", f"file://{media_root}/pic.png"):
+        assert ask(oai, user({"type": "image_url", "image_url": {"url": url}})) == inline
+    body = {"messages": user({"type": "image_url", "image_url": {"url": UNREAD}}),
+            "max_tokens": 4}
+    r = post(vlm.url, body, path="/v1/chat/completions")
+    assert r.status_code == 400 and "loopback" in r.json()["error"]["message"], r.text
+    escape = {"messages": user({"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}),
+              "max_tokens": 4}
+    r = post(vlm.url, escape, path="/v1/chat/completions")
+    assert r.status_code == 400
+    assert "file path escapes the --media-path root" in r.json()["error"]["message"]
+    three = {"messages": user(image_part(1), image_part(2), image_part(3)), "max_tokens": 4}
+    r = post(vlm.url, three, path="/v1/chat/completions")
+    assert r.status_code == 400 and "--max-images" in r.json()["error"]["message"], r.text

@@ -106,7 +106,7 @@ _BAD_PROMPT = ('"prompt" elements must be a string, a list of tokens, a JSON obj
                'containing a prompt string, or a list of mixed strings & tokens.')
 
 
-def _tokenize_one(p, vocab, limit: int | None = None, vision=None) -> list[int]:
+def _tokenize_one(p, vocab, limit: int | None = None, vision=None, media=None) -> list[int]:
     if isinstance(p, dict):
         text = p.get("prompt_string")
         if not isinstance(text, str):
@@ -115,7 +115,7 @@ def _tokenize_one(p, vocab, limit: int | None = None, vision=None) -> list[int]:
             if vision is None:
                 raise ApiError("Multimodal data provided, but model does not support "
                                "multimodal requests.")
-            return _multimodal(text, p["multimodal_data"], vocab, vision)
+            return _multimodal(text, p["multimodal_data"], vocab, vision, media)
         p = text
     if not _single_prompt(p):
         raise ApiError(_BAD_PROMPT)
@@ -124,14 +124,18 @@ def _tokenize_one(p, vocab, limit: int | None = None, vision=None) -> list[int]:
     return vocab.tokenize_mixed(p, add_special=True, parse_special=True)
 
 
-def _multimodal(text: str, files, vocab, vision) -> list[int]:
+def _multimodal(text: str, files, vocab, vision, policy) -> list[int]:
     """A prompt_string whose media markers take the base64 `files` in order
     (upstream's multimodal_data), as ids with each image's placeholders."""
-    from .media_input import MEDIA_MARKER, decode_base64, decode_image, place
+    from .media_input import MEDIA_MARKER, check_count, decode_base64, decode_image, place
 
     if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
         raise ApiError(_BAD_PROMPT)
-    images = [decode_image(decode_base64(f)) for f in files]
+    if policy is None:
+        from ...media import MediaPolicy
+        policy = MediaPolicy()
+    check_count(len(files), policy)
+    images = [decode_image(decode_base64(f, policy)) for f in files]
     return place(text, MEDIA_MARKER, images, vision,
                  lambda piece, add: vocab.tokenize(piece, add, True), add_special=True)
 
@@ -147,19 +151,19 @@ def tokenize_within(vocab, text: str, add_special: bool, limit: int | None) -> l
 
 
 def tokenize_prompts(body: dict, vocab, limit: int | None = None,
-                     vision=None) -> list[list[int]]:
+                     vision=None, media=None) -> list[list[int]]:
     """Every prompt of a completion body; `limit` (the slot's context):
     see tokenize_within; `vision`: the image input the server takes (None:
-    multimodal_data is refused)."""
+    multimodal_data is refused); `media`: the app's MediaPolicy (its bounds)."""
     if "prompt" not in body:
         raise ApiError("[json.exception.out_of_range.403] key 'prompt' not found")
     prompt = body["prompt"]
     if isinstance(prompt, list) and not prompt:
         raise ApiError('"prompt" must not be empty')
     if _single_prompt(prompt) or isinstance(prompt, dict):
-        return [_tokenize_one(prompt, vocab, limit, vision)]
+        return [_tokenize_one(prompt, vocab, limit, vision, media)]
     if isinstance(prompt, list):
-        return [_tokenize_one(p, vocab, limit, vision) for p in prompt]
+        return [_tokenize_one(p, vocab, limit, vision, media) for p in prompt]
     raise ApiError(_BAD_PROMPT)
 
 

@@ -4,7 +4,8 @@ decode, and the placement of each image's placeholder tokens.
 The gate runs first, on the request's shape alone: a checkpoint without an
 image tower (or a server started with --no-mmproj) refuses an image part
 with upstream's leading clause before any URL is read.  `image_bytes` is
-the one place a URL becomes bytes.  Chat routes render each image as a
+the one place a URL becomes bytes (the media room's confined, SSRF-guarded
+reader, under the app's `MediaPolicy`).  Chat routes render each image as a
 per-request marker string in the text (as upstream's media marker), so a
 client can never forge a placeholder; the rendered prompt is then split on
 the marker and each image's run of placeholder ids goes in its place.
@@ -12,15 +13,15 @@ the marker and each image's run of placeholder ids goes in its place.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
-import io
 import secrets
 from typing import Any, Sequence
 
 import trio
 
+from ...media import MediaError, MediaPolicy, read_media
+from ...media import decode_image as decode_bounded
+from ...media.data_url import decode_base64 as decode_base64_within
 from ...protocol.records import ImageInput, VisionInfo
 from ..http.errors import ApiError
 
@@ -72,36 +73,42 @@ def media_parts(body: Any):
                     yield i, j, MEDIA_PARTS[part["type"]]
 
 
-async def image_bytes(url: str, state) -> bytes:
-    """The bytes a request's image URL names.  Only `data:` URLs (base64)
-    are read here; other schemes are refused."""
-    if not url.startswith("data:"):
-        scheme = url.split(":", 1)[0] if ":" in url else url[:16]
-        raise ApiError(f"unsupported image URL scheme '{scheme}': send the image inline as a "
-                       "data: URL (data:image/png;base64,...)")
-    head, sep, data = url.partition(",")
-    if not sep or ";base64" not in head:
-        raise ApiError("Invalid url format: a data: image URL must be base64 "
-                       "(data:<mime>;base64,<data>)")
-    return decode_base64(data)
+def _answer(exc: MediaError) -> ApiError:
+    return ApiError(exc.message, exc.type, status=exc.status)
 
 
-def decode_base64(data: str) -> bytes:
+async def image_bytes(url: str, policy: MediaPolicy) -> bytes:
+    """The bytes a request's image URL names, through the media room:
+    data: and bare base64 decoded, http(s) fetched behind the SSRF guard,
+    file:// read inside --media-path, each within the payload bound."""
     try:
-        return base64.b64decode(data, validate=False)
-    except (binascii.Error, ValueError):
-        raise ApiError("Failed to load image or audio file") from None
+        return await read_media(url, policy)
+    except MediaError as exc:
+        raise _answer(exc) from None
+
+
+def decode_base64(data: str, policy: MediaPolicy) -> bytes:
+    """A native multimodal_data item (raw base64), within the payload bound."""
+    try:
+        return decode_base64_within(data, policy.max_bytes)
+    except MediaError as exc:
+        raise _answer(exc) from None
+
+
+def check_count(count: int, policy: MediaPolicy) -> None:
+    """--max-images, before any item is read."""
+    try:
+        policy.check_count(count)
+    except MediaError as exc:
+        raise _answer(exc) from None
 
 
 def decode_image(data: bytes, start: int = 0) -> ImageInput:
-    """RGB pixels of an encoded image (PIL; any format it reads)."""
-    from PIL import Image, UnidentifiedImageError
-
+    """RGB pixels of an encoded image, within the decoder's size caps."""
     try:
-        with Image.open(io.BytesIO(data)) as img:
-            rgb = img.convert("RGB")
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
-        raise ApiError("Failed to load image or audio file") from None
+        rgb = decode_bounded(data)
+    except MediaError as exc:
+        raise _answer(exc) from None
     raw = rgb.tobytes()
     digest = hashlib.sha256(f"{rgb.width}x{rgb.height}:".encode() + raw).hexdigest()
     return ImageInput(raw, rgb.width, rgb.height, digest, start)
@@ -117,6 +124,7 @@ async def chat_images(body: Any, served) -> tuple[Any, list[ImageInput], str]:
     for _, _, kind in found:
         if kind != "image" or vision_of(served) is None:
             raise refusal(kind, served)
+    check_count(len(found), served.state.media)
     marker = f"<__media_{secrets.token_hex(8)}__>"
     messages = [dict(m) if isinstance(m, dict) else m for m in body["messages"]]
     images = []
@@ -126,7 +134,7 @@ async def chat_images(body: Any, served) -> tuple[Any, list[ImageInput], str]:
         url = url.get("url") if isinstance(url, dict) else url
         if not isinstance(url, str):
             raise ApiError("image_url must contain a 'url' string")
-        data = await image_bytes(url, served.state)
+        data = await image_bytes(url, served.state.media)
         images.append(await trio.to_thread.run_sync(decode_image, data))
         content = list(messages[i]["content"])
         content[j] = {"type": "text", "text": marker}

@@ -151,7 +151,8 @@ async def complete(served: Served, body: Any) -> Response:
     values = resolve(body, served)
     values = await grammar.prepare(served, values)
     prompts = await off_loop(served, tokenize_prompts, body, served.bridge.vocab,
-                             served.bridge.info.n_ctx_slot, vision_of(served))
+                             served.bridge.info.n_ctx_slot, vision_of(served),
+                             served.state.media)
     jobs = make_jobs(served, values, prompts, body)
     if values.stream:
         return await _stream(served, values, jobs)

@@ -87,7 +87,8 @@ async def complete_v1(served: Served, body: Any, scope: str) -> Response:
     values = resolve(body, served)
     values = await grammar.prepare(served, values)
     prompts = await off_loop(served, tokenize_prompts, body, served.bridge.vocab,
-                             served.bridge.info.n_ctx_slot, vision_of(served))
+                             served.bridge.info.n_ctx_slot, vision_of(served),
+                             served.state.media)
     jobs = make_jobs(served, values, prompts, body, control=True)
     controlled = tuple(job.id for job in jobs) if values.reasoning_control else None
     out = _Render(served, values)

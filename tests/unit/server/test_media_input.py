@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import trio
 
+from mlxcel_trio.media import MediaPolicy
 from mlxcel_trio.protocol.records import ImageInput, VisionInfo
 from mlxcel_trio.server.http.errors import ApiError
 from mlxcel_trio.server.request import media_input as M
@@ -41,13 +42,13 @@ def test_decode_and_data_urls():
     buf = io.BytesIO()
     Image.new("RGB", (3, 2), (10, 20, 30)).save(buf, "PNG")
     url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
-    data = trio.run(M.image_bytes, url, None)
+    data = trio.run(M.image_bytes, url, MediaPolicy())
     im = M.decode_image(data)
     assert (im.width, im.height, im.rgb[:3]) == (3, 2, bytes([10, 20, 30]))
     with pytest.raises(ApiError, match="Failed to load image"):
         M.decode_image(b"not an image")
-    with pytest.raises(ApiError, match="unsupported image URL scheme 'ftp'"):
-        trio.run(M.image_bytes, "ftp://host/x.png", None)
+    with pytest.raises(ApiError, match="only http and https URLs are fetched"):
+        trio.run(M.image_bytes, "ftp://host/x.png", MediaPolicy())
 
 
 def test_the_gate_refuses_before_reading(monkeypatch):
