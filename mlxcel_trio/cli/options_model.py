@@ -34,7 +34,7 @@ from mlxcel_trio.media.limits import DEFAULT_MAX_IMAGES, DEFAULT_MAX_PAYLOAD
 
 MODEL_ISSUE = 2
 ADAPTER_ISSUE = 16
-MEDIA_ISSUE = 3  # the compatibility boundary owns media until an issue of its own is filed
+MEDIA_ISSUE = 19  # images and audio
 POINT_AT_MLX = "point --model at an MLX checkpoint instead"
 
 

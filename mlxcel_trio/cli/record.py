@@ -56,7 +56,9 @@ OWNERS: dict[int, str] = {
     16: "LoRA adapters",
     17: "speculative decoding",
     18: "router mode",
+    19: "images and audio",
     20: "web UI",
+    21: "beyond one machine: shared session store, mx.distributed",
 }
 
 

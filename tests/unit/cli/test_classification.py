@@ -15,6 +15,7 @@ from mlxcel_trio.cli.main import prepare
 from mlxcel_trio.cli.options import OPTIONS, Option
 from mlxcel_trio.cli.options_ui import PRESETS
 from mlxcel_trio.cli.parser import CliError
+from mlxcel_trio.cli.record import OWNERS
 
 from ._upstream import HAVE_UPSTREAM, expect_accepted, ours, plausible, record_id, records
 from .._checkpoint import fake_checkpoint
@@ -288,7 +289,7 @@ def test_not_applicable_options_are_hidden_and_classified() -> None:
             assert opt.hidden and (opt.refuse is None) == (opt.quiet is not None), opt.name
         if opt.status == "deferred":
             assert not opt.hidden and opt.refuse is not None, opt.name
-            assert opt.owner in (2, 3, 4, 5, 6, 7, 8, 17, 18), opt.name
+            assert opt.owner in OWNERS, opt.name
 
 
 def _default_argv(opt: Option) -> list[str] | None:
