@@ -181,18 +181,14 @@ def checkpoint_problem(cfg: ServerConfig) -> str | None:
 def world():
     """This process's place among the ranks mlx.launch started (one of one
     when started alone)."""
-    from .engine.distributed import World
-
-    return World.from_env()
+    return EngineLoop.world()
 
 
 def distributed_problem(cfg: ServerConfig, world) -> tuple[str | None, str | None]:
     """(problem, split kind) for serving `cfg` across `world`'s ranks; asked
     before the server listens and before any weight is read."""
-    from .engine.distributed import plan
-
     try:
-        return None, plan(cfg, world)
+        return None, EngineLoop.split_plan(cfg, world)
     except ValueError as exc:
         return str(exc), None
 
@@ -200,9 +196,7 @@ def distributed_problem(cfg: ServerConfig, world) -> tuple[str | None, str | Non
 def join_world(world, split_kind: str) -> tuple:
     """Join the other ranks (blocks until all have): the engine's
     `distributed` argument."""
-    from .engine.distributed import Lockstep, init_group
-
-    return Lockstep(init_group(world)), split_kind
+    return EngineLoop.join(world), split_kind
 
 
 def follow(cfg: ServerConfig, distributed: tuple) -> int:

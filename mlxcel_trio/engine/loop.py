@@ -291,6 +291,30 @@ class EngineLoop:
         problems = [p for p in map(adapter_problem, paths) if p is not None]
         return "; ".join(f"LoRA adapter {p}" for p in problems) or None
 
+    # -- several ranks: the bridge's way to engine/distributed.py -------------------
+
+    @staticmethod
+    def world():
+        """This process's place among the ranks mlx.launch started."""
+        from .distributed import World
+
+        return World.from_env()
+
+    @staticmethod
+    def split_plan(cfg, world) -> str:
+        """How `cfg`'s model splits among `world`'s ranks ("tensor" or
+        "pipeline"); ValueError naming what cannot be served so."""
+        from .distributed import plan
+
+        return plan(cfg, world)
+
+    @staticmethod
+    def join(world):
+        """Join the other ranks (blocks until all have): the lockstep channel."""
+        from .distributed import Lockstep, init_group
+
+        return Lockstep(init_group(world))
+
     def post(self, command) -> None:
         """Thread-safe, never blocks: callable from trio or from a cancel path."""
         self._commands.put(command)

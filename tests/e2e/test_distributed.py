@@ -94,12 +94,10 @@ def launched(tiny_model):
 
 
 @pytest.fixture(scope="module")
-def single(tiny_model):
-    srv = ServerProcess(tiny_model, *ARGS)
-    try:
-        yield srv.start()
-    finally:
-        srv.stop()
+def single(server):
+    """One ordinary process on the same checkpoint: the session's shared
+    server (a lone request decodes the same tokens whatever the slot count)."""
+    return server
 
 
 def complete(url: str, prompt: str, **extra) -> dict:
