@@ -212,8 +212,10 @@ def follow(cfg: ServerConfig, distributed: tuple) -> int:
 
 
 class Bridge:
-    def __init__(self, config: ServerConfig, engine_factory: EngineFactory) -> None:
+    def __init__(self, config: ServerConfig, engine_factory: EngineFactory,
+                 distributed: bool = False) -> None:
         self.config = config
+        self.distributed = distributed  # rank 0 of several (mlx.launch)
         self._engine_factory = engine_factory
         self.info: ModelInfo | None = None
         self.vocab = None

@@ -77,6 +77,19 @@ async def _signals(signals, shutdown: trio.Event) -> None:
         return
 
 
+PARENT_POLL_S = 1.0
+
+
+async def _watch_launcher(parent: int, shutdown: trio.Event) -> None:
+    """Rank 0 of several: mlx.launch does not pass a SIGTERM it receives on to
+    the ranks, so when it is gone (our parent changed) the server stops, and
+    with it every rank (its Shutdown is the followers' last record)."""
+    while os.getppid() == parent:
+        await trio.sleep(PARENT_POLL_S)
+    log.info("the launcher (pid %d) is gone, shutting down", parent)
+    shutdown.set()
+
+
 async def _watch_load(bridge: Bridge, shutdown: trio.Event, status: dict,
                       lifecycle: Lifecycle) -> None:
     await bridge.loaded.wait()
@@ -133,7 +146,8 @@ def _warn_open_cors(config: ServerConfig) -> None:
 async def _main(config: ServerConfig, sock, lifecycle: Lifecycle,
                 distributed: tuple | None = None) -> int:
     status = {"code": 0}
-    bridge = Bridge(config, partial(engine_loop, config, distributed=distributed))
+    bridge = Bridge(config, partial(engine_loop, config, distributed=distributed),
+                    distributed=distributed is not None)
     app = create_app(bridge, config, model_name(config))
     shutdown = trio.Event()
     # Catch signals before anything starts, so a signal during model load is
@@ -149,6 +163,8 @@ async def _serve(config, bridge, app, shutdown, signals, status, sock,
     hc = _hypercorn_config(config)
     async with trio.open_nursery() as root:
         root.start_soon(_signals, signals, shutdown)
+        if bridge.distributed:
+            root.start_soon(_watch_launcher, os.getppid(), shutdown)
         await root.start(bridge.run)
         await root.start(app.mlxcel_state.detached.run)
         await root.start(app.mlxcel_state.streams.run)
