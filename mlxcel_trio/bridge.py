@@ -207,7 +207,11 @@ def follow(cfg: ServerConfig, distributed: tuple) -> int:
     def emit(batch: StepEvents) -> None:  # a follower's events go nowhere
         failed.extend(ev.message for ev in batch.events if isinstance(ev, LoadFailed))
 
-    engine_loop(cfg, emit, distributed).run()
+    try:
+        engine_loop(cfg, emit, distributed).run()
+    except Exception as exc:  # a lost peer, a divergence, a failed step: this rank is done
+        log.error("this rank stops: %s: %s", type(exc).__name__, exc)
+        return 1
     return 1 if failed else 0
 
 
