@@ -79,7 +79,7 @@ class World:
         return self.size > 1
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "World":
+    def from_env(cls, env: Mapping[str, str] | None = None) -> World:
         """This process's place in the world, from what mlx.launch (ring,
         JACCL) or mpirun set; one process of one when started alone."""
         env = os.environ if env is None else env
@@ -260,7 +260,6 @@ class Lockstep:
     def _all_sum_bytes(self, data: bytes | None, n: int) -> bytes:
         import mlx.core as mx
         import numpy as np
-
         from mlx_lm.generate import generation_stream
 
         # on the generator's stream: collectives pair up across ranks in the

@@ -222,7 +222,12 @@ def run(config: ServerConfig) -> int:
             return 1
         log.info("rank %d of %d: joining the other processes (%s split)", ranks.rank,
                  ranks.size, split_kind)
-        distributed = join_world(ranks, split_kind)
+        try:
+            distributed = join_world(ranks, split_kind)
+        except RuntimeError as exc:  # no backend for this launch, or a rank count that differs
+            print(f"error: mx.distributed: {exc}", file=sys.stderr, flush=True)
+            sinks.close()
+            return 1
         if not ranks.leader:  # the engine alone, no socket: rank 0 serves HTTP
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0's Shutdown stops this one
             code = follow(config, distributed)

@@ -6,7 +6,6 @@ record's framing.  tests/e2e/test_distributed.py runs two real ranks."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import attrs
