@@ -7,7 +7,8 @@ What is checked against one ordinary process on the same checkpoint:
 greedy and seeded outputs are the same tokens (the all-reduce and rank 0's
 sampled tokens), streaming works, a cancelled stream frees its slot on both
 ranks (a follower that missed it would step another batch and the next
-request would fail), and SIGTERM on rank 0 stops every rank.
+request would fail), a grammar (rank 0's alone) and a time limit (rank
+0's clock) beside a plain job, and SIGTERM on rank 0 stops every rank.
 
 One launch serves the whole module; the SIGTERM test ends it and runs last.
 """
@@ -148,6 +149,32 @@ def test_a_cancelled_stream_frees_its_slot_on_every_rank(launched) -> None:
                until=lambda s: not any(x["is_processing"] for x in s))
     # both ranks dropped the job: the next request runs the same batch on each
     assert complete(launched.url, PROMPTS[2])["tokens_predicted"] == 8
+
+
+def test_grammar_and_time_limit_beside_a_plain_job(launched) -> None:
+    """Only rank 0 holds a grammar, and a time limit reads rank 0's clock:
+    both jobs run in one batch on both ranks and end where rank 0 says."""
+    import threading
+
+    grammar = 'root ::= ([a-z] [a-z]? "\\n")+'
+    bodies = [{"prompt": "list:", "n_predict": 16, "temperature": 0, "grammar": grammar,
+               "t_max_predict_ms": 1},
+              {"prompt": "list:", "n_predict": 16, "temperature": 0, "grammar": grammar}]
+    got: dict[int, dict] = {}
+
+    def run(i: int) -> None:
+        got[i] = post(launched.url, bodies[i]).json()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    limited, plain = got[0], got[1]
+    assert limited["stop_type"] == "limit" and limited["content"].count("\n") == 1, limited
+    assert plain["tokens_predicted"] == 16
+    assert set(plain["content"]) <= set("abcdefghijklmnopqrstuvwxyz\n")
+    assert complete(launched.url, PROMPTS[0])["tokens_predicted"] == 8
 
 
 def test_sigterm_on_rank_0_stops_every_rank(launched) -> None:
