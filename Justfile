@@ -33,6 +33,10 @@ test-e2e *ARGS:
 serve *ARGS:
     {{venv}}/bin/mlxcel-server -m "$({{py}} -m fixtures.build tiny)" {{ARGS}}
 
+# one model across N local processes with mx.distributed (ring over loopback): just serve-distributed 2 -m PATH [--split-mode row|layer]; across machines see docs/deploy.md
+serve-distributed N="2" *ARGS:
+    {{venv}}/bin/mlx.launch --backend ring -n {{N}} -- {{py}} -m mlxcel_trio {{ARGS}}
+
 # build a fixture checkpoint (tiny, tiny-4bit, bench) and print its path
 fixture KIND="tiny":
     {{py}} -m fixtures.build {{KIND}}

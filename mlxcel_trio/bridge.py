@@ -130,11 +130,15 @@ class JobHandle:
         self.events.close()
 
 
-def engine_loop(cfg: ServerConfig, emit: Emit) -> Engine:
+def engine_loop(cfg: ServerConfig, emit: Emit, distributed: tuple | None = None) -> Engine:
     """The real engine for `cfg`: the runner's engine factory, bound to the
     config with `partial`.  Building it loads nothing; its thread does.  It
-    lives here because the bridge is the one module that reaches the engine."""
-    return EngineLoop(cfg.model, n_slots=cfg.slots, ctx_size=cfg.ctx_size,
+    lives here because the bridge is the one module that reaches the engine.
+    `distributed`: (lockstep, split kind) when mlx.launch started several
+    ranks (`join_world`)."""
+    lockstep, split_kind = distributed or (None, None)
+    return EngineLoop(cfg.model, lockstep=lockstep, split_kind=split_kind, n_slots=cfg.slots,
+                      ctx_size=cfg.ctx_size,
                       batch_size=cfg.batch_size, warmup=cfg.warmup, emit=emit,
                       special=cfg.special, cache_ram_mib=cfg.cache_ram,
                       sleep_idle_s=(cfg.sleep_idle_seconds
@@ -201,9 +205,48 @@ def _whisper_problem(cfg: ServerConfig) -> str | None:
     return EngineLoop.checkpoint_problem(cfg.model)
 
 
+def world():
+    """This process's place among the ranks mlx.launch started (one of one
+    when started alone)."""
+    return EngineLoop.world()
+
+
+def distributed_problem(cfg: ServerConfig, world) -> tuple[str | None, str | None]:
+    """(problem, split kind) for serving `cfg` across `world`'s ranks; asked
+    before the server listens and before any weight is read."""
+    try:
+        return None, EngineLoop.split_plan(cfg, world)
+    except ValueError as exc:
+        return str(exc), None
+
+
+def join_world(world, split_kind: str) -> tuple:
+    """Join the other ranks (blocks until all have): the engine's
+    `distributed` argument."""
+    return EngineLoop.join(world), split_kind
+
+
+def follow(cfg: ServerConfig, distributed: tuple) -> int:
+    """A rank other than 0: the engine alone, on this thread, stepping with
+    rank 0 until its Shutdown; no HTTP, no trio.  Returns the exit code."""
+    failed: list[str] = []
+
+    def emit(batch: StepEvents) -> None:  # a follower's events go nowhere
+        failed.extend(ev.message for ev in batch.events if isinstance(ev, LoadFailed))
+
+    try:
+        engine_loop(cfg, emit, distributed).run()
+    except Exception as exc:  # a lost peer, a divergence, a failed step: this rank is done
+        log.error("this rank stops: %s: %s", type(exc).__name__, exc)
+        return 1
+    return 1 if failed else 0
+
+
 class Bridge:
-    def __init__(self, config: ServerConfig, engine_factory: EngineFactory) -> None:
+    def __init__(self, config: ServerConfig, engine_factory: EngineFactory,
+                 distributed: bool = False) -> None:
         self.config = config
+        self.distributed = distributed  # rank 0 of several (mlx.launch)
         self._engine_factory = engine_factory
         self.info: ModelInfo | None = None
         self.vocab = None

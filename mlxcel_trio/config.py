@@ -189,6 +189,9 @@ class ServerConfig:
     endpoint_props: bool = False     # --props: POST /props
     endpoint_slots: bool = True      # --slots / --no-slots: GET /slots
     sleep_idle_seconds: int = -1     # < 0 = never sleep
+    # -sm: how the model is split across mlx.launch's ranks (engine/distributed.py);
+    # None = tensor parallel where the architecture has it, else the pipeline
+    split_mode: str | None = None
     # -- the built-in web UI (server/surfaces/webui.py) --
     ui: bool = True                  # --ui / --no-ui: serve the page at /
     ui_config: str | None = None     # --ui-config, as given

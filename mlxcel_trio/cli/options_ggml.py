@@ -142,10 +142,14 @@ GGML: tuple[Option, ...] = (
            "how many layers to offload to the GPU",
            value=GpuLayers(), metavar="N", default="auto", env="LLAMA_ARG_N_GPU_LAYERS",
            quiet=_gpu_layers_quiet),
-    tuning(("-sm", "--split-mode"), "split_mode", "how to split a model across GPUs",
+    # the one device split MLX can honour: across mlx.launch's processes
+    # (engine/distributed.py); in a single process it has no effect
+    Option(("-sm", "--split-mode"), "split_mode",
+           "how to split the model across the processes mlx.launch starts: row or tensor "
+           "(tensor parallel), layer (pipeline), none (one process); default: tensor parallel "
+           "where the architecture has it, else the pipeline",
            value=Choice(("none", "layer", "row", "tensor")),
-           metavar="{none,layer,row,tensor}", env="LLAMA_ARG_SPLIT_MODE",
-           quiet=equals("none")),
+           metavar="{none,layer,row,tensor}", env="LLAMA_ARG_SPLIT_MODE", owner=21),
     tuning(("-ts", "--tensor-split"), "tensor_split", "share of the model per GPU",
            value=Text(), metavar="N0,N1,N2,...", env="LLAMA_ARG_TENSOR_SPLIT"),
     tuning(("-mg", "--main-gpu"), "main_gpu", "the GPU for the model or its KV cache",

@@ -225,9 +225,14 @@ class EngineLoop:
                  embedding_model: str | None = None, reranker_model: str | None = None,
                  pooling: str | None = None, embd_n_batch: int = 512,
                  speculative: SpecSettings = SpecSettings(),
-                 lora: tuple[str, ...] = (), images: bool = True) -> None:
+                 lora: tuple[str, ...] = (), images: bool = True, lockstep=None,
+                 split_kind: str | None = None) -> None:
         self._path = Path(model_path)
         self._images = images            # False (--no-mmproj): an image tower is not loaded
+        # several ranks, one model (engine/distributed.py): the per-step
+        # channel, and how the model is split (tensor | pipeline)
+        self._lockstep = lockstep
+        self._split_kind = split_kind
         self._lora = lora                # adapter paths, in id order (engine/lora.py)
         # The encoder side: -m itself (encoder_only names its role, "embed" or
         # "rank"), or models beside the chat one (--embedding-model,
@@ -308,6 +313,30 @@ class EngineLoop:
 
         problems = [p for p in map(adapter_problem, paths) if p is not None]
         return "; ".join(f"LoRA adapter {p}" for p in problems) or None
+
+    # -- several ranks: the bridge's way to engine/distributed.py -------------------
+
+    @staticmethod
+    def world():
+        """This process's place among the ranks mlx.launch started."""
+        from .distributed import World
+
+        return World.from_env()
+
+    @staticmethod
+    def split_plan(cfg, world) -> str:
+        """How `cfg`'s model splits among `world`'s ranks ("tensor" or
+        "pipeline"); ValueError naming what cannot be served so."""
+        from .distributed import plan
+
+        return plan(cfg, world)
+
+    @staticmethod
+    def join(world):
+        """Join the other ranks (blocks until all have): the lockstep channel."""
+        from .distributed import Lockstep, init_group
+
+        return Lockstep(init_group(world))
 
     def post(self, command) -> None:
         """Thread-safe, never blocks: callable from trio or from a cancel path."""
@@ -449,6 +478,11 @@ class EngineLoop:
 
         model, config = rope.load(self._path, self._rope, lazy=True)
         model, note = weights.apply(model, self._weights)
+        if self._lockstep is not None:  # before the weights are read: each rank reads its share
+            from .distributed import share_tokens, split_model
+
+            split_model(model, self._split_kind, self._lockstep.group)
+            share_tokens(self._lockstep.group)
         mx.eval(model.parameters())
         if vision.is_vlm(config):
             # the image tower takes the text model's served float type
@@ -501,7 +535,11 @@ class EngineLoop:
         from .scheduler import Scheduler
         from .speculative import build_chain
 
+        # a pipeline's ranks hold different layers, so their KV bytes (the
+        # prompt cache's budget) differ and so would its evictions
+        cache_on = self._cache_ram_mib != 0 and self._split_kind != "pipeline"
         return Scheduler(model, self.vocab, n_slots=self._n_slots,
+                         clock=self._lockstep.clock if self._lockstep is not None else None,
                          drafter=build_chain(self._spec, self._draft),
                          n_ctx_slot=self._n_ctx_slot,
                          batch_size=self._batch_size, special=self._special,
@@ -510,7 +548,7 @@ class EngineLoop:
                          kv_types=self._kv_types, n_adapters=len(self._lora),
                          vision=self._vision,
                          prompt_cache=(PromptCache(budget_from_mib(self._cache_ram_mib))
-                                       if self._cache_ram_mib != 0 else None))
+                                       if cache_on else None))
 
     @staticmethod
     def _report(info: ModelInfo, seconds: float, blas: str) -> None:
@@ -545,12 +583,17 @@ class EngineLoop:
 
     def _serve(self, box: list) -> None:
         scheduler = box.pop()
+        lockstep = self._lockstep
+        if lockstep is not None and not lockstep.leader:
+            return self._follow(scheduler, lockstep)
         commands = self._commands
         # the side workers: encoders and the transcriber, stepped between scheduler steps
         embedders = tuple(self.embedders.values()) + (
             (self.transcriber,) if self.transcriber is not None else ())
+        last: list = []   # the previous step's events (a lockstep record's digest)
         while True:
             out: list = []
+            taken: list = []  # the commands applied before this step, in order
             block = not scheduler.busy and not any(e.pending for e in embedders)
             burst_end = None  # set when an idle engine takes a job: wait for its companions
             while True:
@@ -574,31 +617,22 @@ class EngineLoop:
                     burst_end = time.perf_counter() + BURST_MAX_S
                 block = False
                 if isinstance(cmd, Shutdown):
+                    if lockstep is not None:
+                        self._lead(lockstep, [*taken, cmd], last, scheduler, out)
                     scheduler.close(out)
                     if out:
                         self._emit(StepEvents(tuple(out)))
                     return
+                taken.append(cmd)
                 try:
-                    if isinstance(cmd, Submit) and isinstance(cmd.job, EmbedJob):
-                        self._submit_embed(cmd.job, out)
-                    elif isinstance(cmd, Submit) and isinstance(cmd.job, TranscribeJob):
-                        self._submit_transcribe(cmd.job, out)
-                    elif isinstance(cmd, Submit):
-                        scheduler.submit(cmd.job, out)
-                    elif isinstance(cmd, Cancel):
-                        if not any(e.cancel(cmd.job_id) for e in embedders):
-                            scheduler.cancel(cmd.job_id, out)
-                    elif isinstance(cmd, ForceEnd):
-                        scheduler.force_end(cmd.job_ids)
-                    elif isinstance(cmd, SlotAction):
-                        scheduler.slot_action(cmd, out)
-                    elif isinstance(cmd, ClearPromptCache):
-                        scheduler.clear_prompt_cache(out)
+                    self._apply(scheduler, embedders, cmd, out)
                 except Exception as exc:
                     # as for a failed step: an exception that ended this thread
                     # would leave every request waiting forever
                     log.exception("engine command failed")
                     self._command_failed(scheduler, cmd, out, f"{type(exc).__name__}: {exc}")
+            if lockstep is not None and not self._lead(lockstep, taken, last, scheduler, out):
+                return
             n_active = scheduler.n_active
             if n_active:
                 self.n_decode += 1
@@ -610,6 +644,9 @@ class EngineLoop:
                 # starts from a fresh batch.
                 log.exception("engine step failed")
                 scheduler.fail_all(out, f"{type(exc).__name__}: {exc}")
+                if lockstep is not None:  # the ranks may no longer agree: stop them all
+                    self._stop_world(out)
+                    return
             if n_active:
                 # one small record per computing step, in the hop its events take
                 out.append(EngineStats(self.n_decode, self.n_busy_slots))
@@ -619,6 +656,64 @@ class EngineLoop:
                     embedder.step(out)
             if out:
                 self._emit(StepEvents(tuple(out)))
+            last = out
+
+    def _apply(self, scheduler, embedders, cmd, out: list) -> None:
+        """One command, as the scheduler (or an encoder) takes it."""
+        if isinstance(cmd, Submit) and isinstance(cmd.job, EmbedJob):
+            self._submit_embed(cmd.job, out)
+        elif isinstance(cmd, Submit) and isinstance(cmd.job, TranscribeJob):
+            self._submit_transcribe(cmd.job, out)
+        elif isinstance(cmd, Submit):
+            scheduler.submit(cmd.job, out)
+        elif isinstance(cmd, Cancel):
+            if not any(e.cancel(cmd.job_id) for e in embedders):
+                scheduler.cancel(cmd.job_id, out)
+        elif isinstance(cmd, ForceEnd):
+            scheduler.force_end(cmd.job_ids)
+        elif isinstance(cmd, SlotAction):
+            scheduler.slot_action(cmd, out)
+        elif isinstance(cmd, ClearPromptCache):
+            scheduler.clear_prompt_cache(out)
+
+    # -- several ranks (engine/distributed.py) ---------------------------------------
+
+    def _lead(self, lockstep, taken: list, last: list, scheduler, out: list) -> bool:
+        """Rank 0: send this step's record; False once the other ranks are
+        gone (every job in flight fails and the server stops)."""
+        from .distributed import DistributedError
+
+        try:
+            lockstep.lead(taken, last)
+            return True
+        except DistributedError as exc:
+            log.error("distributed: %s; stopping", exc)
+            scheduler.fail_all(out, f"the other ranks stopped: {exc}")
+            self._stop_world(out)
+            return False
+
+    def _stop_world(self, out: list) -> None:
+        """The process stops as on SIGTERM (HTTP answers what it holds)."""
+        import signal
+
+        if out:
+            self._emit(StepEvents(tuple(out)))
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def _follow(self, scheduler, lockstep) -> None:
+        """A follower: rank 0's commands, then the same step; its own events
+        go nowhere.  Any failure ends the process (mlx.launch then stops the
+        other ranks): a follower that missed a step cannot rejoin."""
+        last: list = []
+        while True:
+            out: list = []
+            for cmd in lockstep.follow(last):
+                if isinstance(cmd, Shutdown):
+                    scheduler.close(out)
+                    return
+                self._apply(scheduler, (), cmd, out)
+            scheduler.step(out)
+            last = out
 
     def _submit_embed(self, job: EmbedJob, out: list) -> None:
         rank = job.pooling == "rank"

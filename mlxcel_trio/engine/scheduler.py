@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from typing import Callable
 
 import attrs
 from mlx_lm.generate import BatchGenerator
@@ -90,7 +91,7 @@ class _Sequence:
         "stop_type", "stopping_word", "truncated", "t_start", "t_first",
         "t_prompt_ms", "last_nl_pos", "done", "processed", "row", "probs", "n_cache",
         "kv", "sampler", "processors", "prefilled", "n_shifts", "cached", "plan", "scales",
-        "ns", "n_kv0",
+        "ns", "n_kv0", "t_first_decided",
     )
 
     def __init__(self, job: Job, slot: int, vocab: Vocab, max_tokens: int,
@@ -113,6 +114,7 @@ class _Sequence:
         self.truncated = False
         self.t_start = time.perf_counter()
         self.t_first: float | None = None
+        self.t_first_decided: float | None = None  # t_first on the decision clock
         self.t_prompt_ms = 0.0
         self.last_nl_pos = 0
         self.done = False
@@ -168,9 +170,13 @@ class Scheduler:
                  batch_size: int, special: bool = False,
                  prompt_cache: PromptCache | None = None, context_shift: bool = False,
                  cont_batching: bool = True, kv_types: tuple[str, str] = DEFAULT_KV,
-                 drafter: Chain | None = None, n_adapters: int = 0, vision=None) -> None:
+                 drafter: Chain | None = None, n_adapters: int = 0, vision=None,
+                 clock: Callable[[], float] | None = None) -> None:
         self.vocab = vocab
         self._vision = vision  # engine/vision.VisionEncoder for an integrated VLM
+        # what time-based decisions (t_max_predict_ms) read; None = the step's
+        # own time.  Ranks stepping in lockstep share rank 0's (engine/distributed.py)
+        self._clock = clock
         self.n_adapters = n_adapters  # the model is lora.AdaptedModel when > 0
         self.context_shift = context_shift
         self.cont_batching = cont_batching
@@ -591,8 +597,10 @@ class Scheduler:
         """Upstream's process_token: stop word, n_predict, indent, time,
         context bound, then EOS (a later check overrides the stop type)."""
         job = seq.job
+        decided = now if self._clock is None else self._clock()
         if seq.t_first is None:
             seq.t_first = now
+            seq.t_first_decided = decided
             seq.t_prompt_ms = _ms_since(seq.t_start, now)
         seq.tokens.append(token)
         probs = self._token_probs(seq, token)
@@ -618,7 +626,7 @@ class Scheduler:
         if job.n_indent > 0:
             self._check_indent(seq)
         if (not seq.done and job.t_max_predict_ms > 0 and "\n" in emit
-                and _ms_since(seq.t_first, now) > job.t_max_predict_ms):
+                and _ms_since(seq.t_first_decided, decided) > job.t_max_predict_ms):
             seq.stop_type, seq.done = "limit", True
         if is_eos:
             seq.stop_type, seq.done = "eos", True

@@ -33,7 +33,8 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 
 from .. import logging_setup
-from ..bridge import Bridge, checkpoint_problem, engine_loop
+from ..bridge import (Bridge, checkpoint_problem, distributed_problem, engine_loop, follow,
+                      join_world, world)
 from ..config import ServerConfig
 from .request import grammar_fields as server_grammar
 from .http import hypercorn_internals
@@ -74,6 +75,19 @@ async def _signals(signals, shutdown: trio.Event) -> None:
         log.info("received %s, shutting down", signal.Signals(signum).name)
         shutdown.set()
         return
+
+
+PARENT_POLL_S = 1.0
+
+
+async def _watch_launcher(parent: int, shutdown: trio.Event) -> None:
+    """Rank 0 of several: mlx.launch does not pass a SIGTERM it receives on to
+    the ranks, so when it is gone (our parent changed) the server stops, and
+    with it every rank (its Shutdown is the followers' last record)."""
+    while os.getppid() == parent:
+        await trio.sleep(PARENT_POLL_S)
+    log.info("the launcher (pid %d) is gone, shutting down", parent)
+    shutdown.set()
 
 
 async def _watch_load(bridge: Bridge, shutdown: trio.Event, status: dict,
@@ -129,9 +143,11 @@ def _warn_open_cors(config: ServerConfig) -> None:
                     "--cors-origins localhost")
 
 
-async def _main(config: ServerConfig, sock, lifecycle: Lifecycle) -> int:
+async def _main(config: ServerConfig, sock, lifecycle: Lifecycle,
+                distributed: tuple | None = None) -> int:
     status = {"code": 0}
-    bridge = Bridge(config, partial(engine_loop, config))
+    bridge = Bridge(config, partial(engine_loop, config, distributed=distributed),
+                    distributed=distributed is not None)
     app = create_app(bridge, config, model_name(config))
     shutdown = trio.Event()
     # Catch signals before anything starts, so a signal during model load is
@@ -147,6 +163,8 @@ async def _serve(config, bridge, app, shutdown, signals, status, sock,
     hc = _hypercorn_config(config)
     async with trio.open_nursery() as root:
         root.start_soon(_signals, signals, shutdown)
+        if bridge.distributed:
+            root.start_soon(_watch_launcher, os.getppid(), shutdown)
         await root.start(bridge.run)
         await root.start(app.mlxcel_state.detached.run)
         await root.start(app.mlxcel_state.streams.run)
@@ -194,6 +212,33 @@ def run(config: ServerConfig) -> int:
               flush=True)
         sinks.close()
         return 1
+    ranks = world()
+    distributed = None
+    if ranks.distributed:  # started by mlx.launch: one model across its processes
+        problem, split_kind = distributed_problem(config, ranks)
+        if problem is not None:
+            print(f"error: {problem}", file=sys.stderr, flush=True)
+            sinks.close()
+            return 1
+        log.info("rank %d of %d: joining the other processes (%s split)", ranks.rank,
+                 ranks.size, split_kind)
+        try:
+            distributed = join_world(ranks, split_kind)
+        except RuntimeError as exc:  # no backend for this launch, or a rank count that differs
+            print(f"error: mx.distributed: {exc}", file=sys.stderr, flush=True)
+            sinks.close()
+            return 1
+        if not ranks.leader:  # the engine alone, no socket: rank 0 serves HTTP
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0's Shutdown stops this one
+            code = follow(config, distributed)
+            log.info("rank %d: stopped", ranks.rank)
+            sinks.close()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)  # as below: MLX must not reach its static destructors
+    elif config.split_mode not in (None, "none"):
+        log.warning("--split-mode %r has no effect in one process; start the server under "
+                    "mlx.launch to split the model across processes", config.split_mode)
     try:
         sock = listen.bind(config.host, config.port, config.reuse_port)
     except listen.BindError as exc:
@@ -205,7 +250,7 @@ def run(config: ServerConfig) -> int:
 
         code = trio.run(router_main, config, sock, lifecycle, _hypercorn_config(config))
     else:
-        code = trio.run(_main, config, sock, lifecycle)
+        code = trio.run(_main, config, sock, lifecycle, distributed)
     # Everything is shut down by now (sockets closed, engine thread joined).
     # Skip interpreter finalization: MLX aborts in its static destructors
     # ("terminate called without an active exception") once a model forward

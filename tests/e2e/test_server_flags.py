@@ -117,11 +117,11 @@ def test_offline_refuses_to_download(tiny_model, tmp_path):
 
 
 TUNING_ARGV = ["-c", "8192", "-ngl", "99", "-fa", "on", "--mlock", "-np", "2", "--jinja",
-               "-t", "8", "--no-mmap", "--numa", "distribute"]
+               "-t", "8", "--no-mmap", "--numa", "distribute", "-sm", "row"]
 TUNING_ENV = {"LLAMA_ARG_CTX_SIZE": "8192", "LLAMA_ARG_N_GPU_LAYERS": "99",
               "LLAMA_ARG_FLASH_ATTN": "on", "LLAMA_ARG_MLOCK": "1", "LLAMA_ARG_N_PARALLEL": "2",
               "LLAMA_ARG_JINJA": "1", "LLAMA_ARG_THREADS": "8", "LLAMA_ARG_NO_MMAP": "1",
-              "LLAMA_ARG_NUMA": "distribute"}
+              "LLAMA_ARG_NUMA": "distribute", "LLAMA_ARG_SPLIT_MODE": "row"}
 
 
 @pytest.mark.parametrize(("argv", "env", "origin"), [
@@ -137,6 +137,10 @@ def test_a_tuned_llama_server_command_line_serves(tiny_model, start_server, argv
                   "--gpu-layers '99'"):
         assert shown in lines[0], lines[0]
     assert "--flash-attn" not in lines[0]          # on is what MLX does anyway
+    # a split needs mlx.launch's processes: alone, -sm is inert and says so
+    assert "--split-mode" not in lines[0]
+    assert any("--split-mode 'row' has no effect in one process" in ln
+               for ln in srv.stdout + srv.stderr)
     res = post(srv.url, {"prompt": "Hello", "n_predict": 4, "ignore_eos": True}).json()
     assert res["tokens_predicted"] == 4
     assert props(srv)["total_slots"] == 2

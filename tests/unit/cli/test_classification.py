@@ -146,8 +146,7 @@ def test_refusals_come_before_the_model_is_resolved(argv: list[str]) -> None:
 
 TUNING = [
     (["-t", "8"], "--threads '8'"), (["-tb", "2"], "--threads-batch '2'"),
-    (["-fa", "off"], "--flash-attn 'off'"), (["-sm", "row"], "--split-mode 'row'"),
-    (["-sm", "layer"], "--split-mode 'layer'"), (["-ts", "3,1"], "--tensor-split '3,1'"),
+    (["-fa", "off"], "--flash-attn 'off'"), (["-ts", "3,1"], "--tensor-split '3,1'"),
     (["--mlock"], "--mlock"), (["-lm", "mlock"], "--load-mode 'mlock'"),
     (["-lm", "none"], "--load-mode 'none'"), (["-dev", "Metal"], "--device 'Metal'"),
     (["-nkvo"], "--no-kv-offload"), (["--numa", "distribute"], "--numa 'distribute'"),

@@ -31,6 +31,7 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "model": ("some/model", "some/model"),
     # issue #6: idle sleep
     "sleep_idle_seconds": ("300", 300),
+    "split_mode": ("row", "row"),
     # issue #8: context and RoPE
     "n_keep": ("-1", -1),
     "rope.scaling": ("yarn", "yarn"),
