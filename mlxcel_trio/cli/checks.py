@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from mlxcel_trio import blas
+from mlxcel_trio.server.sessions import store_url
 from mlxcel_trio.cli import model_ref
 from mlxcel_trio.cli.draft_check import vocab_problem
 from mlxcel_trio.cli.options import BY_DEST
@@ -60,6 +61,24 @@ def check_blas(parsed: Parsed) -> None:
     reason = blas.setting_problem(parsed.values.get("blas", blas.AUTO))
     if reason is not None:
         raise CliError(f"{describe(BY_DEST['blas'], parsed)}: {reason}")
+
+
+def check_session_store(parsed: Parsed) -> None:
+    """--session-store is memory or a usable redis:// URL; the password a
+    URL carries never appears in the message."""
+    raw = parsed.values.get("session_store", store_url.MEMORY)
+    reason = store_url.problem(raw)
+    if reason is not None:
+        source = parsed.given.get("session_store", "argv")
+        origin = "" if source == "argv" else f" (from {source})"
+        raise CliError(f"--session-store {store_url.redacted(raw)!r}{origin}: {reason}")
+    if raw != store_url.MEMORY:
+        try:
+            import redis  # noqa: F401  (the `redis` extra)
+        except ImportError:
+            raise CliError(f"--session-store {store_url.redacted(raw)!r}: a shared store needs "
+                           "the redis client (pip install 'mlxcel-trio[redis]'); or use "
+                           "memory") from None
 
 
 def check_kv_types(parsed: Parsed) -> None:

@@ -76,6 +76,7 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "models_preset": ("models.ini", "models.ini"),
     "lora_scaled": ("a:0.5", ((("a", 0.5),),)),
     "weights": ("keep", "keep"),
+    "session_store": ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
     "slot_save_path": (str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent)),
     # issue #5: the sampler chain, logit bias, reverse prompts
     "sampling.samplers": ("penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature;"
