@@ -61,6 +61,7 @@ class ControlRegistry:
         self._shared = shared
         if shared is not None:
             shared.on_control("reasoning_end", self._forwarded)
+            shared.on_tick(self._sweep)   # a finished stream's entry leaves the store soon
 
     def __len__(self) -> int:
         return len(self._live)
@@ -84,6 +85,10 @@ class ControlRegistry:
         if self._live.pop(cid, None) is not None and self._shared is not None:
             shared = self._shared
             shared.defer(lambda: shared.drop_completion(cid))
+
+    def _sweep(self) -> None:
+        for cid in [k for k, e in self._live.items() if not e.alive()]:
+            self.drop(cid)
 
     def _forwarded(self, msg: dict[str, str]) -> None:
         live = self.find(msg.get("cid", ""), msg.get("scope", ""))

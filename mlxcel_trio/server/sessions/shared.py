@@ -156,6 +156,7 @@ class SharedStore:
         self._pending: OrderedDict[str, _Pending] = OrderedDict()   # by session gen
         self._wake = trio.Event()
         self._handlers: dict[str, Callable[[dict[str, str]], None]] = {}
+        self._ticks: list[Callable[[], None]] = []
         self._deferred_send, self._deferred = trio.open_memory_channel[
             Callable[[], Awaitable[None]]](1024)
 
@@ -209,6 +210,8 @@ class SharedStore:
         key = P + "r:" + self.replica
         ttl_ms = int(self.replica_ttl_s * 1000)
         while True:
+            for tick in self._ticks:
+                tick()
             if self.up:
                 try:
                     await self.call(lambda r: r.set(key, b"1", px=ttl_ms))
@@ -216,6 +219,10 @@ class SharedStore:
                     pass
             await trio.sleep(min(self.replica_ttl_s / 3, max(self._backoff, 0.1))
                              if self._was_down else self.replica_ttl_s / 3)
+
+    def on_tick(self, fn: Callable[[], None]) -> None:
+        """Call `fn()` at every heartbeat (a third of the replica TTL)."""
+        self._ticks.append(fn)
 
     def defer(self, fn: Callable[[], Awaitable[None]]) -> None:
         """Run `fn()` soon, in order, on the writer, before the chunks queued
