@@ -257,7 +257,7 @@ class SharedStore:
 
     async def _control_reader(self) -> None:
         key = P + "c:" + self.replica
-        last = "$"
+        last = "0-0"   # the stream is this process's own (a fresh replica id)
         while True:
             if not self.up:
                 await trio.sleep(max(self._backoff, 0.1))

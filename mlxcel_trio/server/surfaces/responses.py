@@ -321,9 +321,12 @@ async def _start_background(served: Served, chat, job, store: ResponseStore, sco
     entry = Stored(_object(served, rid, created, "queued", [], None, extra), turns, True,
                    scope_cs.cancel)
 
+    queued = trio.Event()   # the "queued" state is written before any later one
+
     async def run() -> None:
         obj = None
         with scope_cs:
+            await queued.wait()
             entry.obj["status"] = "in_progress"
             await store.keep(scope, rid, entry)
             try:
@@ -347,7 +350,10 @@ async def _start_background(served: Served, chat, job, store: ResponseStore, sco
             await store.keep(scope, rid, entry)
 
     served.state.detached.start(run, name=f"background response {rid}")
-    await store.keep(scope, rid, entry)  # after start: a refused start leaves nothing queued
+    try:
+        await store.keep(scope, rid, entry)  # after start: a refused start leaves nothing queued
+    finally:
+        queued.set()
     return json_response(entry.obj)
 
 
