@@ -8,7 +8,7 @@ store's loss is refused clearly and its return picked up; and a soak over
 random replicas ends with every slot free and every key expired.
 
 TTLs are shortened for this module through the internal test variables
-(streams 15 s, responses 15 s, a replica counts as gone 1 s after its last
+(streams 10 s, responses 10 s, a replica counts as gone 1 s after its last
 heartbeat), so the expiry checks finish in seconds.
 """
 
@@ -33,12 +33,20 @@ from .test_stream_resume import (BODIES, GREEDY, HEADER, PROMPT, TERMINAL, frame
 
 pytestmark = pytest.mark.e2e
 
-TTL_S = 15
+TTL_S = 10
 BOUND_S = 30.0
 ENV = {"MLXCEL_INTERNAL_STREAM_TTL_S": str(TTL_S), "MLXCEL_INTERNAL_STREAM_GC_S": "1",
        "MLXCEL_INTERNAL_RESPONSE_TTL_S": str(TTL_S), "MLXCEL_INTERNAL_REPLICA_TTL_S": "1"}
 FAMILIES = ["/v1/chat/completions", "/completion", "/v1/completions", "/v1/responses",
             "/v1/messages"]
+SHORT = 16   # tokens per generation: enough frames to cut, few enough to stay fast
+LENGTH = {"/completion": "n_predict", "/v1/completions": "max_tokens",
+          "/v1/chat/completions": "max_tokens", "/v1/responses": "max_output_tokens",
+          "/v1/messages": "max_tokens"}
+
+
+def short_body(path: str, n: int = SHORT) -> dict:
+    return {**BODIES[path], **GREEDY, LENGTH[path]: n}
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +73,7 @@ def resume_anywhere(urls: list[str], conv: str, have: bytes,
     one connection sees the end.  (all bytes, reconnects)."""
     n = 0
     while True:
-        part, ended = get_cut(rng.choice(urls), conv, len(have), rng.randint(200, 1500))
+        part, ended = get_cut(rng.choice(urls), conv, len(have), rng.randint(60, 600))
         have += part
         n += 1
         if ended:
@@ -76,13 +84,13 @@ def resume_anywhere(urls: list[str], conv: str, have: bytes,
 @pytest.mark.parametrize("path", FAMILIES)
 def test_a_stream_started_on_a_resumes_through_b_byte_for_byte(pair, path):
     a, b = pair
-    body = {**BODIES[path], **GREEDY}
+    body = short_body(path)
     plain, ended = post_cut(a.url, path, body, None, 1 << 30)
     assert ended and TERMINAL[path] in plain
     rng = random.Random(path)
     for _ in range(5):
         conv = f"x-{uuid.uuid4()}"
-        first, ended = post_cut(a.url, path, body, conv, rng.randint(20, 300))
+        first, ended = post_cut(a.url, path, body, conv, rng.randint(20, 200))
         assert not ended
         have, n = resume_anywhere([b.url, b.url, a.url], conv, first, rng)
         full_b, _ = get_cut(b.url, conv, 0)
@@ -198,8 +206,7 @@ def test_soak_random_replicas_then_everything_expires(pair, store):
     def one(i: int) -> None:
         rng = random.Random(i)
         path = rng.choice(["/completion", "/v1/chat/completions", "/v1/completions"])
-        body = {**BODIES[path], **GREEDY, **({"n_predict": 24} if path == "/completion" else
-                                            {"max_tokens": 24})}
+        body = short_body(path)
         conv = f"soak-{i}-{uuid.uuid4()}"
         first, ended = post_cut(rng.choice(urls), path, body, conv, rng.randint(10, 200))
         have = first if ended else resume_anywhere(urls, conv, first, rng)[0]
