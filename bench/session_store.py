@@ -33,8 +33,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.conftest import ServerProcess  # noqa: E402
-from tests.store_server import StoreServer  # noqa: E402
+from tests.conftest import ServerProcess
+from tests.store_server import StoreServer
 
 HEADER = "X-Conversation-Id"
 PROMPT = "Once upon a time, in a land far away,"

@@ -49,7 +49,7 @@ class StoreServer:
         auth = f":{self.password}@" if self.password else ""
         return f"redis://{auth}127.0.0.1:{self.port}/0"
 
-    def start(self) -> "StoreServer":
+    def start(self) -> StoreServer:
         args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
                 "--save", "", "--appendonly", "no"]
         if self.password:

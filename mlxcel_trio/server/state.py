@@ -24,12 +24,13 @@ from ..bridge import Bridge
 from ..chat import settings as chat_settings
 from ..config import ServerConfig
 from .adapters import AdapterTable
+from .sessions import store_url
 from .sessions.control import ControlRegistry
 from .sessions.detached import Detached
-from .sessions import store_url
 from .sessions.response_store import ResponseStore
 from .sessions.shared import SharedStore
-from .sessions.streams import MAX_BYTES as STREAM_MAX_BYTES, StreamRegistry
+from .sessions.streams import MAX_BYTES as STREAM_MAX_BYTES
+from .sessions.streams import StreamRegistry
 
 
 @attrs.define(eq=False, repr=False)
@@ -50,7 +51,7 @@ class AppState:
     _chat: chat_settings.ChatSettings | None = None
 
     @classmethod
-    def create(cls, config: ServerConfig, bridge: Bridge) -> "AppState":
+    def create(cls, config: ServerConfig, bridge: Bridge) -> AppState:
         detached = Detached()
         shared = None
         url = getattr(config, "session_store", store_url.MEMORY)   # tests pass no config

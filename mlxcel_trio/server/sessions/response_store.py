@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import attrs
 

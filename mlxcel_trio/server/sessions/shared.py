@@ -48,7 +48,8 @@ import os
 import time
 import uuid
 from collections import OrderedDict
-from typing import Any, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import attrs
 import trio
@@ -263,7 +264,8 @@ class SharedStore:
                 await trio.sleep(max(self._backoff, 0.1))
                 continue
             try:
-                got = await self.call(lambda r: r.xread({key: last}, count=64, block=BLOCK_MS))
+                got = await self.call(lambda r, at: r.xread({key: at}, count=64, block=BLOCK_MS),
+                                      last)
             except StoreDown:
                 continue
             for _stream, entries in got or ():
@@ -390,7 +392,7 @@ class SharedStore:
         seen: set[bytes] = set()
         for rid in dict.fromkeys(ids):
             for key in await self.call(keys_for, rid):
-                raw = await self.call(lambda r: r.hgetall(key))
+                raw = await self.call(lambda r, k: r.hgetall(k), key)
                 session = await self._session(key[len(prefix):].decode(), raw) if raw else None
                 if session is not None and key not in seen:
                     seen.add(key)
@@ -418,7 +420,8 @@ class SharedStore:
         before = await self.call(lambda r: r.xrevrange(stream, max=f"{offset}-1", count=1))
         last = f"{int(before[0][0].split(b'-')[0])}-0" if before else "0-0"
         while True:
-            got = await self.call(lambda r: r.xread({stream: last}, count=256, block=BLOCK_MS))
+            got = await self.call(lambda r, at: r.xread({stream: at}, count=256, block=BLOCK_MS),
+                                  last)
             if not got:
                 raw = await self.call(lambda r: r.hgetall(meta))
                 now = await self._session(session.conversation_id, raw) if raw else None
@@ -426,7 +429,7 @@ class SharedStore:
                     continue
                 if now is not None and now.gen == session.gen:
                     # ended (or its owner is gone): what is left, then stop
-                    tail = await self.call(lambda r: r.xrange(stream, min=f"({last}"))
+                    tail = await self.call(lambda r, at: r.xrange(stream, min=f"({at}"), last)
                     for chunk in self._chunks(tail, offset):
                         if chunk is None:
                             return

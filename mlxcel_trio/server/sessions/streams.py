@@ -38,8 +38,8 @@ import os
 import re
 import time
 from collections import OrderedDict
+from collections.abc import AsyncIterator, Iterable
 from contextlib import aclosing
-from typing import AsyncIterator, Iterable
 
 import trio
 from quart import Response, request
@@ -182,7 +182,7 @@ class StreamRegistry:
 
     @classmethod
     def from_env(cls, detached: Detached,
-                 shared: SharedStore | None = None) -> "StreamRegistry":
+                 shared: SharedStore | None = None) -> StreamRegistry:
         """Upstream's constants, unless a test shortened TTL / sweep."""
         raw = os.environ.get(STREAM_GC_ENV)
         return cls(detached, ttl_s=cls.ttl_from_env(),

@@ -24,18 +24,19 @@ it.  As OpenAI's contract says, only a background response can be cancelled.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import trio
 from quart import Response
 
 from ...chat.parser import ChatMsg, ChatStream
 from ...protocol.records import Finished, PromptProgress, TokenPiece
-from .openai_chat import chat_plan, final_message, plan_jobs, random_string
+from ..http.errors import ApiError, dumps, json_response
 from ..request.chat import bad
 from ..request.jobs import Served, now_s, run_all
-from ..http.errors import ApiError, dumps, json_response
 from ..sessions.response_store import MAX_BACKGROUND, ResponseStore, Stored
+from .openai_chat import chat_plan, final_message, plan_jobs, random_string
 from .streaming import stream_jobs
 
 log = logging.getLogger("mlxcel.http")

@@ -76,12 +76,15 @@ async def test_the_routes_answers_in_upstreams_order():
         await reg.control({"action": "nope"}, "0")
     with pytest.raises(ApiError, match="unknown control action"):
         await reg.control({"id": "chatcmpl-off", "action": "nope"}, "0")
-    assert await _answer(await reg.control({"id": "chatcmpl-x", "action": "reasoning_end"}, "0")) \
+    assert await _answer(await reg.control(
+        {"id": "chatcmpl-x", "action": "reasoning_end"}, "0")) \
         == {"success": False, "message": "no active completion for this id"}
-    assert await _answer(await reg.control({"id": "chatcmpl-off", "action": "reasoning_end"}, "0")) \
+    assert await _answer(await reg.control(
+        {"id": "chatcmpl-off", "action": "reasoning_end"}, "0")) \
         == {"success": False, "message": "reasoning control not enabled for this completion"}
     # another API key's completion is an unknown id
-    assert await _answer(await reg.control({"id": "chatcmpl-off", "action": "reasoning_end"}, "1")) \
+    assert await _answer(await reg.control(
+        {"id": "chatcmpl-off", "action": "reasoning_end"}, "1")) \
         == {"success": False, "message": "no active completion for this id"}
 
 

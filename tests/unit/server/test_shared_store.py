@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import trio
 
-from mlxcel_trio.server.sessions import shared as shared_mod, store_url
+from mlxcel_trio.server.sessions import shared as shared_mod
+from mlxcel_trio.server.sessions import store_url
 from mlxcel_trio.server.sessions.shared import SharedStore, StoreDown
-from tests.conftest import wait_until
 from tests.store_server import StoreServer, store_server  # noqa: F401  (fixture)
 
 BOUND_S = 10.0
@@ -47,7 +47,8 @@ async def store(store_server, nursery, monkeypatch):  # noqa: F811
     yield s
 
 
-async def test_chunks_keep_their_byte_offsets_and_every_key_expires(store, store_server):  # noqa: F811
+async def test_chunks_keep_their_byte_offsets_and_every_key_expires(
+        store, store_server):  # noqa: F811
     gen, replaced = await store.open_stream(0, "conv")
     assert replaced is None
     data = [b"data: a\n\n", b"data: bb\n\n", b"data: ccc\n\n"]
