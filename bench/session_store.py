@@ -4,8 +4,13 @@
     python bench/session_store.py --fixture bench   # the Qwen3-0.6B-shaped fixture
     python bench/session_store.py --model DIR
 
-Starts a valkey-server / redis-server (no persistence) and two servers (A, B)
-sharing it, then:
+Starts a valkey-server / redis-server (no persistence), then:
+0. publish overhead, in this process under trio: --streams producers each
+   publish --frames 200-byte frames, (a) one worker-thread hop and one XADD
+   per frame (the naive use of redis-py's sync client), (b) the server's
+   writer (sessions/shared.py: every session's pending chunks in one
+   pipelined round trip per flush); wall microseconds per frame;
+and with two servers (A, B) sharing it:
 1. resume latency: a long X-Conversation-Id stream runs on A; a client
    reconnects (`GET /v1/stream?conv_id=&from=N`, N = the bytes it holds)
    through A (same replica) and through B (the other one), alternating,
@@ -95,6 +100,56 @@ def decode_rate(url: str, streams: int, tokens: int) -> float:
     return sum(counts) / (time.perf_counter() - t0)
 
 
+def publish_overhead(url: str, streams: int, frames: int) -> dict[str, float]:
+    import redis
+    import trio
+
+    from mlxcel_trio.server.sessions.shared import SharedStore
+
+    frame = b"data: " + b"x" * 192 + b"\n\n"
+    out: dict[str, float] = {}
+
+    async def naive() -> None:
+        client = redis.Redis.from_url(url)
+
+        async def producer(i: int) -> None:
+            for k in range(frames):
+                await trio.to_thread.run_sync(
+                    lambda: client.xadd(f"bench:naive:{i}", {"d": frame}))
+        t0 = trio.current_time()
+        async with trio.open_nursery() as n:
+            for i in range(streams):
+                n.start_soon(producer, i)
+        out["(a) thread hop + XADD per frame"] = (trio.current_time() - t0) / (streams * frames)
+        client.delete(*[f"bench:naive:{i}" for i in range(streams)])
+
+    async def batched() -> None:
+        store = SharedStore(url, stream_ttl_s=60, max_bytes=4 << 20)
+        async with trio.open_nursery() as n:
+            await n.start(store.run)
+            gens = [(await store.open_stream(0, f"bench-{i}"))[0] for i in range(streams)]
+            landed = trio.Semaphore(0)
+
+            async def producer(i: int) -> None:
+                for k in range(frames):
+                    store.queue(gens[i], 0, f"bench-{i}", k * len(frame), frame,
+                                then=lambda ok: landed.release())
+                    await trio.sleep(0)     # frames arrive one by one, as from the engine
+            t0 = trio.current_time()
+            async with trio.open_nursery() as p:
+                for i in range(streams):
+                    p.start_soon(producer, i)
+            for _ in range(streams * frames):
+                await landed.acquire()
+            out["(b) batched writer (the server's)"] = (trio.current_time() - t0) / (
+                streams * frames)
+            n.cancel_scope.cancel()
+
+    trio.run(naive)
+    trio.run(batched)
+    return out
+
+
 def pct(xs: list[float], p: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(p * len(xs)))]
@@ -108,6 +163,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--resumes", type=int, default=20)
+    ap.add_argument("--frames", type=int, default=500)
     args = ap.parse_args()
     if args.model:
         model = Path(args.model)
@@ -115,6 +171,9 @@ def main() -> None:
         from fixtures.build import ensure
         model = ensure(args.fixture)
     store = StoreServer().start()
+    print(f"publish overhead, {args.streams} producers x {args.frames} frames:")
+    for name, s in publish_overhead(store.url, args.streams, args.frames).items():
+        print(f"  {name:36s} {s * 1e6:8.1f} us/frame")
     common = ("-c", str(args.streams * (args.tokens + 64) + 1024), "-np", str(args.streams))
     try:
         a = ServerProcess(model, *common, "--session-store", store.url).start()

@@ -28,9 +28,14 @@ mid-stream loses nothing it had sent.  One writer task flushes every
 session's pending chunks in one pipelined round trip, so a busy replica
 pays one round trip per flush, not per frame.
 
-Client.  redis-py's synchronous client on worker threads (redis-py's asyncio
-client does not run under trio; coredis' trio support was not relied on);
-blocking reads (XREAD BLOCK) hold a thread each, bounded by THREADS.
+Client.  redis-py's synchronous client on worker threads: redis-py's
+asyncio client does not run under trio.  coredis 6.9 (anyio) does run under
+trio, but measured per-frame publishing at 8 streams on this project's
+2-CPU machine was ~1.4-1.6 ms/frame with coredis (one awaited XADD per
+frame), ~0.5-0.6 ms with one thread hop + XADD per frame, and ~0.04-0.12 ms
+with the batched writer below over redis-py (bench/session_store.py), so
+the writer and redis-py it is, with no new async stack.  Blocking reads
+(XREAD BLOCK) hold a thread each, bounded by THREADS.
 
 Loss.  A failed call marks the store down for a backoff (0.1 s doubling to
 MAX_BACKOFF_S) during which calls fail fast with StoreDown; the next call
