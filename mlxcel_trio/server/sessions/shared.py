@@ -123,10 +123,6 @@ def _seconds(name: str, default: float) -> float:
     return float(raw) if raw else default
 
 
-def _glob_escape(text: str) -> str:
-    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
-
-
 @attrs.define(eq=False)
 class _Pending:
     gen: str
@@ -151,6 +147,7 @@ class SharedStore:
         self.replica_ttl_s = _seconds(REPLICA_TTL_ENV, REPLICA_TTL_S)
         self.max_bytes = max_bytes
         self._errors = (redis.exceptions.RedisError, OSError)
+        self._refused = redis.exceptions.ResponseError
         self._redis = redis.Redis.from_url(
             store_url.client_url(url), socket_timeout=BLOCK_MS / 1000 + 5,
             socket_connect_timeout=2, max_connections=THREADS + 8)
@@ -180,6 +177,9 @@ class SharedStore:
             result = await trio.to_thread.run_sync(fn, self._redis, *args,
                                                    limiter=self._limiter,
                                                    abandon_on_cancel=True)
+        except self._refused as exc:   # the store answered: it is up, the command failed
+            log.error("session store %s refused a command: %s", self.shown, exc)
+            raise StoreDown(self.shown) from None
         except self._errors as exc:
             self._failed(exc)
             raise StoreDown(self.shown) from None
@@ -350,7 +350,10 @@ class SharedStore:
                 ok = False
             for pending in batch:
                 for then in pending.then:
-                    then(ok)
+                    try:
+                        then(ok)
+                    except Exception:  # one session's bug never stops the writer
+                        log.exception("session store: applying a flushed chunk failed")
 
     def _flush(self, r, batch: list[_Pending]) -> None:
         pipe = r.pipeline(transaction=False)
@@ -386,22 +389,30 @@ class SharedStore:
                              int(f.get("completed_at", 0)), int(f.get("total", 0)), done)
 
     async def lookup(self, scope: int, ids: list[str]) -> list[RemoteSession]:
-        """Each asked id's session and its `<id>::<model>` variants."""
+        """For each asked id in order: its session and every `<id>::<model>`
+        variant (as StreamRegistry.lookup).  One SCAN of the scope's
+        sessions whatever the number of ids asked."""
         prefix = f"{P}m:{scope}:"
+        wanted = list(dict.fromkeys(ids))
 
-        def keys_for(r, rid: str) -> list[bytes]:
-            found = [prefix.encode() + rid.encode()] if r.exists(prefix + rid) else []
-            found += sorted(r.scan_iter(match=prefix + _glob_escape(rid) + "::*", count=500))
-            return found
-        out: list[RemoteSession] = []
-        seen: set[bytes] = set()
-        for rid in dict.fromkeys(ids):
-            for key in await self.call(keys_for, rid):
-                raw = await self.call(lambda r, k: r.hgetall(k), key)
-                session = await self._session(key[len(prefix):].decode(), raw) if raw else None
-                if session is not None and key not in seen:
-                    seen.add(key)
-                    out.append(session)
+        def matching(r) -> list[tuple[str, dict]]:
+            cids = [k[len(prefix):].decode() for k in r.scan_iter(match=prefix + "*", count=1000)]
+            by_prefix: dict[str, list[str]] = {}
+            for cid in sorted(cids):
+                by_prefix.setdefault(cid, []).append(cid)
+                parts = cid.split("::")
+                for i in range(1, len(parts)):
+                    by_prefix.setdefault("::".join(parts[:i]), []).append(cid)
+            found = list(dict.fromkeys(c for rid in wanted for c in by_prefix.get(rid, ())))
+            pipe = r.pipeline(transaction=False)
+            for cid in found:
+                pipe.hgetall(prefix + cid)
+            return list(zip(found, pipe.execute()))
+        out = []
+        for cid, raw in await self.call(matching):
+            session = await self._session(cid, raw) if raw else None
+            if session is not None:
+                out.append(session)
         return out
 
     async def first_offset(self, scope: int, cid: str) -> int:

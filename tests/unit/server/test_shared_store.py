@@ -212,3 +212,20 @@ def test_the_password_is_never_shown():
     assert store_url.password(url) == "s3cret"
     assert store_url.client_url("valkeys://h:1/0") == "rediss://h:1/0"
     assert "s3cret" not in (store_url.problem("redis://:s3cret@h:1/x") or "")
+
+
+async def test_a_password_in_the_url_authenticates_and_a_wrong_one_is_down(caplog):
+    server = StoreServer(password="s3cret-pw").start()
+    try:
+        async with trio.open_nursery() as nursery:
+            good = SharedStore(server.url, stream_ttl_s=5, max_bytes=64)
+            await nursery.start(good.run)
+            assert good.up and (await good.open_stream(0, "p"))[1] is None
+            bad = SharedStore(server.url.replace("s3cret-pw", "wrong-pw"), stream_ttl_s=5,
+                              max_bytes=64)
+            await nursery.start(bad.run)
+            assert not bad.up
+            nursery.cancel_scope.cancel()
+    finally:
+        server.stop()
+    assert "pw" not in caplog.text and "127.0.0.1" in caplog.text
