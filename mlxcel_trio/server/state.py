@@ -51,7 +51,7 @@ class AppState:
     _chat: chat_settings.ChatSettings | None = None
 
     @classmethod
-    def create(cls, config: ServerConfig, bridge: Bridge) -> AppState:
+    def create(cls, config: ServerConfig, bridge: Bridge) -> "AppState":
         detached = Detached()
         shared = None
         url = getattr(config, "session_store", store_url.MEMORY)   # tests pass no config

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from typing import Awaitable, Callable, Iterable
 
 import trio
 

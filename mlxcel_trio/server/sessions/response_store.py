@@ -30,8 +30,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Callable
 
 import attrs
 

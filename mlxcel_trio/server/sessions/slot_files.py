@@ -34,8 +34,8 @@ from quart import request
 from ...bridge import Bridge
 from ...protocol.records import Failed, SlotTokens
 from ..http.body import read_json_body
-from ..http.errors import ApiError, json_response, json_type_name
 from ..request.jobs import namespace, namespace_kind
+from ..http.errors import ApiError, json_response, json_type_name
 
 FORMAT = "mlxcel-trio-slot"
 VERSION = 1

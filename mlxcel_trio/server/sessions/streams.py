@@ -38,8 +38,8 @@ import os
 import re
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterable
 from contextlib import aclosing
+from typing import AsyncIterator, Iterable
 
 import trio
 from quart import Response, request
@@ -50,7 +50,7 @@ from ..http.errors import ApiError, json_response, not_found
 from ..http.key_scope import key_scope
 from ..http.resources import RequestResources
 from .detached import Detached
-from .shared import SharedStore, StoreDown, unavailable
+from .shared import RemoteSession, SharedStore, StoreDown, unavailable
 
 log = logging.getLogger("mlxcel.streams")
 
@@ -182,7 +182,7 @@ class StreamRegistry:
 
     @classmethod
     def from_env(cls, detached: Detached,
-                 shared: SharedStore | None = None) -> StreamRegistry:
+                 shared: SharedStore | None = None) -> "StreamRegistry":
         """Upstream's constants, unless a test shortened TTL / sweep."""
         raw = os.environ.get(STREAM_GC_ENV)
         return cls(detached, ttl_s=cls.ttl_from_env(),
@@ -327,6 +327,58 @@ class StreamRegistry:
         return [s for rid in dict.fromkeys(ids) for s in by_prefix.get(rid, ())]
 
 
+    # -- what the routes call: this replica's sessions, then the shared store's ----------
+
+    async def follower(self, owner: int, conversation_id: str,
+                       raw_from: str) -> AsyncIterator[bytes] | None:
+        """The bytes from offset `raw_from` on, then live ones; None for an
+        unknown id (checked before the offset, as upstream)."""
+        session = self.get(owner, conversation_id)
+        if session is not None:
+            offset = _parse_from(raw_from) if raw_from else 0
+            if offset < session.dropped:
+                raise _bad("Stream offset lost, please restart")
+            return session.follow(offset)
+        if self.shared is None:
+            return None
+        try:   # another replica's session, read from the shared store
+            remote = await self.shared.describe(owner, conversation_id)
+            if remote is None:
+                return None
+            offset = _parse_from(raw_from) if raw_from else 0
+            if offset < await self.shared.first_offset(owner, conversation_id):
+                raise _bad("Stream offset lost, please restart")
+        except StoreDown:
+            raise unavailable(self.shared.shown) from None
+        return self.shared.follow(remote, owner, offset)
+
+    async def describe(self, owner: int, ids: list[str]) -> list[StreamSession | RemoteSession]:
+        """`lookup`, plus other replicas' sessions (when the store answers)."""
+        found: list[StreamSession | RemoteSession] = list(self.lookup(owner, ids))
+        if self.shared is not None and ids:
+            local = {s.conversation_id for s in found}
+            try:
+                remote = await self.shared.lookup(owner, ids)
+            except StoreDown:
+                remote = []   # the store is down: what this replica holds
+            found += [s for s in remote if s.conversation_id not in local]
+        return found
+
+    async def stop(self, owner: int, conversation_id: str) -> None:
+        """DELETE: evict here, and in the store, asking the replica that
+        generates it (when another) to stop it."""
+        self.cancel(owner, conversation_id)
+        if self.shared is None:
+            return
+        try:
+            other = await self.shared.delete_stream(owner, conversation_id)
+            if other is not None:
+                await self.shared.send_control(other[0], "cancel", scope=str(owner),
+                                               cid=conversation_id, gen=other[1])
+        except StoreDown:
+            raise unavailable(self.shared.shown) from None
+
+
 def owner_of(key: Key) -> int:
     return key[0]
 
@@ -373,27 +425,11 @@ async def get_stream(registry: StreamRegistry) -> Response:
     conversation_id = request.args.get("conv_id", "")
     if not conversation_id:
         raise _bad("Missing conversation id in path")
-    scope = key_scope()
-    session = registry.get(scope, conversation_id)
-    shared = registry.shared
-    if session is None and shared is None:
+    follower = await registry.follower(key_scope(), conversation_id,
+                                       request.args.get("from", ""))
+    if follower is None:
         return not_found()   # upstream's 404 handler answers "File Not Found"
-    raw = request.args.get("from", "")
-    if session is not None:
-        offset = _parse_from(raw) if raw else 0
-        if offset < session.dropped:
-            raise _bad("Stream offset lost, please restart")
-        return Response(session.follow(offset), content_type=SSE_TYPE)
-    try:   # another replica's session, read from the shared store
-        remote = await shared.describe(scope, conversation_id)
-        if remote is None:
-            return not_found()
-        offset = _parse_from(raw) if raw else 0
-        if offset < await shared.first_offset(scope, conversation_id):
-            raise _bad("Stream offset lost, please restart")
-    except StoreDown:
-        raise unavailable(shared.shown) from None
-    return Response(shared.follow(remote, scope, offset), content_type=SSE_TYPE)
+    return Response(follower, content_type=SSE_TYPE)
 
 
 async def lookup_streams(registry: StreamRegistry) -> Response:
@@ -405,22 +441,11 @@ async def lookup_streams(registry: StreamRegistry) -> Response:
                                         "type": "invalid_request_error"}}, 400)
     ids = body.get("conversation_ids") if isinstance(body, dict) else None
     wanted = [i for i in ids if isinstance(i, str) and i] if isinstance(ids, list) else []
-    scope = key_scope()
-    found = [{"conversation_id": s.conversation_id, "is_done": s.done,
-              "total_bytes": s.total_bytes, "started_at": s.started_at,
-              "completed_at": s.completed_at}
-             for s in registry.lookup(scope, wanted)]
-    if registry.shared is not None and wanted:
-        local = {f["conversation_id"] for f in found}
-        try:
-            remote = await registry.shared.lookup(scope, wanted)
-        except StoreDown:
-            remote = []   # the store is down: what this replica holds
-        found += [{"conversation_id": s.conversation_id, "is_done": s.done,
-                   "total_bytes": s.total_bytes, "started_at": s.started_at,
-                   "completed_at": s.completed_at}
-                  for s in remote if s.conversation_id not in local]
-    return json_response(found)
+    return json_response([
+        {"conversation_id": s.conversation_id, "is_done": s.done,
+         "total_bytes": s.total_bytes, "started_at": s.started_at,
+         "completed_at": s.completed_at}
+        for s in await registry.describe(key_scope(), wanted)])
 
 
 async def delete_stream(registry: StreamRegistry) -> Response:
@@ -428,15 +453,5 @@ async def delete_stream(registry: StreamRegistry) -> Response:
     conversation_id = request.args.get("conv_id", "")
     if not conversation_id:
         raise _bad("Missing conversation id in path")
-    scope = key_scope()
-    registry.cancel(scope, conversation_id)
-    shared = registry.shared
-    if shared is not None:
-        try:
-            owner = await shared.delete_stream(scope, conversation_id)
-            if owner is not None:   # another replica generates it: ask it to stop
-                await shared.send_control(owner[0], "cancel", scope=str(scope),
-                                          cid=conversation_id, gen=owner[1])
-        except StoreDown:
-            raise unavailable(shared.shown) from None
+    await registry.stop(key_scope(), conversation_id)
     return Response("", status=204, content_type="application/json")

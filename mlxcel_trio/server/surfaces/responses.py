@@ -24,19 +24,18 @@ it.  As OpenAI's contract says, only a background response can be cancelled.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Callable
 
 import trio
 from quart import Response
 
 from ...chat.parser import ChatMsg, ChatStream
 from ...protocol.records import Finished, PromptProgress, TokenPiece
-from ..http.errors import ApiError, dumps, json_response
+from .openai_chat import chat_plan, final_message, plan_jobs, random_string
 from ..request.chat import bad
 from ..request.jobs import Served, now_s, run_all
+from ..http.errors import ApiError, dumps, json_response
 from ..sessions.response_store import MAX_BACKGROUND, ResponseStore, Stored
-from .openai_chat import chat_plan, final_message, plan_jobs, random_string
 from .streaming import stream_jobs
 
 log = logging.getLogger("mlxcel.http")
