@@ -257,7 +257,8 @@ def test_the_owner_killed_mid_stream_loses_no_written_byte(pair, store, tiny_mod
     assert ended and full.startswith(got) and info[0]["total_bytes"] == len(full)
 
 
-def test_losing_the_store_refuses_resumable_streams_only_and_recovers(pair, store):
+def test_losing_the_store_refuses_resumable_streams_only_and_recovers(pair, store, tiny_model,
+                                                                      start_server):
     a, b = pair
     live = {"prompt": PROMPT, "n_predict": 48, **GREEDY}
     with httpx.Client(timeout=60) as c, c.stream("POST", a.url + "/completion", json=live,
@@ -277,16 +278,23 @@ def test_losing_the_store_refuses_resumable_streams_only_and_recovers(pair, stor
         assert f"127.0.0.1:{store.port}" in err["message"]
         assert post(a.url, body).status_code == 200          # without the header: unaffected
         assert post(b.url, {"prompt": PROMPT, "n_predict": 2}).json()["stop"] is True
+        # a replica started while the store is unreachable starts, degraded, and says so
+        late = start_server(tiny_model, "-c", "4096", "-np", "1", "--session-store", store.url,
+                            env=ENV)
+        late.wait_for_text("unreachable at startup", 10)
+        assert post(late.url, body, headers={HEADER: "x"}).status_code == 503
     finally:
         store.start()                                         # same port, empty
-    conv = f"back-{uuid.uuid4()}"
+    for s in (a, late):
+        conv = f"back-{uuid.uuid4()}"
 
-    def resumable() -> int:
-        return post(a.url, {"prompt": PROMPT, "n_predict": 4, **GREEDY},
-                    headers={HEADER: conv}).status_code
-    wait_until(resumable, "a resumable stream accepted once the store is back", 15,
-               until=lambda status: status == 200)
-    full, ended = get_cut(b.url, conv, 0)
-    assert ended and full.count(b"data: ") == 5
-    for s in (a, b):
+        def resumable(url: str = s.url, conv: str = conv) -> int:
+            return post(url, {"prompt": PROMPT, "n_predict": 4, **GREEDY},
+                        headers={HEADER: conv}).status_code
+        wait_until(resumable, "a resumable stream accepted once the store is back", 15,
+                   until=lambda status: status == 200)
+        full, ended = get_cut(b.url, conv, 0)
+        assert ended and full.count(b"data: ") == 5
+    for s in (a, b, late):
         assert s.proc.poll() is None
+    late.stop()
