@@ -9,7 +9,9 @@ another wrote, and *ask* the owner to act.
 
 Keys (all under `mlxcel:`, every one with an expiry, refreshed on write):
 
-    s:<scope>:<id>    the stream: one entry per flushed chunk, entry id
+    s:<scope>:<id>:<gen>  the stream (one per session, so a reader of a
+                      replaced session never reads its successor's bytes):
+                      one entry per flushed chunk, entry id
                       `<start byte>-1` (so a byte offset finds its entry with
                       one XREVRANGE), and an end entry `<total>-2` {e: 1}
     m:<scope>:<id>    the session's hash: gen (one per session: a replaced
@@ -93,6 +95,21 @@ redis.call('PEXPIRE', KEYS[1], ttl)
 redis.call('PEXPIRE', KEYS[2], ttl)
 return 1
 """
+# Claim a session id (KEYS[1]: its hash), dropping the stream of the session
+# it replaces (ARGV[5]: the stream keys' prefix; with the gen it names one).
+_CLAIM = """
+local old = redis.call('HMGET', KEYS[1], 'replica', 'gen')
+if old[2] then redis.call('DEL', ARGV[5] .. old[2]) end
+redis.call('HSET', KEYS[1], 'gen', ARGV[1], 'replica', ARGV[2], 'started_at', ARGV[3],
+           'completed_at', '0', 'total', '0', 'done', '0')
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+return old
+"""
+_REMOVE = """
+local old = redis.call('HMGET', KEYS[1], 'replica', 'gen')
+if old[2] then redis.call('DEL', KEYS[1], ARGV[1] .. old[2]) end
+return old
+"""
 
 
 class StoreDown(Exception):
@@ -152,6 +169,8 @@ class SharedStore:
             store_url.client_url(url), socket_timeout=BLOCK_MS / 1000 + 5,
             socket_connect_timeout=2, max_connections=THREADS + 8)
         self._append = self._redis.register_script(_APPEND)
+        self._claim = self._redis.register_script(_CLAIM)
+        self._remove = self._redis.register_script(_REMOVE)
         self._limiter = trio.CapacityLimiter(THREADS)
         self._down_until = 0.0          # trio clock
         self._backoff = 0.0
@@ -287,26 +306,20 @@ class SharedStore:
     # -- streams: the owner's side -----------------------------------------------------------
 
     @staticmethod
-    def _keys(scope: int, cid: str) -> tuple[str, str]:
-        return f"{P}m:{scope}:{cid}", f"{P}s:{scope}:{cid}"
+    def _meta(scope: int, cid: str) -> str:
+        return f"{P}m:{scope}:{cid}"
+
+    @staticmethod
+    def _stream(scope: int, cid: str, gen: str = "") -> str:
+        return f"{P}s:{scope}:{cid}:{gen}"
 
     async def open_stream(self, scope: int, cid: str) -> tuple[str, tuple[str, str] | None]:
         """Claim (scope, cid) for this replica; (the new gen, (owner, gen) of
         the session it replaces when another replica owns that one)."""
-        meta, stream = self._keys(scope, cid)
         gen = uuid.uuid4().hex
-        now = str(int(time.time()))
-        ttl = self.stream_ttl_ms
-
-        def claim(r):
-            pipe = r.pipeline(transaction=True)
-            pipe.hmget(meta, "replica", "gen")
-            pipe.delete(stream)
-            pipe.hset(meta, mapping={"gen": gen, "replica": self.replica, "started_at": now,
-                                     "completed_at": "0", "total": "0", "done": "0"})
-            pipe.pexpire(meta, ttl)
-            return pipe.execute()[0]
-        owner, old = await self.call(claim)
+        args = [gen, self.replica, str(int(time.time())), self.stream_ttl_ms,
+                self._stream(scope, cid)]
+        owner, old = await self.call(lambda r: self._claim([self._meta(scope, cid)], args))
         if owner is None or old is None or owner.decode() == self.replica:
             return gen, None
         return gen, (owner.decode(), old.decode())
@@ -359,8 +372,7 @@ class SharedStore:
         pipe = r.pipeline(transaction=False)
         now = str(int(time.time()))
         for p in batch:
-            meta, stream = self._keys(p.scope, p.cid)
-            keys = [meta, stream]
+            keys = [self._meta(p.scope, p.cid), self._stream(p.scope, p.cid, p.gen)]
             if p.drop:
                 self._append(keys, [p.gen, self.stream_ttl_ms, "x"], client=pipe)
                 continue
@@ -376,7 +388,7 @@ class SharedStore:
     # -- streams: any replica's side ---------------------------------------------------------
 
     async def describe(self, scope: int, cid: str) -> RemoteSession | None:
-        meta, _ = self._keys(scope, cid)
+        meta = self._meta(scope, cid)
         raw = await self.call(lambda r: r.hgetall(meta))
         return await self._session(cid, raw) if raw else None
 
@@ -415,9 +427,9 @@ class SharedStore:
                 out.append(session)
         return out
 
-    async def first_offset(self, scope: int, cid: str) -> int:
+    async def first_offset(self, scope: int, session: RemoteSession) -> int:
         """The first byte still retained (front-drop), or 0."""
-        _, stream = self._keys(scope, cid)
+        stream = self._stream(scope, session.conversation_id, session.gen)
         first = await self.call(lambda r: r.xrange(stream, count=1))
         return int(first[0][0].split(b"-")[0]) if first else 0
 
@@ -432,7 +444,8 @@ class SharedStore:
 
     async def _follow(self, session: RemoteSession, scope: int,
                       offset: int) -> AsyncIterator[bytes]:
-        meta, stream = self._keys(scope, session.conversation_id)
+        meta = self._meta(scope, session.conversation_id)
+        stream = self._stream(scope, session.conversation_id, session.gen)
         before = await self.call(lambda r: r.xrevrange(stream, max=f"{offset}-1", count=1))
         last = f"{int(before[0][0].split(b'-')[0])}-0" if before else "0-0"
         while True:
@@ -486,14 +499,8 @@ class SharedStore:
     async def delete_stream(self, scope: int, cid: str) -> tuple[str, str] | None:
         """Remove the session from the store; (its owner, its gen) when the
         owner is another replica, which must then be asked to stop it."""
-        meta, stream = self._keys(scope, cid)
-
-        def remove(r):
-            pipe = r.pipeline(transaction=True)
-            pipe.hmget(meta, "replica", "gen")
-            pipe.delete(meta, stream)
-            return pipe.execute()[0]
-        owner, gen = await self.call(remove)
+        owner, gen = await self.call(lambda r: self._remove(
+            [self._meta(scope, cid)], [self._stream(scope, cid)]))
         if owner is None or gen is None or owner.decode() == self.replica:
             return None
         return owner.decode(), gen.decode()

@@ -346,7 +346,7 @@ class StreamRegistry:
             if remote is None:
                 return None
             offset = _parse_from(raw_from) if raw_from else 0
-            if offset < await self.shared.first_offset(owner, conversation_id):
+            if offset < await self.shared.first_offset(owner, remote):
                 raise _bad("Stream offset lost, please restart")
         except StoreDown:
             raise unavailable(self.shared.shown) from None

@@ -76,9 +76,9 @@ async def test_front_drop_keeps_at_most_the_cap(store):
         chunk = bytes([65 + i]) * 20
         assert await flushed(store, gen, 0, "big", start, chunk)
         start += len(chunk)
-    first = await store.first_offset(0, "big")
-    assert 200 - 64 <= first <= 200 - 20     # whole entries, at most 64 bytes retained
     remote = await store.describe(0, "big")
+    first = await store.first_offset(0, remote)
+    assert 200 - 64 <= first <= 200 - 20     # whole entries, at most 64 bytes retained
     await flushed(store, gen, 0, "big", start, b"", end=True)
     assert await collect(store.follow(remote, 0, first)) == b"".join(
         bytes([65 + i]) * 20 for i in range(10))[first:]
@@ -229,3 +229,19 @@ async def test_a_password_in_the_url_authenticates_and_a_wrong_one_is_down(caplo
     finally:
         server.stop()
     assert "pw" not in caplog.text and "127.0.0.1" in caplog.text
+
+
+async def test_a_reader_of_a_replaced_session_never_reads_its_successor(store, store_server):  # noqa: F811
+    old, _ = await store.open_stream(0, "swap")
+    await flushed(store, old, 0, "swap", 0, b"0123456789")
+    reader = await store.describe(0, "swap")
+    follower = store.follow(reader, 0, 5)
+    with trio.fail_after(BOUND_S):
+        got = [await follower.__anext__()]                     # attached, then replaced
+        new, _ = await store.open_stream(0, "swap")
+        await flushed(store, new, 0, "swap", 0, b"abcdefghijklmnop")
+        await flushed(store, new, 0, "swap", 16, b"", end=True)
+        got += [chunk async for chunk in follower]
+    assert got == [b"56789"]                                   # then it ended, nothing else
+    keys = store_server.client().keys("mlxcel:s:0:swap:*")
+    assert keys == [f"mlxcel:s:0:swap:{new}".encode()]         # the old stream is gone
