@@ -231,7 +231,8 @@ async def test_a_password_in_the_url_authenticates_and_a_wrong_one_is_down(caplo
     assert "pw" not in caplog.text and "127.0.0.1" in caplog.text
 
 
-async def test_a_reader_of_a_replaced_session_never_reads_its_successor(store, store_server):  # noqa: F811
+async def test_a_reader_of_a_replaced_session_never_reads_its_successor(
+        store, store_server):  # noqa: F811
     old, _ = await store.open_stream(0, "swap")
     await flushed(store, old, 0, "swap", 0, b"0123456789")
     reader = await store.describe(0, "swap")
