@@ -293,6 +293,10 @@ def test_losing_the_store_refuses_resumable_streams_only_and_recovers(pair, stor
                         headers={HEADER: conv}).status_code
         wait_until(resumable, "a resumable stream accepted once the store is back", 15,
                    until=lambda status: status == 200)
+        # B notices the store's return by itself too (its backoff is at most 5 s)
+        wait_until(lambda c=conv: httpx.get(b.url + "/v1/stream", params={"conv_id": c},
+                                            timeout=10).status_code,
+                   "B reading the store again", 15, until=lambda status: status == 200)
         full, ended = get_cut(b.url, conv, 0)
         assert ended and full.count(b"data: ") == 5
     for s in (a, b, late):
