@@ -154,6 +154,8 @@ class ServerConfig:
     cache_type_v: str = "f16"
     blas: str = "auto"               # --blas: auto | bundled | a library path (blas.py)
     weights: str = "auto"            # --weights: auto | keep | float32 (engine/weights.py)
+    # --session-store: memory, or a redis:// URL shared by replicas (server/sessions/shared.py)
+    session_store: str = attrs.field(default="memory", repr=False)
     # -- router mode (server/router/): no -m, models discovered and served by children --
     models_dir: str | None = None    # --models-dir, canonical; None = not router mode
     models_preset: str | None = None

@@ -17,6 +17,7 @@ from mlxcel_trio.cli.options_context import rope_reciprocal_refusal
 from mlxcel_trio.cli.parser import CliError, Parsed, describe
 from mlxcel_trio.protocol.kv_types import DEFAULT as DEFAULT_KV
 from mlxcel_trio.protocol.kv_types import pair_problem
+from mlxcel_trio.server.sessions import store_url
 
 
 def adapters_in_order(parsed: Parsed) -> tuple[tuple[str, float], ...]:
@@ -61,6 +62,24 @@ def check_blas(parsed: Parsed) -> None:
     reason = blas.setting_problem(parsed.values.get("blas", blas.AUTO))
     if reason is not None:
         raise CliError(f"{describe(BY_DEST['blas'], parsed)}: {reason}")
+
+
+def check_session_store(parsed: Parsed) -> None:
+    """--session-store is memory or a usable redis:// URL; the password a
+    URL carries never appears in the message."""
+    raw = parsed.values.get("session_store", store_url.MEMORY)
+    reason = store_url.problem(raw)
+    if reason is not None:
+        source = parsed.given.get("session_store", "argv")
+        origin = "" if source == "argv" else f" (from {source})"
+        raise CliError(f"--session-store {store_url.redacted(raw)!r}{origin}: {reason}")
+    if raw != store_url.MEMORY:
+        try:
+            import redis  # noqa: F401  (the `redis` extra)
+        except ImportError:
+            raise CliError(f"--session-store {store_url.redacted(raw)!r}: a shared store needs "
+                           "the redis client (pip install 'mlxcel-trio[redis]'); or use "
+                           "memory") from None
 
 
 def check_kv_types(parsed: Parsed) -> None:

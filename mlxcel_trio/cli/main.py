@@ -36,6 +36,7 @@ from mlxcel_trio.cli.checks import (
     check_chat_template,
     check_kv_types,
     check_rope,
+    check_session_store,
     check_speculative,
     ui_settings,
 )
@@ -109,7 +110,7 @@ def _checked(parsed: Parsed, env: Mapping[str, str]) -> dict[str, Any]:
     problems: list[CliError] = [CliError(*parsed.problems)]
     io: dict[str, Any] = {}
     for check in (validate, check_rope, check_chat_template, check_kv_types, check_blas,
-                  check_speculative,
+                  check_speculative, check_session_store,
                   lambda p: io.update(sinks.resolve(p, env)),
                   lambda p: io.update(ui_settings(p)),
                   lambda p: io.update(_vertex(p, env))):

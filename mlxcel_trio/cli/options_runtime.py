@@ -1,7 +1,8 @@
 """mlxcel-trio's own runtime choices, which llama-server has no words for:
 the BLAS MLX multiplies float32 with on a Linux CPU (--blas; see
-mlxcel_trio/blas.py) and the CPU weight policy (--weights; see
-mlxcel_trio/engine/weights.py)."""
+mlxcel_trio/blas.py), the CPU weight policy (--weights; see
+mlxcel_trio/engine/weights.py) and the session store replicas share
+(--session-store; see mlxcel_trio/server/sessions/shared.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from mlxcel_trio.cli.record import Option
 from mlxcel_trio.cli.values import Choice, Text
 
 PERF_ISSUE = 14
+SESSIONS_ISSUE = 6
 
 RUNTIME: tuple[Option, ...] = (
     Option(("--blas",), "blas",
@@ -23,4 +25,11 @@ RUNTIME: tuple[Option, ...] = (
            "float32 (always converted at load)",
            value=Choice(("auto", "keep", "float32")), metavar="{auto,keep,float32}",
            default="auto", env="MLXCEL_WEIGHTS", upstream=False, owner=PERF_ISSUE),
+    Option(("--session-store",), "session_store",
+           "mlxcel-trio: where resumable streams (X-Conversation-Id), stored responses and "
+           "control entries live: memory (this process), or a Valkey/Redis URL "
+           "(redis://[:PASSWORD@]HOST:PORT/DB, rediss:// for TLS) shared by every replica "
+           "behind a load balancer; the password is never logged",
+           value=Text(), metavar="{memory,URL}", default="memory",
+           env="MLXCEL_SESSION_STORE", secret=True, upstream=False, owner=SESSIONS_ISSUE),
 )

@@ -25,6 +25,7 @@ from typing import Any
 from mlxcel_trio.cli.options import BY_DEST
 from mlxcel_trio.cli.parser import CliError, Parsed, describe
 from mlxcel_trio.logging_setup import LogFileError, open_log_file
+from mlxcel_trio.server.sessions import store_url
 
 LOG_FILE_INSTEAD = "name a regular file in an existing directory, or omit it to log to stdout"
 
@@ -97,7 +98,8 @@ def _check_tls(parsed: Parsed) -> None:
 def _secrets(parsed: Parsed, env: Mapping[str, str], keys: list[str]) -> tuple[str, ...]:
     found = set(keys)
     found.update(k for k in env.get("LLAMA_API_KEY", "").split(",") if k)
-    for token in (parsed.values.get("hf_token"), env.get("HF_TOKEN")):
+    for token in (parsed.values.get("hf_token"), env.get("HF_TOKEN"),
+                  store_url.password(parsed.values.get("session_store", ""))):
         if token:
             found.add(token)
     path = env.get("LLAMA_ARG_API_KEY_FILE")

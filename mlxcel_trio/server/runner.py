@@ -7,6 +7,7 @@
         ├── detached work       what outlives its request: stream producers, background
         │                       Responses (server/sessions/detached.py)
         ├── stream sessions     X-Conversation-Id TTL sweep (server/sessions/streams.py)
+        ├── session store       --session-store: heartbeat, writer, control (sessions/shared.py)
         ├── _signals            SIGINT / SIGTERM -> graceful shutdown
         ├── _watch_load         logs readiness, or stops the server on a load failure
         └── listen.serve        hypercorn's protocol, one task per connection/request
@@ -168,6 +169,8 @@ async def _serve(config, bridge, app, shutdown, signals, status, sock,
         await root.start(bridge.run)
         await root.start(app.mlxcel_state.detached.run)
         await root.start(app.mlxcel_state.streams.run)
+        if app.mlxcel_state.shared is not None:
+            await root.start(app.mlxcel_state.shared.run)
         async with trio.open_nursery() as http:
             await http.start(partial(listen.serve, app, hc, [sock], write_timeout=config.timeout,
                                      # one second later than Quart's body timeout, so a

@@ -9,6 +9,8 @@ through `app.mlxcel_state` (it runs the two tasks below in its root nursery).
     streams     X-Conversation-Id sessions (their producers are detached work)
     control     completions POST /v1/chat/completions/control can reach
     responses   stored Responses (background runs are detached work)
+    shared      the session store shared with other replicas (--session-store),
+                or None: everything above stays in this process
     slot_identities   slot-file identity digests, by model path
     heavy_work  bounds the worker threads tokenizing and rendering requests
     media       what a request's media reference may read (media/policy.py)
@@ -24,9 +26,12 @@ from ..chat import settings as chat_settings
 from ..config import ServerConfig
 from ..media import MediaPolicy
 from .adapters import AdapterTable
+from .sessions import store_url
 from .sessions.control import ControlRegistry
 from .sessions.detached import Detached
 from .sessions.response_store import ResponseStore
+from .sessions.shared import SharedStore
+from .sessions.streams import MAX_BYTES as STREAM_MAX_BYTES
 from .sessions.streams import StreamRegistry
 
 
@@ -38,6 +43,7 @@ class AppState:
     streams: StreamRegistry
     control: ControlRegistry
     responses: ResponseStore = attrs.field(factory=ResponseStore)
+    shared: SharedStore | None = None
     slot_identities: dict[str, dict[str, str]] = attrs.field(factory=dict)
     adapters: AdapterTable = attrs.field(factory=AdapterTable)  # LoRA: paths, global scales
     # Tokenizing and template rendering run on worker threads (request/jobs.py
@@ -52,9 +58,14 @@ class AppState:
         detached = Detached()
         media = MediaPolicy.from_settings(config.media_path, config.max_image_payload_size,
                                           config.max_images)
-        return cls(config, bridge, detached, StreamRegistry.from_env(detached),
-                   ControlRegistry(bridge), adapters=AdapterTable.from_config(config),
-                   media=media)
+        shared = None
+        url = getattr(config, "session_store", store_url.MEMORY)   # tests pass no config
+        if url != store_url.MEMORY:
+            shared = SharedStore(url, stream_ttl_s=StreamRegistry.ttl_from_env(),
+                                 max_bytes=STREAM_MAX_BYTES)
+        return cls(config, bridge, detached, StreamRegistry.from_env(detached, shared),
+                   ControlRegistry(bridge, shared), adapters=AdapterTable.from_config(config),
+                   responses=ResponseStore(shared=shared), shared=shared, media=media)
 
     def chat_settings(self) -> chat_settings.ChatSettings:
         """The server's chat settings, built on first use: they need the

@@ -32,6 +32,7 @@ from quart import Response
 from ...bridge import Bridge, JobHandle
 from ..http.errors import ApiError, json_response
 from ..http.resources import RequestResources
+from .shared import SharedStore, StoreDown
 
 
 @attrs.frozen
@@ -51,9 +52,16 @@ class ControlRegistry:
     one per app (server/state.py).  A control action is a command on the
     engine's queue, posted through `bridge`."""
 
-    def __init__(self, bridge: Bridge) -> None:
+    def __init__(self, bridge: Bridge, shared: SharedStore | None = None) -> None:
         self._bridge = bridge
         self._live: dict[str, LiveCompletion] = {}
+        # With a shared store, a control request may reach any replica: the
+        # entry is published (owner, scope, armed) and the action forwarded
+        # to the owner's control stream, which posts the same ForceEnd.
+        self._shared = shared
+        if shared is not None:
+            shared.on_control("reasoning_end", self._forwarded)
+            shared.on_tick(self._sweep)   # a finished stream's entry leaves the store soon
 
     def __len__(self) -> int:
         return len(self._live)
@@ -65,23 +73,37 @@ class ControlRegistry:
         whoever holds it later), or until `request` ends (no handle: a
         non-streamed request)."""
         for old in [k for k, e in self._live.items() if not e.alive()]:
-            del self._live[old]
+            self.drop(old)
         self._live[cid] = LiveCompletion(scope, job_ids, handle)
         if handle is None and request is not None:
             request.on_close(lambda: self.drop(cid))
+        if self._shared is not None:
+            shared, armed = self._shared, job_ids is not None
+            shared.defer(lambda: shared.register_completion(cid, scope, armed))
 
     def drop(self, cid: str) -> None:
-        self._live.pop(cid, None)
+        if self._live.pop(cid, None) is not None and self._shared is not None:
+            shared = self._shared
+            shared.defer(lambda: shared.drop_completion(cid))
+
+    def _sweep(self) -> None:
+        for cid in [k for k, e in self._live.items() if not e.alive()]:
+            self.drop(cid)
+
+    def _forwarded(self, msg: dict[str, str]) -> None:
+        live = self.find(msg.get("cid", ""), msg.get("scope", ""))
+        if live is not None and live.job_ids is not None:
+            self._bridge.force_end(live.job_ids)
 
     def find(self, cid: str, scope: str) -> LiveCompletion | None:
         """The live entry for `cid` under `scope`; another key's is unknown."""
         live = self._live.get(cid)
         if live is not None and not live.alive():
-            del self._live[cid]
+            self.drop(cid)
             live = None
         return live if live is not None and live.scope == scope else None
 
-    def control(self, body: Any, scope: str) -> Response:
+    async def control(self, body: Any, scope: str) -> Response:
         """The route."""
         body = body if isinstance(body, dict) else {}
         cid = body.get("id") if isinstance(body.get("id"), str) else ""
@@ -91,6 +113,8 @@ class ControlRegistry:
         if action != "reasoning_end":
             raise ApiError("unknown control action")
         live = self.find(cid, scope)
+        if live is None and self._shared is not None:
+            return await self._remote(cid, scope)
         if live is None:
             return json_response({"success": False,
                                   "message": "no active completion for this id"})
@@ -98,4 +122,23 @@ class ControlRegistry:
             return json_response({"success": False,
                                   "message": "reasoning control not enabled for this completion"})
         self._bridge.force_end(live.job_ids)
+        return json_response({"success": True})
+
+    async def _remote(self, cid: str, scope: str) -> Response:
+        """Another replica's completion, through the shared store."""
+        assert self._shared is not None
+        try:
+            entry = await self._shared.find_completion(cid)
+            if entry is None or entry.get("scope") != scope or \
+                    not await self._shared.owner_alive(entry["replica"]):
+                return json_response({"success": False,
+                                      "message": "no active completion for this id"})
+            if not entry.get("armed"):
+                return json_response({"success": False, "message":
+                                      "reasoning control not enabled for this completion"})
+            await self._shared.send_control(entry["replica"], "reasoning_end", cid=cid,
+                                            scope=scope)
+        except StoreDown:
+            raise ApiError(f"the session store ({self._shared.shown}) is unavailable; this "
+                           "completion may run on another replica", "unavailable_error")
         return json_response({"success": True})

@@ -18,16 +18,26 @@ those is bounded by MAX_BACKGROUND).
 
 Entries are keyed by (scope, id): with several API keys a response stored
 under one key is an unknown id under another (server/http/key_scope.py).
+
+With a shared session store (sessions/shared.py) every stored response is
+also written there, so `previous_response_id`, GET and cancel work on every
+replica: `fetch` reads this process's entries first, then the store's;
+`keep` writes both.  A background run lives on the replica that started it:
+a cancel through another replica is forwarded to it.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from typing import Any, Callable
 
 import attrs
 
 from ..http.errors import dumps
+from .shared import SharedStore, StoreDown, unavailable
+
+log = logging.getLogger("mlxcel.responses")
 
 MAX_RESPONSES = 256
 MAX_BYTES = 32 * 1024 * 1024
@@ -41,6 +51,7 @@ class Stored:
     background: bool = False
     cancel: Callable[[], None] | None = None   # set while a background run is live
     size: int = 0
+    replica: str | None = None            # read from the shared store: the replica that wrote it
 
     @property
     def live(self) -> bool:
@@ -48,7 +59,11 @@ class Stored:
 
 
 class ResponseStore:
-    def __init__(self, max_responses: int = MAX_RESPONSES, max_bytes: int = MAX_BYTES) -> None:
+    def __init__(self, max_responses: int = MAX_RESPONSES, max_bytes: int = MAX_BYTES,
+                 shared: SharedStore | None = None) -> None:
+        self.shared = shared
+        if shared is not None:
+            shared.on_control("response_cancel", self._cancel_message)
         self.max_responses = max_responses
         self.max_bytes = max_bytes
         self._items: OrderedDict[tuple[str, str], Stored] = OrderedDict()
@@ -86,3 +101,59 @@ class ResponseStore:
         self._items[key] = stored
         self._bytes += stored.size
         return True
+
+    # -- with a shared store ---------------------------------------------------------
+
+    async def fetch(self, scope: str, rid: str) -> Stored | None:
+        """This process's entry, else the shared store's."""
+        local = self.get(scope, rid)
+        if local is not None or self.shared is None:
+            return local
+        try:
+            record = await self.shared.get_response(scope, rid)
+        except StoreDown:
+            raise unavailable(self.shared.shown) from None
+        if record is None:
+            return None
+        return Stored(record["obj"], record["history"], record.get("background", False),
+                      replica=record.get("replica"))
+
+    async def keep(self, scope: str, rid: str, stored: Stored) -> None:
+        """`put`, and write it to the shared store (a failed write is logged:
+        the response stays readable on this replica)."""
+        self.put(scope, rid, stored)
+        if self.shared is not None and stored.size <= self.max_bytes:
+            try:
+                await self.shared.put_response(scope, rid, _record(stored))
+            except StoreDown:
+                log.warning("stored response %s kept on this replica only: the session "
+                            "store is unavailable", rid)
+
+    def publish(self, scope: str, rid: str, stored: Stored) -> None:
+        """`keep` from synchronous code: the store write is queued ahead of
+        every stream chunk queued after it (sessions/shared.py's writer)."""
+        self.put(scope, rid, stored)
+        shared = self.shared
+        if shared is not None and stored.size <= self.max_bytes:
+            record = _record(stored)
+            shared.defer(lambda: shared.put_response(scope, rid, record))
+
+    async def cancel_remote(self, scope: str, rid: str, stored: Stored) -> bool:
+        """Ask the replica running a background response to cancel it."""
+        if self.shared is None or stored.replica in (None, self.shared.replica):
+            return False
+        try:
+            await self.shared.send_control(stored.replica, "response_cancel", scope=scope,
+                                           rid=rid)
+        except StoreDown:
+            raise unavailable(self.shared.shown) from None
+        return True
+
+    def _cancel_message(self, msg: dict[str, str]) -> None:
+        stored = self.get(msg.get("scope", ""), msg.get("rid", ""))
+        if stored is not None and stored.live and stored.cancel is not None:
+            stored.cancel()
+
+
+def _record(stored: Stored) -> dict[str, Any]:
+    return {"obj": stored.obj, "history": stored.history, "background": stored.background}

@@ -50,6 +50,7 @@ from ..http.errors import ApiError, json_response, not_found
 from ..http.key_scope import key_scope
 from ..http.resources import RequestResources
 from .detached import Detached
+from .shared import RemoteSession, SharedStore, StoreDown, unavailable
 
 log = logging.getLogger("mlxcel.streams")
 
@@ -89,6 +90,8 @@ class StreamSession:
         self.dropped = 0
         self.done = False
         self.scope = trio.CancelScope()  # the producer's; cancelled by DELETE / replace
+        self.gen: str | None = None      # with a shared store: this session's generation there
+        self.queued = 0                  # bytes handed to the shared store's writer
         self._cap = max_bytes
         self._buf = bytearray()
         self._head = 0
@@ -161,22 +164,29 @@ class StreamRegistry:
 
     def __init__(self, detached: Detached, *, max_bytes: int = MAX_BYTES, ttl_s: float = TTL_S,
                  gc_interval_s: float = GC_INTERVAL_S, max_completed: int = MAX_COMPLETED,
-                 max_live: int = MAX_LIVE) -> None:
+                 max_live: int = MAX_LIVE, shared: SharedStore | None = None) -> None:
         self.max_bytes, self.ttl_s, self.gc_interval_s = max_bytes, ttl_s, gc_interval_s
+        self.shared = shared
+        if shared is not None:
+            shared.on_control("cancel", self._cancel_message)
         self.max_completed, self.max_live = max_completed, max_live
         self._sessions: dict[Key, StreamSession] = {}
         self._completed: OrderedDict[Key, StreamSession] = OrderedDict()
         self._detached = detached
         self._running = False
 
+    @staticmethod
+    def ttl_from_env() -> float:
+        raw = os.environ.get(STREAM_TTL_ENV)
+        return float(raw) if raw else TTL_S
+
     @classmethod
-    def from_env(cls, detached: Detached) -> "StreamRegistry":
+    def from_env(cls, detached: Detached,
+                 shared: SharedStore | None = None) -> "StreamRegistry":
         """Upstream's constants, unless a test shortened TTL / sweep."""
-        def seconds(name: str, default: float) -> float:
-            raw = os.environ.get(name)
-            return float(raw) if raw else default
-        return cls(detached, ttl_s=seconds(STREAM_TTL_ENV, TTL_S),
-                   gc_interval_s=seconds(STREAM_GC_ENV, GC_INTERVAL_S))
+        raw = os.environ.get(STREAM_GC_ENV)
+        return cls(detached, ttl_s=cls.ttl_from_env(),
+                   gc_interval_s=float(raw) if raw else GC_INTERVAL_S, shared=shared)
 
     # -- lifetime ------------------------------------------------------------------
 
@@ -208,19 +218,30 @@ class StreamRegistry:
 
     # -- sessions ------------------------------------------------------------------
 
-    def open(self, owner: int, conversation_id: str, handle: JobHandle,
-             frames: AsyncIterator[bytes],
-             resources: RequestResources | None = None) -> StreamSession:
+    async def open(self, owner: int, conversation_id: str, handle: JobHandle,
+                   frames: AsyncIterator[bytes],
+                   resources: RequestResources | None = None) -> StreamSession:
         """Install a session whose producer drains `frames` (replacing, and
-        stopping, an earlier one with the same key, as upstream); the
-        producer's task takes `handle` over from the request's `resources`."""
+        stopping, an earlier one with the same key, as upstream, on whichever
+        replica owns it); the producer's task takes `handle` over from the
+        request's `resources`."""
         key = (owner, conversation_id)
         running = self._running and self._detached.running
         if not running or (key not in self._sessions and self.live >= self.max_live):
             raise ApiError(f"too many live stream sessions ({self.max_live}); retry when one "
                            "finishes", "unavailable_error")
+        gen = None
+        if self.shared is not None:
+            try:
+                gen, replaced = await self.shared.open_stream(owner, conversation_id)
+                if replaced is not None:
+                    await self.shared.send_control(replaced[0], "cancel", scope=str(owner),
+                                                   cid=conversation_id, gen=replaced[1])
+            except StoreDown:
+                raise unavailable(self.shared.shown) from None
         self.cancel(owner, conversation_id)
         session = StreamSession(conversation_id, owner, self.max_bytes)
+        session.gen = gen
         self._sessions[key] = session
         self._detached.start(self._produce, key, session, frames, moving=(handle,),
                              source=resources, name=f"stream {conversation_id!r}")
@@ -232,17 +253,46 @@ class StreamRegistry:
             with session.scope:
                 async with aclosing(frames) as it:
                     async for chunk in it:
-                        session.append(chunk)
+                        self._append(session, chunk)
         except Exception:  # a renderer bug ends this stream, never the registry
             log.exception("stream session %r failed", session.conversation_id)
         finally:
             # the detached task closes the handle next: a no-op after a
             # natural end, else the disconnect path's Cancel
-            session.finish()
+            self._finish(session)
             if self._sessions.get(key) is session:
                 self._completed[key] = session
                 while len(self._completed) > self.max_completed:
                     self._evict(next(iter(self._completed)))
+
+    def _append(self, session: StreamSession, chunk: bytes) -> None:
+        """Shared: the chunk reaches local followers once it is in the store
+        (or the store failed), so no client holds a byte the store lacks."""
+        if session.gen is None or self.shared is None:
+            session.append(chunk)
+            return
+        if session.done or not chunk:
+            return
+        start, session.queued = session.queued, session.queued + len(chunk)
+        self.shared.queue(session.gen, session.owner, session.conversation_id, start, chunk,
+                          then=lambda ok: session.append(chunk))
+
+    def _finish(self, session: StreamSession) -> None:
+        if session.gen is None or self.shared is None or session.done:
+            session.finish()
+            return
+        self.shared.queue(session.gen, session.owner, session.conversation_id, session.queued,
+                          b"", end=True, then=lambda ok: session.finish())
+
+    def _cancel_message(self, msg: dict[str, str]) -> None:
+        """Another replica's DELETE (or replacement) of a session this one owns."""
+        try:
+            key = (int(msg["scope"]), msg["cid"])
+        except (KeyError, ValueError):
+            return
+        session = self._sessions.get(key)
+        if session is not None and session.gen == msg.get("gen"):
+            self._evict(key)
 
     def get(self, owner: int, conversation_id: str) -> StreamSession | None:
         return self._sessions.get((owner, conversation_id))
@@ -256,6 +306,9 @@ class StreamRegistry:
         self._completed.pop(key, None)
         if session is not None:
             session.scope.cancel()
+            if session.gen is not None and self.shared is not None and not session.done:
+                self.shared.queue(session.gen, owner_of(key), key[1], session.queued, b"",
+                                  drop=True)
             session.finish()
 
     def lookup(self, owner: int, ids: Iterable[str]) -> list[StreamSession]:
@@ -274,10 +327,66 @@ class StreamRegistry:
         return [s for rid in dict.fromkeys(ids) for s in by_prefix.get(rid, ())]
 
 
+    # -- what the routes call: this replica's sessions, then the shared store's ----------
+
+    async def follower(self, owner: int, conversation_id: str,
+                       raw_from: str) -> AsyncIterator[bytes] | None:
+        """The bytes from offset `raw_from` on, then live ones; None for an
+        unknown id (checked before the offset, as upstream)."""
+        session = self.get(owner, conversation_id)
+        if session is not None:
+            offset = _parse_from(raw_from) if raw_from else 0
+            if offset < session.dropped:
+                raise _bad("Stream offset lost, please restart")
+            return session.follow(offset)
+        if self.shared is None:
+            return None
+        try:   # another replica's session, read from the shared store
+            remote = await self.shared.describe(owner, conversation_id)
+            if remote is None:
+                return None
+            offset = _parse_from(raw_from) if raw_from else 0
+            if offset < await self.shared.first_offset(owner, remote):
+                raise _bad("Stream offset lost, please restart")
+        except StoreDown:
+            raise unavailable(self.shared.shown) from None
+        return self.shared.follow(remote, owner, offset)
+
+    async def describe(self, owner: int, ids: list[str]) -> list[StreamSession | RemoteSession]:
+        """`lookup`, plus other replicas' sessions (when the store answers)."""
+        found: list[StreamSession | RemoteSession] = list(self.lookup(owner, ids))
+        if self.shared is not None and ids:
+            local = {s.conversation_id for s in found}
+            try:
+                remote = await self.shared.lookup(owner, ids)
+            except StoreDown:
+                remote = []   # the store is down: what this replica holds
+            found += [s for s in remote if s.conversation_id not in local]
+        return found
+
+    async def stop(self, owner: int, conversation_id: str) -> None:
+        """DELETE: evict here, and in the store, asking the replica that
+        generates it (when another) to stop it."""
+        self.cancel(owner, conversation_id)
+        if self.shared is None:
+            return
+        try:
+            other = await self.shared.delete_stream(owner, conversation_id)
+            if other is not None:
+                await self.shared.send_control(other[0], "cancel", scope=str(owner),
+                                               cid=conversation_id, gen=other[1])
+        except StoreDown:
+            raise unavailable(self.shared.shown) from None
+
+
+def owner_of(key: Key) -> int:
+    return key[0]
+
+
 # -- the request side ---------------------------------------------------------------
 
-def sse_response(registry: StreamRegistry, resources: RequestResources,
-                 handle: JobHandle, frames: AsyncIterator[bytes]) -> Response:
+async def sse_response(registry: StreamRegistry, resources: RequestResources,
+                       handle: JobHandle, frames: AsyncIterator[bytes]) -> Response:
     """The response of every streaming route (surfaces/streaming.py).
     Without the header: the frames themselves, cancelled with the request.
     With it: the frames go to a session that outlives the request (taking
@@ -289,7 +398,11 @@ def sse_response(registry: StreamRegistry, resources: RequestResources,
         handle.close()
         raise ApiError(f"Invalid {HEADER} header: expected 1 to {MAX_ID_CHARS} printable "
                        "ASCII characters without spaces")
-    session = registry.open(key_scope(), conversation_id, handle, frames, resources)
+    try:
+        session = await registry.open(key_scope(), conversation_id, handle, frames, resources)
+    except ApiError:
+        handle.close()
+        raise
     return Response(session.follow(0), content_type=SSE_TYPE)
 
 
@@ -312,14 +425,11 @@ async def get_stream(registry: StreamRegistry) -> Response:
     conversation_id = request.args.get("conv_id", "")
     if not conversation_id:
         raise _bad("Missing conversation id in path")
-    session = registry.get(key_scope(), conversation_id)
-    if session is None:
+    follower = await registry.follower(key_scope(), conversation_id,
+                                       request.args.get("from", ""))
+    if follower is None:
         return not_found()   # upstream's 404 handler answers "File Not Found"
-    raw = request.args.get("from", "")
-    offset = _parse_from(raw) if raw else 0
-    if offset < session.dropped:
-        raise _bad("Stream offset lost, please restart")
-    return Response(session.follow(offset), content_type=SSE_TYPE)
+    return Response(follower, content_type=SSE_TYPE)
 
 
 async def lookup_streams(registry: StreamRegistry) -> Response:
@@ -335,7 +445,7 @@ async def lookup_streams(registry: StreamRegistry) -> Response:
         {"conversation_id": s.conversation_id, "is_done": s.done,
          "total_bytes": s.total_bytes, "started_at": s.started_at,
          "completed_at": s.completed_at}
-        for s in registry.lookup(key_scope(), wanted)])
+        for s in await registry.describe(key_scope(), wanted)])
 
 
 async def delete_stream(registry: StreamRegistry) -> Response:
@@ -343,5 +453,5 @@ async def delete_stream(registry: StreamRegistry) -> Response:
     conversation_id = request.args.get("conv_id", "")
     if not conversation_id:
         raise _bad("Missing conversation id in path")
-    registry.cancel(key_scope(), conversation_id)
+    await registry.stop(key_scope(), conversation_id)
     return Response("", status=204, content_type="application/json")

@@ -234,11 +234,11 @@ def _event(kind: str, data: dict) -> bytes:
 
 # -- routes -------------------------------------------------------------------------------
 
-def _previous(body: Any, store: ResponseStore, scope: str) -> Stored | None:
+async def _previous(body: Any, store: ResponseStore, scope: str) -> Stored | None:
     rid = body.get("previous_response_id") if isinstance(body, dict) else None
     if not isinstance(rid, str) or not rid:
         return None
-    prev = store.get(scope, rid)
+    prev = await store.fetch(scope, rid)
     if prev is None or prev.live:
         raise bad(f"Previous response with id '{rid}' not found.")
     return prev
@@ -274,7 +274,7 @@ def _object(served: Served, rid: str, created: int, status: str, output: list,
 
 async def create(served: Served, config, body: Any, store: ResponseStore,
                  scope: str) -> Response:
-    prev = _previous(body, store, scope)
+    prev = await _previous(body, store, scope)
     chat_body = to_chat_body(body, prev.history if prev else None)
     keep = body.get("store") is not False
     background = body.get("background") is True
@@ -297,32 +297,38 @@ async def create(served: Served, config, body: Any, store: ResponseStore,
 
     def finished(msg: ChatMsg, obj: dict) -> None:
         if keep:
-            store.put(scope, rid, Stored(obj, turns + [assistant_turn(msg)], background))
+            store.publish(scope, rid, Stored(obj, turns + [assistant_turn(msg)], background))
 
     if background:
-        return _start_background(served, chat, job, store, scope, rid, created, turns, extra)
+        return await _start_background(served, chat, job, store, scope, rid, created, turns,
+                                       extra)
     if not chat.stream:
         (fin,) = await run_all(served, [job])
         msg = final_message(chat, fin.content)
         obj = _object(served, rid, created, "completed", output_items(msg), _usage(fin), extra)
-        finished(msg, obj)
+        if keep:  # stored (everywhere) before the answer
+            await store.keep(scope, rid, Stored(obj, turns + [assistant_turn(msg)], background))
         return json_response(obj)
     renderer = _Renderer(served, chat, rid, values.timings_per_token, created, extra,
                          finished)
     return await stream_jobs(served, [job], renderer.render, values.sse_ping_interval)
 
 
-def _start_background(served: Served, chat, job, store: ResponseStore, scope: str, rid: str,
-                      created: int, turns: list, extra: dict) -> Response:
+async def _start_background(served: Served, chat, job, store: ResponseStore, scope: str,
+                            rid: str, created: int, turns: list, extra: dict) -> Response:
     """Queue the generation as detached work; its entry is what GET sees."""
     scope_cs = trio.CancelScope()
     entry = Stored(_object(served, rid, created, "queued", [], None, extra), turns, True,
                    scope_cs.cancel)
 
+    queued = trio.Event()   # the "queued" state is written before any later one
+
     async def run() -> None:
         obj = None
         with scope_cs:
+            await queued.wait()
             entry.obj["status"] = "in_progress"
+            await store.keep(scope, rid, entry)
             try:
                 (fin,) = await run_all(served, [job])
                 msg = final_message(chat, fin.content)
@@ -340,30 +346,36 @@ def _start_background(served: Served, chat, job, store: ResponseStore, scope: st
         if scope_cs.cancelled_caught or obj is None:
             obj = {**entry.obj, "status": "cancelled"}
         entry.obj = obj
-        store.put(scope, rid, entry)
+        with trio.CancelScope(shield=True):   # the final state reaches the store
+            await store.keep(scope, rid, entry)
 
     served.state.detached.start(run, name=f"background response {rid}")
-    store.put(scope, rid, entry)  # after start: a refused start leaves nothing queued
+    try:
+        await store.keep(scope, rid, entry)  # after start: a refused start leaves nothing queued
+    finally:
+        queued.set()
     return json_response(entry.obj)
 
 
-def _lookup(store: ResponseStore, scope: str, rid: str) -> Stored:
-    stored = store.get(scope, rid)
+async def _lookup(store: ResponseStore, scope: str, rid: str) -> Stored:
+    stored = await store.fetch(scope, rid)
     if stored is None:
         raise ApiError(f"Response with id '{rid}' not found.", "not_found_error")
     return stored
 
 
-def retrieve(store: ResponseStore, scope: str, rid: str) -> Response:
-    return json_response(_lookup(store, scope, rid).obj)
+async def retrieve(store: ResponseStore, scope: str, rid: str) -> Response:
+    return json_response((await _lookup(store, scope, rid)).obj)
 
 
-def cancel(store: ResponseStore, scope: str, rid: str) -> Response:
+async def cancel(store: ResponseStore, scope: str, rid: str) -> Response:
     """OpenAI's contract: only a background response can be cancelled; a
     finished one is answered unchanged."""
-    stored = _lookup(store, scope, rid)
+    stored = await _lookup(store, scope, rid)
     if not stored.background:
         raise bad("Only responses created with background=true can be cancelled.")
+    if stored.live and await store.cancel_remote(scope, rid, stored):
+        return json_response({**stored.obj, "status": "cancelled"})
     if stored.live and stored.cancel is not None:
         stored.cancel()
         stored.obj = {**stored.obj, "status": "cancelled"}
@@ -476,7 +488,7 @@ class _Renderer:
 
 async def input_tokens(served: Served, config, body: Any, store: ResponseStore,
                  scope: str) -> Response:
-    prev = _previous(body, store, scope)
+    prev = await _previous(body, store, scope)
     chat = await chat_plan(served, config, to_chat_body(body, prev.history if prev else None),
                      generating=False)
     return json_response({"input_tokens": len(chat.tokens), "object": "response.input_tokens"})

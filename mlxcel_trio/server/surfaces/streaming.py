@@ -37,5 +37,5 @@ async def stream_jobs(served: Served, jobs: Sequence, render: Callable[[object],
         opened(handle)
     first = await first_event(handle)
     frames = event_stream(handle, first, render, ping_s, trailer)
-    return sse_response(served.state.streams, resources, handle,
+    return await sse_response(served.state.streams, resources, handle,
                         wrap(frames) if wrap is not None else frames)

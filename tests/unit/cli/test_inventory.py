@@ -47,13 +47,13 @@ def test_every_upstream_entry_is_in_the_table() -> None:
     upstream_only = [o for o in OPTIONS if id(o) not in matched]
     # mlxcel-trio's own options: the flag-surface dump (hidden), the
     # spec's native --reasoning-alias-field policy, the CPU runtime
-    # choices (--blas, --weights) and the side encoders (--embedding-model,
-    # --reranker-model)
-    # (and the media budgets, --max-image-payload-size and --max-images)
+    # choices (--blas, --weights), the side encoders (--embedding-model,
+    # --reranker-model), the media budgets (--max-image-payload-size,
+    # --max-images) and the replicas' shared --session-store
     assert sorted(o.name for o in upstream_only) == [
         "--blas", "--dump-flag-surface", "--embedding-model", "--max-image-payload-size",
         "--max-images", "--model-store-root", "--reasoning-alias-field", "--reranker-model",
-        "--weights"]
+        "--session-store", "--weights"]
     assert all(not o.upstream for o in upstream_only)
     assert [o.name for o in upstream_only if o.hidden] == ["--dump-flag-surface"]
 
@@ -64,12 +64,14 @@ def test_no_spelling_or_variable_upstream_lacks() -> None:
     mine = {s for o in OPTIONS for s in o.all_spellings}
     assert mine - theirs == {"--dump-flag-surface", "--reasoning-alias-field",  # ours
                              "--blas", "--weights", "--embedding-model", "--reranker-model",
-                             "--model-store-root", "--max-image-payload-size", "--max-images"}
+                             "--model-store-root", "--max-image-payload-size", "--max-images",
+                             "--session-store"}
     assert theirs - mine == set()
     envs = {e for o in OPTIONS for e in (o.env, o.env_negated) if e}
     want = (set(data["env_vars_named_in_help"]) | set(data["implicit_LLAMA_ARG_NO_env_aliases"])
             | {"LLAMA_ARG_RPC"})
-    assert envs == want | {"MLXCEL_BLAS", "MLXCEL_WEIGHTS", "MLXCEL_MODELS_DIR"}  # ours
+    assert envs == want | {"MLXCEL_BLAS", "MLXCEL_WEIGHTS", "MLXCEL_MODELS_DIR",  # ours
+                           "MLXCEL_SESSION_STORE"}
 
 
 @pytest.mark.parametrize("rec", RECORDS, ids=record_id)

@@ -77,6 +77,7 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "models_preset": ("models.ini", "models.ini"),
     "lora_scaled": ("a:0.5", ((("a", 0.5),),)),
     "weights": ("keep", "keep"),
+    "session_store": ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
     "slot_save_path": (str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent)),
     # media inputs
     "media_path": (str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent)),

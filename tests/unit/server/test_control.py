@@ -48,7 +48,7 @@ async def test_a_non_streamed_completion_lives_until_its_request_ends():
     reg = ControlRegistry(bridge)
     reg.register("chatcmpl-a", "0", (7, 8), request=request)
     assert reg.find("chatcmpl-a", "0") is not None
-    assert await _answer(reg.control({"id": "chatcmpl-a", "action": "reasoning_end"}, "0")) \
+    assert await _answer(await reg.control({"id": "chatcmpl-a", "action": "reasoning_end"}, "0")) \
         == {"success": True}
     assert bridge.forced == [(7, 8)]
     request.close()
@@ -73,15 +73,18 @@ async def test_the_routes_answers_in_upstreams_order():
     reg = _registry()
     reg.register("chatcmpl-off", "0", None, request=RequestResources())
     with pytest.raises(ApiError, match="missing completion id"):
-        reg.control({"action": "nope"}, "0")
+        await reg.control({"action": "nope"}, "0")
     with pytest.raises(ApiError, match="unknown control action"):
-        reg.control({"id": "chatcmpl-off", "action": "nope"}, "0")
-    assert await _answer(reg.control({"id": "chatcmpl-x", "action": "reasoning_end"}, "0")) \
+        await reg.control({"id": "chatcmpl-off", "action": "nope"}, "0")
+    assert await _answer(await reg.control(
+        {"id": "chatcmpl-x", "action": "reasoning_end"}, "0")) \
         == {"success": False, "message": "no active completion for this id"}
-    assert await _answer(reg.control({"id": "chatcmpl-off", "action": "reasoning_end"}, "0")) \
+    assert await _answer(await reg.control(
+        {"id": "chatcmpl-off", "action": "reasoning_end"}, "0")) \
         == {"success": False, "message": "reasoning control not enabled for this completion"}
     # another API key's completion is an unknown id
-    assert await _answer(reg.control({"id": "chatcmpl-off", "action": "reasoning_end"}, "1")) \
+    assert await _answer(await reg.control(
+        {"id": "chatcmpl-off", "action": "reasoning_end"}, "1")) \
         == {"success": False, "message": "no active completion for this id"}
 
 

@@ -119,7 +119,7 @@ async def test_registry_producer_outlives_nothing_and_cancel_closes_the_job(auto
     async with trio.open_nursery() as n:
         reg = await _registry(n, max_bytes=1 << 20)
         gate, h = trio.Event(), _Handle()
-        s = reg.open(0, "a", h, _frames(gate, [b"x", b"y"]))
+        s = await reg.open(0, "a", h, _frames(gate, [b"x", b"y"]))
         await trio.testing.wait_all_tasks_blocked()
         assert s.read(0) == b"xy" and not s.done and reg.live == 1
         reg.cancel(0, "a")
@@ -128,7 +128,7 @@ async def test_registry_producer_outlives_nothing_and_cancel_closes_the_job(auto
         reg.cancel(0, "a")                      # idempotent
         # natural end: the job handle is closed too (a no-op for a finished job)
         gate2, h2 = trio.Event(), _Handle()
-        s2 = reg.open(0, "b", h2, _frames(gate2, [b"1"]))
+        s2 = await reg.open(0, "b", h2, _frames(gate2, [b"1"]))
         gate2.set()
         await trio.testing.wait_all_tasks_blocked()
         assert s2.done and s2.read(0) == b"1end" and h2.closed == 1 and reg.live == 0
@@ -141,7 +141,7 @@ async def test_the_producer_takes_the_handle_over_from_the_request(autojump_cloc
         request, h = RequestResources(), _Handle()
         request.own(h)
         gate = trio.Event()
-        s = reg.open(0, "a", h, _frames(gate, [b"x"]), request)
+        s = await reg.open(0, "a", h, _frames(gate, [b"x"]), request)
         request.close()                         # the client went away
         await trio.testing.wait_all_tasks_blocked()
         assert h.closed == 0 and not s.done     # the generation goes on
@@ -155,12 +155,12 @@ async def test_no_session_opens_while_the_registry_or_detached_work_is_down():
     detached = Detached()
     reg, h = StreamRegistry(detached), _Handle()
     with pytest.raises(ApiError) as exc:
-        reg.open(0, "a", h, _frames(trio.Event(), []))
+        await reg.open(0, "a", h, _frames(trio.Event(), []))
     assert exc.value.status == 503 and h.closed == 0 and reg.get(0, "a") is None
     async with trio.open_nursery() as n:
         await n.start(reg.run)                  # the sweep alone is not enough
         with pytest.raises(ApiError):
-            reg.open(0, "a", h, _frames(trio.Event(), []))
+            await reg.open(0, "a", h, _frames(trio.Event(), []))
         n.cancel_scope.cancel()
 
 
@@ -168,9 +168,9 @@ async def test_replacing_an_id_stops_the_earlier_producer(autojump_clock):
     async with trio.open_nursery() as n:
         reg = await _registry(n)
         h1, h2 = _Handle(), _Handle()
-        s1 = reg.open(0, "a", h1, _frames(trio.Event(), [b"old"]))
+        s1 = await reg.open(0, "a", h1, _frames(trio.Event(), [b"old"]))
         await trio.testing.wait_all_tasks_blocked()
-        s2 = reg.open(0, "a", h2, _frames(trio.Event(), [b"new"]))
+        s2 = await reg.open(0, "a", h2, _frames(trio.Event(), [b"new"]))
         await trio.testing.wait_all_tasks_blocked()
         assert h1.closed == 1 and s1.done and reg.get(0, "a") is s2 and h2.closed == 0
         n.cancel_scope.cancel()
@@ -183,7 +183,7 @@ async def test_ttl_sweep_and_completed_cap(autojump_clock):
         for i in range(5):
             gate = trio.Event()
             gate.set()
-            reg.open(0, f"c{i}", _Handle(), _frames(gate, []))
+            await reg.open(0, f"c{i}", _Handle(), _frames(gate, []))
             await trio.testing.wait_all_tasks_blocked()
         # only the newest three completed sessions are retained
         assert [reg.get(0, f"c{i}") is not None for i in range(5)] == [False, False, True, True,
@@ -198,12 +198,12 @@ async def test_ttl_sweep_and_completed_cap(autojump_clock):
 async def test_live_cap_refuses_and_keys_scope_sessions(autojump_clock):
     async with trio.open_nursery() as n:
         reg = await _registry(n, max_live=2)
-        reg.open(1, "a", _Handle(), _frames(trio.Event(), []))
-        reg.open(2, "a", _Handle(), _frames(trio.Event(), []))   # same id, other key
+        await reg.open(1, "a", _Handle(), _frames(trio.Event(), []))
+        await reg.open(2, "a", _Handle(), _frames(trio.Event(), []))   # same id, other key
         with pytest.raises(ApiError) as exc:
-            reg.open(1, "b", _Handle(), _frames(trio.Event(), []))
+            await reg.open(1, "b", _Handle(), _frames(trio.Event(), []))
         assert exc.value.status == 503
-        reg.open(1, "a", _Handle(), _frames(trio.Event(), []))   # a replacement fits
+        await reg.open(1, "a", _Handle(), _frames(trio.Event(), []))   # a replacement fits
         assert reg.get(1, "a") is not reg.get(2, "a")
         reg.cancel(2, "a")
         assert reg.get(1, "a") is not None and reg.get(2, "a") is None
@@ -214,7 +214,7 @@ async def test_lookup_matches_exact_and_model_variants_only_for_the_owner(autoju
     async with trio.open_nursery() as n:
         reg = await _registry(n)
         for owner, cid in ((0, "conv"), (0, "conv::m/a"), (0, "conversation"), (1, "conv")):
-            reg.open(owner, cid, _Handle(), _frames(trio.Event(), []))
+            await reg.open(owner, cid, _Handle(), _frames(trio.Event(), []))
         assert [s.conversation_id for s in reg.lookup(0, ["conv"])] == ["conv", "conv::m/a"]
         assert [s.conversation_id for s in reg.lookup(0, ["conv::m/a", "nope"])] == ["conv::m/a"]
         assert [s.owner for s in reg.lookup(1, ["conv"])] == [1]
@@ -229,7 +229,7 @@ async def test_lookup_answer_is_bounded_by_the_sessions_not_the_request(autojump
     async with trio.open_nursery() as n:
         reg = await _registry(n)
         for cid in ("conv", "conv::m/a"):
-            reg.open(0, cid, _Handle(), _frames(trio.Event(), []))
+            await reg.open(0, cid, _Handle(), _frames(trio.Event(), []))
         found = reg.lookup(0, ["conv"] * 100_000 + ["conv::m/a"] * 100_000)
         assert [s.conversation_id for s in found] == ["conv", "conv::m/a", "conv::m/a"]
         n.cancel_scope.cancel()
