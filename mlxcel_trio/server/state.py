@@ -56,8 +56,9 @@ class AppState:
     @classmethod
     def create(cls, config: ServerConfig, bridge: Bridge) -> "AppState":
         detached = Detached()
-        media = MediaPolicy.from_settings(config.media_path, config.max_image_payload_size,
-                                          config.max_images)
+        media = (MediaPolicy() if config is None   # tests pass no config
+                 else MediaPolicy.from_settings(config.media_path, config.max_image_payload_size,
+                                                config.max_images))
         shared = None
         url = getattr(config, "session_store", store_url.MEMORY)   # tests pass no config
         if url != store_url.MEMORY:
