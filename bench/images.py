@@ -10,7 +10,7 @@ One server (`-np 4`) on one checkpoint, in one run:
 |---|---|
 | image request | `POST /completion` with one image (`multimodal_data`) and a short text, `--tokens` greedy tokens: wall latency, and the server's own prompt_ms (encode + prefill) and predicted_ms |
 | same prompt, no image | the same request with the image's placeholder run replaced by ordinary text tokens of the same count: what the image itself adds |
-| 3 text streams alone / beside images | aggregate decode tok/s of three streaming text requests, alone and while image requests arrive back to back; the ratio is the image path's effect on concurrent text |
+| 3 text streams alone / beside images | aggregate decode tok/s of three streaming text requests, alone, while image requests arrive back to back, and while the same requests arrive without their image; the last two's ratio is the image path's own effect on concurrent text |
 
 Medians over --rounds.  The image is a random RGB picture of --size pixels,
 decoded and resized by the server as any client's would be.
@@ -113,25 +113,31 @@ def main(argv=None) -> int:
             vocab = C.vocab_ids(args.model)
             prompts = [C.make_prompt(vocab, 32, seed=100 + i) for i in range(3)]
             alone = [text_streams(url, prompts, args.tokens * 4) for _ in range(args.rounds)]
-            stop = threading.Event()
+            filler = C.make_prompt(vocab, n_fill, seed=999)
 
-            def images_back_to_back() -> None:
-                with httpx.Client() as c:
-                    k = 1000
-                    while not stop.is_set():
-                        one(c, url, {"prompt": {"prompt_string": prompt,
-                                                "multimodal_data": [png(args.size, k)]},
-                                     "n_predict": 4, "temperature": 0, "cache_prompt": False})
-                        k += 1
+            def beside(with_image: bool) -> list:
+                stop = threading.Event()
 
-            side = threading.Thread(target=images_back_to_back)
-            side.start()
-            try:
-                beside = [text_streams(url, prompts, args.tokens * 4)
-                          for _ in range(args.rounds)]
-            finally:
-                stop.set()
-                side.join()
+                def back_to_back() -> None:
+                    with httpx.Client() as c:
+                        k = 1000
+                        while not stop.is_set():
+                            p = ({"prompt_string": prompt, "multimodal_data": [png(args.size, k)]}
+                                 if with_image else [*filler, *ids])
+                            one(c, url, {"prompt": p, "n_predict": 4, "temperature": 0,
+                                         "cache_prompt": False})
+                            k += 1
+
+                side = threading.Thread(target=back_to_back)
+                side.start()
+                try:
+                    return [text_streams(url, prompts, args.tokens * 4)
+                            for _ in range(args.rounds)]
+                finally:
+                    stop.set()
+                    side.join()
+
+            with_images, with_texts = beside(True), beside(False)
     finally:
         proc.terminate()
         proc.wait(60)
@@ -148,9 +154,10 @@ def main(argv=None) -> int:
     extra = med(image_rows, "prompt_ms") - med(text_rows, "prompt_ms")
     print(f"the image adds {extra:.1f} ms to the prompt phase "
           f"({med(image_rows, 'wall_ms') / med(text_rows, 'wall_ms'):.2f}x wall)")
-    a, b = C.median([x for x in alone if x]), C.median([x for x in beside if x])
-    print(f"3 text streams: {a:.1f} tok/s alone, {b:.1f} tok/s beside image requests "
-          f"({b / a:.2f}x)")
+    a, b, c = (C.median([x for x in xs if x]) for xs in (alone, with_images, with_texts))
+    print(f"3 text streams: {a:.1f} tok/s alone, {b:.1f} beside image requests ({b / a:.2f}x), "
+          f"{c:.1f} beside the same requests without the image ({c / a:.2f}x); the image's "
+          f"own share: {b / c:.2f}x")
     return 0
 
 
