@@ -309,3 +309,26 @@ def machine_busy_s() -> float:
     f = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
     user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in f[:8])
     return (user + nice + system + irq + softirq + steal) / _TICK
+
+
+def streams_at_once(url: str, prompts: list, n_predict: int, extra: dict | None = None) -> list:
+    """One streaming completion per prompt, each on its own client and
+    thread, released together by a barrier; their stream_completion results."""
+    import threading
+
+    import httpx
+
+    barrier = threading.Barrier(len(prompts))
+    results: list = [None] * len(prompts)
+
+    def run(i: int) -> None:
+        with httpx.Client(timeout=None) as client:
+            results[i] = stream_completion(url, prompts[i], n_predict, client, barrier,
+                                           extra)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results

@@ -58,18 +58,7 @@ def one(client: httpx.Client, url: str, body: dict) -> dict:
 
 
 def text_streams(url: str, prompts: list[list[int]], n: int) -> float | None:
-    results: list = [None] * len(prompts)
-    barrier = threading.Barrier(len(prompts))
-
-    def run(i: int) -> None:
-        with httpx.Client(timeout=None) as client:
-            results[i] = C.stream_completion(url, prompts[i], n, client, barrier)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = C.streams_at_once(url, prompts, n)
     return C.aggregate_rate([r["events"] for r in results]).get("rate")
 
 

@@ -21,7 +21,6 @@ import argparse
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -54,17 +53,7 @@ def measure(url: str, prompts, n: int, extra: dict) -> dict:
 
     with httpx.Client(timeout=None) as c:
         single = C.stream_completion(url, prompts[0], n, c, extra=extra)
-    barrier = threading.Barrier(len(prompts))
-    results: list = [None] * len(prompts)
-
-    def one(i):
-        with httpx.Client(timeout=None) as c:
-            results[i] = C.stream_completion(url, prompts[i], n, c, barrier, extra=extra)
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = C.streams_at_once(url, prompts, n, extra)
     return {"single": C.single_rate(single["events"]),
             "batch": C.aggregate_rate([r["events"] for r in results]).get("rate")}
 

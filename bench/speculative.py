@@ -28,11 +28,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-import threading
 import time
 from pathlib import Path
 
-import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -41,18 +39,7 @@ import _common as C
 
 
 def run_streams(url: str, prompts: list[list[int]], n: int) -> dict:
-    results: list[dict | None] = [None] * len(prompts)
-    barrier = threading.Barrier(len(prompts))
-
-    def one(i: int) -> None:
-        with httpx.Client(timeout=None) as client:
-            results[i] = C.stream_completion(url, prompts[i], n, client, barrier)
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = C.streams_at_once(url, prompts, n)
     streams = [r["events"] for r in results]
     rate = (C.single_rate(streams[0]) if len(streams) == 1
             else C.aggregate_rate(streams).get("rate"))

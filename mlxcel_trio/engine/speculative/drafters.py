@@ -47,7 +47,23 @@ class Drafter(Protocol):
     def clear(self) -> None: ...
 
 
-class NgramSimple:
+class PerRow:
+    """A drafter whose state is one entry per generator row (`_rows`, keyed
+    by uid): forgotten with the row, emptied with the generator."""
+
+    _rows: dict
+
+    def accepted(self, uid: int, n_drafted: int, n_accepted: int) -> None:
+        pass
+
+    def forget(self, uid: int) -> None:
+        self._rows.pop(uid, None)
+
+    def clear(self) -> None:
+        self._rows.clear()
+
+
+class NgramSimple(PerRow):
     """ngram-simple: find the latest earlier occurrence of the last `size_n`
     tokens (the sampled one included) and propose the `size_m` tokens that
     followed it.  Needs more than size_n + size_m + 1 tokens of history; a
@@ -91,15 +107,6 @@ class NgramSimple:
                 take = min(m, size - (j + n))
                 return h[j + n:j + n + take] if take >= n else []
         return []
-
-    def accepted(self, uid: int, n_drafted: int, n_accepted: int) -> None:
-        pass
-
-    def forget(self, uid: int) -> None:
-        self._rows.pop(uid, None)
-
-    def clear(self) -> None:
-        self._rows.clear()
 
 
 class Chain:

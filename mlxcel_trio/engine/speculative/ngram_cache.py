@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ...protocol.lookup_cache import NGRAM_MAX, Table, load_table  # noqa: F401 (re-exported)
-from .drafters import Ask
+from .drafters import Ask, PerRow
 
 NGRAM_MIN, NGRAM_STATIC = 1, 2
 N_DRAFT = 8                     # upstream's fixed draft length for this type
@@ -101,7 +101,7 @@ def draft(seq: list[int], context: Table, dynamic: Table, static: Table,
     return out
 
 
-class NgramCache:
+class NgramCache(PerRow):
     """The drafter: a context table per row, the two file tables shared."""
 
     def __init__(self, static: Table | None = None, dynamic: Table | None = None) -> None:
@@ -130,12 +130,3 @@ class NgramCache:
             out.append(draft([*a.history[-NGRAM_MAX:], a.last], context, self.dynamic,
                              self.static))
         return out
-
-    def accepted(self, uid: int, n_drafted: int, n_accepted: int) -> None:
-        pass
-
-    def forget(self, uid: int) -> None:
-        self._rows.pop(uid, None)
-
-    def clear(self) -> None:
-        self._rows.clear()

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from .drafters import Ask
+from .drafters import Ask, PerRow
 
 MAX_VALUES = 4                 # m-grams remembered per key (k4v)
 MAX_COUNT = 16380              # upstream's cap on a counter
@@ -60,7 +60,7 @@ class _MapRow:
         self.last: tuple[tuple, int] | None = None     # (key, value) of the last draft
 
 
-class NgramMap:
+class NgramMap(PerRow):
     def __init__(self, size_n: int, size_m: int, min_hits: int, key_only: bool) -> None:
         self.n, self.m, self.min_hits, self.key_only = size_n, size_m, min_hits, key_only
         self._rows: dict[int, _MapRow] = {}
@@ -139,11 +139,6 @@ class NgramMap:
             key, value = r.last
             r.keys[key].values[value].n_accepted = n_accepted
 
-    def forget(self, uid: int) -> None:
-        self._rows.pop(uid, None)
-
-    def clear(self) -> None:
-        self._rows.clear()
 
 
 class _ModRow:
