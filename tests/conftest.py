@@ -214,6 +214,13 @@ def tiny_vlm_model(tiny_model) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_whisper_model() -> Path:
+    """A tiny random Whisper checkpoint (fixtures/whisper.py)."""
+    from fixtures.build import ensure
+    return ensure("tiny-whisper")
+
+
+@pytest.fixture(scope="session")
 def tiny_facts(tiny_model) -> dict:
     import json
     return json.loads((tiny_model / "fixture_facts.json").read_text())

@@ -329,4 +329,26 @@ def plan(cfg, world: World) -> str:
         if given:
             raise ValueError(f"{what} cannot be served across {world.size} processes "
                              f"(mlx.launch); {instead}")
+    media = _media_checkpoint(cfg.model)
+    if media is not None:
+        raise ValueError(f"-m names {media}, which cannot be served across {world.size} "
+                         "processes (mlx.launch): only a text model is split among ranks; "
+                         "serve it from one process")
     return plan_split(cfg.split_mode, cfg.model, world)
+
+
+def _media_checkpoint(path: str) -> str | None:
+    """What kind of non-text checkpoint `path` is (a Whisper model, a
+    vision-language model), or None for a text model."""
+    import json
+
+    from .stt.transcriber import is_whisper
+    from .vision import is_vlm
+
+    if is_whisper(path):
+        return "a Whisper (speech-to-text) checkpoint"
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return "a vision-language checkpoint" if is_vlm(config) else None

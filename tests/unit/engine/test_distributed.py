@@ -5,6 +5,8 @@ record's framing.  tests/e2e/test_distributed.py runs two real ranks."""
 
 from __future__ import annotations
 
+import re
+
 import json
 from pathlib import Path
 
@@ -97,6 +99,14 @@ def test_features_one_process_alone_can_serve_are_refused(tiny_model, changes, n
     with pytest.raises(ValueError, match=needle.replace("(", r"\(")) as err:
         dist.plan(cfg, TWO)
     assert "; " in str(err.value)  # and what to do instead
+
+
+def test_media_checkpoints_are_refused(tiny_vlm_model, tiny_whisper_model) -> None:
+    for path, what in ((tiny_vlm_model, "a vision-language checkpoint"),
+                       (tiny_whisper_model, "a Whisper (speech-to-text) checkpoint")):
+        with pytest.raises(ValueError, match=rf"-m names {re.escape(what)}, which cannot be "
+                                             r"served across 2 processes .*; serve it from one"):
+            dist.plan(ServerConfig(model=str(path)), TWO)
 
 
 def test_the_record_frames_small_and_large_payloads() -> None:
