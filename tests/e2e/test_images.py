@@ -71,8 +71,11 @@ def test_openai_image_url_is_seen_and_matches_native_multimodal_data(vlm, oai):
     assert a != b, "two different pictures gave the same greedy answer"
     assert ask(oai, user(image_part(1))) == a
     # /completion's multimodal_data on the same rendered prompt says the same
+    import httpx
+
+    marker = httpx.get(vlm.url + "/props").json()["media_marker"]
     rendered = post(vlm.url, {"messages": user(image_part(1))}, path="/apply-template").json()
-    prompt = re.sub(r"<__media_[0-9a-f]+__>", "<__media__>", rendered["prompt"])
+    prompt = re.sub(r"<__media_[0-9a-f]+__>", marker, rendered["prompt"])
     native = post(vlm.url, {"prompt": {"prompt_string": prompt, "multimodal_data": [png(1)]},
                             "n_predict": 8, "temperature": 0})
     assert native.status_code == 200, native.text
@@ -86,9 +89,13 @@ def test_props_and_marker_count(vlm, server):
     assert httpx.get(server.url + "/props").json()["modalities"]["vision"] is False
     assert httpx.get(vlm.url + "/v1/models").json()["models"][0]["capabilities"] == [
         "completion", "multimodal"]
-    # upstream's tokenize failure when markers and files disagree
-    r = post(vlm.url, {"prompt": {"prompt_string": "no marker", "multimodal_data": [png(1)]}})
-    assert r.status_code == 400 and r.json()["error"]["message"] == "Failed to tokenize prompt"
+    # upstream's tokenize failure when markers and files disagree; the
+    # marker is drawn per process, so the usual spelling is plain text here
+    marker = httpx.get(vlm.url + "/props").json()["media_marker"]
+    assert re.fullmatch(r"<__media_[0-9a-f]{32}__>", marker), marker
+    for text in ("no marker", "<__media__>"):
+        r = post(vlm.url, {"prompt": {"prompt_string": text, "multimodal_data": [png(1)]}})
+        assert r.status_code == 400 and r.json()["error"]["message"] == "Failed to tokenize prompt"
 
 
 def test_anthropic_image_block(vlm, oai):
@@ -122,10 +129,13 @@ def test_text_only_checkpoint_refuses_images_with_501(server, path, body):
 
 
 def test_no_mmproj_refuses_images(tiny_vlm_model, start_server):
-    srv = start_server(tiny_vlm_model, "-c", "512", "-np", "1", "--no-mmproj", "--no-warmup")
+    # LLAMA_MEDIA_MARKER pins the marker, as upstream's own tests do
+    srv = start_server(tiny_vlm_model, "-c", "512", "-np", "1", "--no-mmproj", "--no-warmup",
+                       env={"LLAMA_MEDIA_MARKER": "<__media__>"})
     import httpx
 
-    assert httpx.get(srv.url + "/props").json()["modalities"]["vision"] is False
+    props = httpx.get(srv.url + "/props").json()
+    assert props["modalities"]["vision"] is False and props["media_marker"] == "<__media__>"
     r = post(srv.url, {"messages": user(image_part(1))}, path="/v1/chat/completions")
     assert r.status_code == 501 and r.json()["error"]["message"].startswith(
         "image input is not supported - hint: the server was started with --no-mmproj")

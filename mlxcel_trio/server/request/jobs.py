@@ -127,7 +127,7 @@ def _tokenize_one(p, vocab, limit: int | None = None, vision=None, media=None) -
 def _multimodal(text: str, files, vocab, vision, policy) -> list[int]:
     """A prompt_string whose media markers take the base64 `files` in order
     (upstream's multimodal_data), as ids with each image's placeholders."""
-    from .media_input import MEDIA_MARKER, check_count, decode_base64, decode_image, place
+    from .media_input import check_count, decode_base64, decode_image, place
 
     if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
         raise ApiError(_BAD_PROMPT)
@@ -136,7 +136,7 @@ def _multimodal(text: str, files, vocab, vision, policy) -> list[int]:
         policy = MediaPolicy()
     check_count(len(files), policy)
     images = [decode_image(decode_base64(f, policy)) for f in files]
-    return place(text, MEDIA_MARKER, images, vision,
+    return place(text, policy.marker, images, vision,
                  lambda piece, add: vocab.tokenize(piece, add, True), add_special=True)
 
 

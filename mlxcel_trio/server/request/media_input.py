@@ -25,7 +25,6 @@ from ...media.data_url import decode_base64 as decode_base64_within
 from ...protocol.records import ImageInput, VisionInfo
 from ..http.errors import ApiError
 
-MEDIA_MARKER = "<__media__>"  # the raw-prompt marker /props reports (upstream's default)
 # content part types that carry media, and the kind upstream's refusal names
 MEDIA_PARTS = {"image_url": "image", "input_audio": "audio", "input_video": "video"}
 

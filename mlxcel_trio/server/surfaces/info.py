@@ -18,7 +18,7 @@ from typing import Any
 from ...bridge import Bridge
 from ...monitor import SlotView
 from ...protocol.speculative import SpecSettings
-from ..request.media_input import MEDIA_MARKER, vision_of
+from ..request.media_input import vision_of
 from ..request.jobs import Served
 from ..request.schema import NativeRequest
 from ..request.settings import generation_settings, reduced_settings
@@ -64,7 +64,7 @@ def props(served: Served):
         "model_path": info.path,
         "modalities": {"vision": vision_of(served) is not None, "video": False,
                        "audio": info.transcriber is not None},
-        "media_marker": MEDIA_MARKER,
+        "media_marker": served.state.media.marker,
         "endpoint_slots": bridge.config.endpoint_slots,
         "endpoint_props": bridge.config.endpoint_props,
         "endpoint_metrics": bridge.config.endpoint_metrics,
