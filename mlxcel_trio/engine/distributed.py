@@ -42,6 +42,8 @@ import json
 import logging
 import os
 import pickle
+import secrets
+import socket
 import struct
 import time
 from collections.abc import Mapping
@@ -59,6 +61,31 @@ SPLIT_ROW = ("row", "tensor")           # --split-mode values meaning tensor par
 HEAD_BYTES = 4096                       # the per-step record's fixed collective
 MAX_RECORD_BYTES = 1 << 30              # a record announcing more is garbled
 _LEN = struct.Struct("<Q")
+
+
+_BELL = struct.Struct("<I")             # the doorbell's port, then its token
+BELL_SETUP_S = 30.0                     # connecting the doorbells at startup
+
+
+def _leader_ip(hostfile: str) -> str | None:
+    """Rank 0's first address in a ring hostfile (a JSON list, per rank, of
+    "ip:port" strings), or None for any other launcher."""
+    try:
+        hosts = json.loads(Path(hostfile).read_text()) if hostfile else None
+        ip = hosts[0][0].rsplit(":", 1)[0].strip("[]")
+    except (OSError, ValueError, TypeError, IndexError, KeyError, AttributeError):
+        return None
+    return ip if isinstance(ip, str) and ip else None
+
+
+def _recv_exactly(conn: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = conn.recv(n - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
 
 
 class DistributedError(RuntimeError):
@@ -252,6 +279,71 @@ class Lockstep:
         self.group = group
         self.leader = group.rank() == 0
         self.stamp = 0.0  # rank 0's clock at the current step's record
+        # rank 0's doorbell sockets (one per follower), or a follower's one:
+        # a follower blocks on it instead of spinning inside the collective
+        # while rank 0 has nothing to step (the ring backend polls)
+        self._bells: list[socket.socket] = []
+
+    def ring_doorbell(self, env: Mapping[str, str] | None = None) -> bool:
+        """Connect rank 0 to every follower over TCP, when the ring
+        hostfile names rank 0's address; True when every rank has its bell
+        (decided together: either all ring it or none does)."""
+        env = os.environ if env is None else env
+        size, rank = self.group.size(), self.group.rank()
+        if size > 256:  # the vote below counts in one byte per rank
+            return False
+        host = _leader_ip(env.get("MLX_HOSTFILE", ""))
+        server = None
+        if self.leader:
+            token = secrets.token_bytes(16)
+            port = 0
+            if host is not None:
+                try:
+                    server = socket.create_server((host, 0))
+                    port = server.getsockname()[1]
+                except OSError:
+                    server = None
+            got = self._broadcast(_BELL.pack(port) + token)
+        else:
+            got = self._broadcast(None)
+        (port,), token = _BELL.unpack_from(got), got[_BELL.size:]
+        ok = 0
+        if port and not self.leader:
+            try:
+                bell = socket.create_connection((host, port), timeout=BELL_SETUP_S)
+                bell.sendall(token)
+                bell.settimeout(None)
+                self._bells = [bell]
+                ok = 1
+            except OSError:
+                pass
+        if server is not None:
+            ok = self._accept_bells(server, token, size - 1)
+        votes = self._all_sum_bytes(bytes([ok if i == rank else 0 for i in range(size)]), size)
+        on = votes[0] == size - 1 and all(v == 1 for v in votes[1:])
+        if not on:
+            for bell in self._bells:
+                bell.close()
+            self._bells = []
+        return on
+
+    def _accept_bells(self, server: socket.socket, token: bytes, n: int) -> int:
+        server.settimeout(BELL_SETUP_S)
+        try:
+            while len(self._bells) < n:
+                conn, _ = server.accept()
+                conn.settimeout(BELL_SETUP_S)
+                if _recv_exactly(conn, len(token)) == token:
+                    conn.settimeout(None)
+                    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    self._bells.append(conn)
+                else:  # not one of ours
+                    conn.close()
+        except OSError:
+            pass
+        finally:
+            server.close()
+        return len(self._bells)
 
     def clock(self) -> float:
         """The schedulers' decision clock: the same value on every rank."""
@@ -292,11 +384,23 @@ class Lockstep:
         step, and what that step produced (`events`)."""
         self.stamp = time.perf_counter()
         record = ([_portable(c) for c in commands], digest(events), self.stamp)
+        for bell in self._bells:
+            try:
+                bell.sendall(b"\1")
+            except OSError as exc:
+                raise DistributedError(f"lost the other ranks: {exc}") from None
         self._broadcast(pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL))
 
     def follow(self, events) -> list:
         """A follower, before each step: rank 0's commands; `events` are this
         rank's from the last step, checked against rank 0's."""
+        if self._bells:
+            try:
+                rung = self._bells[0].recv(1)
+            except OSError:
+                rung = b""
+            if not rung:
+                raise DistributedError("lost rank 0 (its doorbell closed)")
         commands, theirs, self.stamp = pickle.loads(self._broadcast(None))
         if digest(events) != theirs:
             raise DistributedError("this rank's admissions or tokens differ from rank 0's; "

@@ -336,7 +336,14 @@ class EngineLoop:
         """Join the other ranks (blocks until all have): the lockstep channel."""
         from .distributed import Lockstep, init_group
 
-        return Lockstep(init_group(world))
+        lockstep = Lockstep(init_group(world))
+        if lockstep.ring_doorbell():
+            log.info("rank %d of %d: followers wait on a doorbell while rank 0 is idle",
+                     world.rank, world.size)
+        else:
+            log.info("rank %d of %d: no doorbell (not a ring hostfile); followers poll "
+                     "while rank 0 is idle", world.rank, world.size)
+        return lockstep
 
     def post(self, command) -> None:
         """Thread-safe, never blocks: callable from trio or from a cancel path."""

@@ -115,6 +115,27 @@ def test_the_launch_split_the_model(launched) -> None:
     assert sum(ln.startswith("main: server is listening") for ln in launched.stdout) == 1
 
 
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_an_idle_follower_waits_on_its_doorbell(launched) -> None:
+    """While rank 0 has nothing to step, rank 1 blocks on a socket instead
+    of polling inside the ring collective (which costs a whole core)."""
+    out = "".join(launched.stdout) + "".join(launched.stderr)
+    assert "rank 1 of 2: followers wait on a doorbell while rank 0 is idle" in out
+    complete(launched.url, "Warm")   # then nothing in flight
+    follower = launched.ranks()[1]
+    before, t0 = _cpu_seconds(follower), time.monotonic()
+    while time.monotonic() - t0 < 2.0:   # a measured idle window, not a synchronization
+        time.sleep(0.2)
+    used = _cpu_seconds(follower) - before
+    assert used < 0.5, f"the idle follower used {used:.2f} CPU-seconds in 2 s"
+    # and it still steps when asked
+    assert complete(launched.url, "Again")["content"] is not None
+
+
 @pytest.mark.parametrize("sampling", [{"temperature": 0},
                                       {"temperature": 1.0, "seed": 7, "top_k": 40}],
                          ids=["greedy", "seeded"])
