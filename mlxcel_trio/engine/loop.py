@@ -494,10 +494,9 @@ class EngineLoop:
         if vision.is_vlm(config):
             # the image tower takes the text model's served float type
             if self._vision is None and self._images:
+                dtype = vision.embed_tokens(model).weight.dtype
                 self._vision = vision.VisionEncoder.load(
-                    self._path, config, vision.embed_tokens(model).weight.dtype
-                    if mx.issubdtype(vision.embed_tokens(model).weight.dtype, mx.floating)
-                    else None)
+                    self._path, config, dtype if mx.issubdtype(dtype, mx.floating) else None)
                 log.info("image input: %s tower, %d tokens per image",
                          config["vision_config"].get("model_type", "vision"),
                          self._vision.info.tokens_per_image)
@@ -631,13 +630,7 @@ class EngineLoop:
                         self._emit(StepEvents(tuple(out)))
                     return
                 taken.append(cmd)
-                try:
-                    self._apply(scheduler, embedders, cmd, out)
-                except Exception as exc:
-                    # as for a failed step: an exception that ended this thread
-                    # would leave every request waiting forever
-                    log.exception("engine command failed")
-                    self._command_failed(scheduler, cmd, out, f"{type(exc).__name__}: {exc}")
+                self._apply_or_fail(scheduler, embedders, cmd, out)
             if lockstep is not None and not self._lead(lockstep, taken, last, scheduler, out):
                 return
             n_active = scheduler.n_active
@@ -664,6 +657,16 @@ class EngineLoop:
             if out:
                 self._emit(StepEvents(tuple(out)))
             last = out
+
+    def _apply_or_fail(self, scheduler, embedders, cmd, out: list) -> None:
+        """`_apply`, where a command that raises fails its job and the
+        admitted ones instead of the thread: an exception that ended it would
+        leave every request waiting forever."""
+        try:
+            self._apply(scheduler, embedders, cmd, out)
+        except Exception as exc:
+            log.exception("engine command failed")
+            self._command_failed(scheduler, cmd, out, f"{type(exc).__name__}: {exc}")
 
     def _apply(self, scheduler, embedders, cmd, out: list) -> None:
         """One command, as the scheduler (or an encoder) takes it."""
@@ -718,7 +721,9 @@ class EngineLoop:
                 if isinstance(cmd, Shutdown):
                     scheduler.close(out)
                     return
-                self._apply(scheduler, (), cmd, out)
+                # as rank 0 took it: a command that failed there fails here too,
+                # and the schedulers stay the same
+                self._apply_or_fail(scheduler, (), cmd, out)
             scheduler.step(out)
             last = out
 

@@ -74,15 +74,16 @@ async def read_media(url: str, policy: MediaPolicy) -> bytes:
         reference = url[7:]  # upstream: everything after "file://"
         return await anyio.to_thread.run_sync(paths.read_file, reference, policy.media_path,
                                               policy.max_bytes)
+    # base64 of up to --max-image-payload-size: decoded off the event loop
     if scheme == "data":
-        return data_url.decode_data_url(url, policy.max_bytes)
+        return await anyio.to_thread.run_sync(data_url.decode_data_url, url, policy.max_bytes)
     if m and url[m.end():m.end() + 2] == "//":
         raise MediaError(f"{fetch.DOWNLOAD_FAILED}: only http and https URLs are fetched")
     if policy.media_path and not data_url.is_base64(url) and paths.valid_name(url):
         # a bare path under --media-path: what an operator who set it writes
         return await anyio.to_thread.run_sync(paths.read_file, url, policy.media_path,
                                               policy.max_bytes)
-    return data_url.decode_base64(url, policy.max_bytes)
+    return await anyio.to_thread.run_sync(data_url.decode_base64, url, policy.max_bytes)
 
 
 def decode_image(data: bytes, max_side: int | None = None,

@@ -56,11 +56,13 @@ class AppState:
     @classmethod
     def create(cls, config: ServerConfig, bridge: Bridge) -> "AppState":
         detached = Detached()
-        media = (MediaPolicy() if config is None   # tests pass no config
-                 else MediaPolicy.from_settings(config.media_path, config.max_image_payload_size,
-                                                config.max_images))
+        if config is None:  # tests pass no config
+            media, url = MediaPolicy(), store_url.MEMORY
+        else:
+            media = MediaPolicy.from_settings(config.media_path, config.max_image_payload_size,
+                                              config.max_images)
+            url = config.session_store
         shared = None
-        url = getattr(config, "session_store", store_url.MEMORY)   # tests pass no config
         if url != store_url.MEMORY:
             shared = SharedStore(url, stream_ttl_s=StreamRegistry.ttl_from_env(),
                                  max_bytes=STREAM_MAX_BYTES)

@@ -140,7 +140,6 @@ class NgramMap(PerRow):
             r.keys[key].values[value].n_accepted = n_accepted
 
 
-
 class _ModRow:
     __slots__ = ("i_last", "n_last", "n_low")
 

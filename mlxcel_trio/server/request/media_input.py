@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from contextlib import contextmanager
 from typing import Any, Sequence
-
-import trio
 
 from ...media import MediaError, MediaPolicy, read_media
 from ...media import decode_image as decode_bounded
 from ...media.data_url import decode_base64 as decode_base64_within
 from ...protocol.records import ImageInput, VisionInfo
 from ..http.errors import ApiError
+from .jobs import off_loop
 
 # content part types that carry media, and the kind upstream's refusal names
 MEDIA_PARTS = {"image_url": "image", "input_audio": "audio", "input_video": "video"}
@@ -72,42 +72,39 @@ def media_parts(body: Any):
                     yield i, j, MEDIA_PARTS[part["type"]]
 
 
-def _answer(exc: MediaError) -> ApiError:
-    return ApiError(exc.message, exc.type, status=exc.status)
+@contextmanager
+def _answered():
+    """A media refusal as the API error the client is answered."""
+    try:
+        yield
+    except MediaError as exc:
+        raise ApiError(exc.message, exc.type, status=exc.status) from None
 
 
 async def image_bytes(url: str, policy: MediaPolicy) -> bytes:
     """The bytes a request's image URL names, through the media room:
     data: and bare base64 decoded, http(s) fetched behind the SSRF guard,
     file:// read inside --media-path, each within the payload bound."""
-    try:
+    with _answered():
         return await read_media(url, policy)
-    except MediaError as exc:
-        raise _answer(exc) from None
 
 
 def decode_base64(data: str, policy: MediaPolicy) -> bytes:
     """A native multimodal_data item (raw base64), within the payload bound."""
-    try:
+    with _answered():
         return decode_base64_within(data, policy.max_bytes)
-    except MediaError as exc:
-        raise _answer(exc) from None
 
 
 def check_count(count: int, policy: MediaPolicy) -> None:
     """--max-images, before any item is read."""
-    try:
+    with _answered():
         policy.check_count(count)
-    except MediaError as exc:
-        raise _answer(exc) from None
 
 
 def decode_image(data: bytes, start: int = 0) -> ImageInput:
     """RGB pixels of an encoded image, within the decoder's size caps."""
-    try:
+    with _answered():
         rgb = decode_bounded(data)
-    except MediaError as exc:
-        raise _answer(exc) from None
     raw = rgb.tobytes()
     digest = hashlib.sha256(f"{rgb.width}x{rgb.height}:".encode() + raw).hexdigest()
     return ImageInput(raw, rgb.width, rgb.height, digest, start)
@@ -134,7 +131,7 @@ async def chat_images(body: Any, served) -> tuple[Any, list[ImageInput], str]:
         if not isinstance(url, str):
             raise ApiError("image_url must contain a 'url' string")
         data = await image_bytes(url, served.state.media)
-        images.append(await trio.to_thread.run_sync(decode_image, data))
+        images.append(await off_loop(served, decode_image, data))
         content = list(messages[i]["content"])
         content[j] = {"type": "text", "text": marker}
         messages[i]["content"] = content

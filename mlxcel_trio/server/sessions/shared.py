@@ -353,6 +353,8 @@ class SharedStore:
                     await fn()
                 except StoreDown:
                     pass
+                except Exception:  # a bad publication never stops the writer
+                    log.exception("session store: a queued publication failed")
             batch, self._pending = list(self._pending.values()), OrderedDict()
             if not batch:
                 continue
@@ -489,12 +491,6 @@ class SharedStore:
             if start + len(data) > offset:
                 yield data[offset - start:]
                 offset = start + len(data)
-
-    async def _safe(self, fn):
-        try:
-            return await self.call(fn)
-        except StoreDown:
-            return None
 
     async def delete_stream(self, scope: int, cid: str) -> tuple[str, str] | None:
         """Remove the session from the store; (its owner, its gen) when the

@@ -18,7 +18,6 @@ from __future__ import annotations
 from urllib.parse import urlsplit, urlunsplit
 
 MEMORY = "memory"
-ENV = "MLXCEL_SESSION_STORE"
 SCHEMES = {"redis": "redis", "rediss": "rediss", "valkey": "redis", "valkeys": "rediss"}
 
 
