@@ -84,7 +84,8 @@ def fetch(repo_id: str, *, token: str | None = None, cache: Path | None = None,
         raise DownloadError(f"huggingface_hub is unavailable ({exc})") from None
     if constants.HF_HUB_OFFLINE:
         raise DownloadError("not in the local Hugging Face cache, and downloading is off "
-                            "(HF_HUB_OFFLINE or --offline is set); download it once where the "
+                            "(HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE or --offline is set); download "
+                            "it once where the "
                             "Hub is reachable, or pass a local checkpoint directory")
     try:
         total = sum(f.size or 0 for f in HfApi(token=token).list_repo_tree(repo_id, recursive=True)

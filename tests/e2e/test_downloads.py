@@ -25,8 +25,11 @@ def hub(tiny_model):
 
 
 def _env(hub, cache) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_TOKEN")}
-    return {**env, "HF_ENDPOINT": hub.url, "HF_HUB_CACHE": str(cache)}
+    # Any of these in the caller's environment (CI sets some) would turn downloading
+    # off; they are overridden rather than dropped, as ServerProcess merges os.environ.
+    off = {"HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "0", "LLAMA_ARG_OFFLINE": "0",
+           "HF_TOKEN": ""}
+    return {**os.environ, **off, "HF_ENDPOINT": hub.url, "HF_HUB_CACHE": str(cache)}
 
 
 def _mlxcel(env, *args) -> subprocess.CompletedProcess:
