@@ -129,3 +129,26 @@ def reexec_if_useful(setting: str) -> None:
 def preloaded() -> str | None:
     """The library this process was re-executed with, if any."""
     return os.environ.get(MARK) or None
+
+
+# What an operator sets to choose the thread count themselves.
+THREAD_VARS = ("MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
+_SETTERS = {"MKL": "MKL_Set_Num_Threads", "OpenBLAS": "openblas_set_num_threads"}
+
+
+def set_threads(n: int, env: Mapping[str, str] = os.environ) -> str | None:
+    """Have the mapped MKL or OpenBLAS run its matmuls on `n` threads from
+    now on; the library's name, or None when none is mapped or the
+    operator chose the count with one of THREAD_VARS."""
+    import ctypes
+
+    if any(env.get(v) for v in THREAD_VARS):
+        return None
+    process = ctypes.CDLL(None)  # preloaded libraries' symbols are global
+    for name, symbol in _SETTERS.items():
+        setter = getattr(process, symbol, None)
+        if setter is not None:
+            setter(ctypes.c_int(n))
+            return name
+    return None
+

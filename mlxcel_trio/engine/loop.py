@@ -261,6 +261,7 @@ class EngineLoop:
         self._blas = blas  # --blas, for the load summary's advice
         self._weights = weights  # --weights: auto | keep | float32
         self._weights_note: str | None = None
+        self._blas_fitted = False
         self._emit = emit
         self._spec = speculative
         self._draft = None       # the draft model (-md), loaded with the target
@@ -448,6 +449,7 @@ class EngineLoop:
             return self._load_transcriber_only()
         t0 = time.perf_counter()
         model, config = self._load_model()
+        self._fit_blas(config)
         n_ctx = self._ctx_size or int(config.get("max_position_embeddings") or 4096)
         self._n_ctx_slot = slot_context(n_ctx, self._n_slots, n_ctx_train_of(config, n_ctx))
         vocab = Vocab(self._path, int(config.get("vocab_size", 0)) or None)
@@ -516,6 +518,17 @@ class EngineLoop:
             config = {k: v for k, v in config.items()
                       if k not in ("quantization", "quantization_config")}
         return model, config
+
+    def _fit_blas(self, config: dict) -> None:
+        import mlx.core as mx
+
+        from .platform_report import fit_blas_threads
+
+        if mx.default_device() == mx.cpu:
+            line = fit_blas_threads(config)
+            if line is not None and not self._blas_fitted:  # said once, not at each wake
+                log.info("%s", line)
+            self._blas_fitted = True
 
     def _load_draft(self, path: Path):
         import mlx.core as mx

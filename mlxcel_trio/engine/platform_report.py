@@ -40,6 +40,37 @@ def loaded_blas() -> str:
     return "unknown"
 
 
+# A layer matmul under this many weight elements (1 MiB of float32) is done
+# in a few microseconds on one core: splitting it costs more in thread
+# hand-offs than it saves, and MKL's OpenMP threads then spin between the
+# calls on cores the server's own threads need.  Measured on the 2-core
+# machine, tiny fixture (64 x 128 layers): one thread took single-stream
+# decode from 0.62-0.75x to 0.97x of raw mlx-lm; the 0.6B bench shape
+# (1024 x 3072) decodes 2x faster on two threads than on one.
+SMALL_MATMUL = 1 << 18
+
+
+def small_matmuls(config: dict) -> bool:
+    """Whether the model's widest layer matmul is below SMALL_MATMUL."""
+    width = int(config.get("hidden_size") or 0)
+    inner = int(config.get("intermediate_size") or config.get("moe_intermediate_size") or 0)
+    return 0 < width * max(width, inner) < SMALL_MATMUL
+
+
+def fit_blas_threads(config: dict) -> str | None:
+    """One BLAS thread for a model whose matmuls are all small (see
+    SMALL_MATMUL); the line that says so, or None when nothing changed."""
+    from .. import blas
+
+    if not small_matmuls(config):
+        return None
+    name = blas.set_threads(1)
+    if name is None:
+        return None
+    return (f"BLAS: {name} on one thread (this model's matmuls are too small to gain from "
+            f"more; {' or '.join(blas.THREAD_VARS)} chooses the count)")
+
+
 def describe(device: str, dtype: str, quantization: str | None,
              blas_setting: str = "auto") -> tuple[str, str | None]:
     """(summary line, optional warning) for the startup log."""

@@ -104,3 +104,57 @@ def test_on_x86_the_install_hint_is_the_mkl_wheel(tmp_path, monkeypatch):
     monkeypatch.setattr(blas.platform, "machine", lambda: "x86_64")
     _lib(tmp_path, "etc/debian_version")
     assert blas.install_hint(tmp_path).endswith("pip install mkl")
+
+
+# -- the thread count for small models ------------------------------------------------
+
+_PROBE = """
+import ctypes, sys
+from mlxcel_trio import blas
+proc = ctypes.CDLL(None)
+get = getattr(proc, "MKL_Get_Max_Threads", None) or getattr(proc, "openblas_get_num_threads")
+before = get()
+print(blas.set_threads(1), before, get())
+"""
+
+
+def _probe(lib: Path, **env: str) -> list[str]:
+    import os
+    import subprocess
+
+    clean = {k: v for k, v in os.environ.items() if k not in blas.THREAD_VARS}
+    run = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True,
+                         timeout=60, env={**clean, "LD_PRELOAD": str(lib), **env})
+    assert run.returncode == 0, run.stderr
+    return run.stdout.split()
+
+
+def test_set_threads_reaches_the_preloaded_library():
+    lib = blas.find()
+    if lib is None:
+        pytest.skip("no MKL or OpenBLAS on this machine to preload")
+    name, before, after = _probe(lib)
+    assert name in ("MKL", "OpenBLAS") and after == "1"
+    if int(before) == 1:
+        pytest.skip("a one-core machine: the library starts on one thread")
+
+
+def test_an_operator_thread_count_is_left_alone():
+    lib = blas.find()
+    if lib is None:
+        pytest.skip("no MKL or OpenBLAS on this machine to preload")
+    assert _probe(lib, MKL_NUM_THREADS="2", OPENBLAS_NUM_THREADS="2") == ["None", "2", "2"]
+
+
+@pytest.mark.parametrize(("config", "small"), [
+    ({"hidden_size": 64, "intermediate_size": 128}, True),         # the tiny fixture
+    ({"hidden_size": 256, "intermediate_size": 512}, True),
+    ({"hidden_size": 576, "intermediate_size": 1536}, False),      # SmolLM2-135M
+    ({"hidden_size": 1024, "intermediate_size": 3072}, False),     # Qwen3-0.6B
+    ({"hidden_size": 256, "moe_intermediate_size": 768}, True),
+    ({}, False),                                                   # unknown: left as it is
+])
+def test_only_small_matmuls_get_one_thread(config, small):
+    from mlxcel_trio.engine.platform_report import small_matmuls
+
+    assert small_matmuls(config) is small

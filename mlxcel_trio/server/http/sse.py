@@ -44,6 +44,11 @@ async def first_event(handle: JobHandle):
 
 
 _END = object()
+_NOTHING = object()
+# events already waiting when a stream gets to send are joined into one
+# write, up to this many: a stream whose sends lag the engine (many streams
+# on few cores) then pays the per-write cost once per batch, not per token
+COALESCE_MAX = 64
 
 
 async def _next_or_ping(handle: JobHandle, ping_s: float):
@@ -56,6 +61,16 @@ async def _next_or_ping(handle: JobHandle, ping_s: float):
     return None
 
 
+def _waiting(handle: JobHandle):
+    """The next event if one is already queued, _END at the end, else _NOTHING."""
+    try:
+        return handle.events.receive_nowait()
+    except trio.WouldBlock:
+        return _NOTHING
+    except trio.EndOfChannel:
+        return _END
+
+
 async def event_stream(
     handle: JobHandle,
     first,
@@ -65,19 +80,29 @@ async def event_stream(
 ) -> AsyncIterator[bytes]:
     """Yield the frames `render` makes of each event until every job of the
     handle has ended, then `trailer`.  A failure ends the stream with an
-    error frame (and closing the handle cancels the other jobs)."""
+    error frame, yielded on its own (and closing the handle cancels the
+    other jobs).  Frames of events that were already waiting go out
+    together in one chunk."""
     try:
         ev = first
         while ev is not _END:
             if ev is None:
                 yield PING
-            elif isinstance(ev, Failed):
+                ev = await _next_or_ping(handle, ping_s)
+                continue
+            if isinstance(ev, Failed):
                 yield error_frame(ApiError.from_failed(ev))
                 return
-            else:
-                for chunk in render(ev):
-                    yield chunk
-            ev = await _next_or_ping(handle, ping_s)
+            out: list[bytes] = []
+            for n in range(1, COALESCE_MAX + 1):
+                out.extend(render(ev))
+                ev = _waiting(handle) if n < COALESCE_MAX else _NOTHING
+                if ev is _NOTHING or ev is _END or isinstance(ev, Failed):
+                    break
+            if out:
+                yield b"".join(out)
+            if ev is _NOTHING:
+                ev = await _next_or_ping(handle, ping_s)
         if trailer:
             yield trailer
     finally:
