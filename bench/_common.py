@@ -167,21 +167,33 @@ def stream_completion(url: str, prompt, n_predict: int, client, barrier=None,
             "ignore_eos": True, "stream": True, **(extra or {})}
     if barrier is not None:
         barrier.wait()
-    events, ids, final = [], {}, None
+    # The client shares the machine's cores with the server it measures:
+    # during the stream it only stamps the raw chunks as they arrive, and
+    # splits and parses them afterwards.
+    arrived: list[tuple[float, bytes]] = []
     t_send = time.perf_counter()
     with client.stream("POST", url + "/completion", json=body) as r:
         if r.status_code != 200:
             raise RuntimeError(f"HTTP {r.status_code}: {r.read()[:500]!r}")
-        for line in r.iter_lines():
-            if not line.startswith("data: "):
+        for chunk in r.iter_raw():
+            arrived.append((time.perf_counter(), chunk))
+    events, ids, final = [], {}, None
+    pending = b""
+    for now, chunk in arrived:
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            if not line.startswith(b"data: "):
                 continue
-            now = time.perf_counter()
             obj = json.loads(line[6:])
             if obj.get("stop"):
                 final = obj
             elif obj.get("tokens") or obj.get("content"):
                 n = obj.get("tokens_predicted") or (events[-1][1] + 1 if events else 1)
-                events.append((now - t_send, n))
+                if events and events[-1][0] == now - t_send:
+                    events[-1] = (now - t_send, n)  # frames that came in one read: one event
+                else:
+                    events.append((now - t_send, n))
                 if obj.get("tokens"):
                     ids[n] = obj["tokens"][-1]
     return {"t_send": t_send, "events": events, "ids": ids, "final": final}
@@ -292,6 +304,22 @@ def quantile(xs, q: float):
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
+def window_gaps(events: list[tuple[float, int]], width: int = 8) -> list[float]:
+    """Time per token over windows of `width` tokens: frames that reach the
+    client together (a read holding several, or a stream catching up) would
+    otherwise count as near-zero steps."""
+    gaps, j = [], 0
+    for i, (t0, n0) in enumerate(events):
+        j = max(j, i + 1)
+        while j < len(events) and events[j][1] < n0 + width:
+            j += 1
+        if j == len(events):
+            break
+        t1, n1 = events[j]
+        gaps.append((t1 - t0) / (n1 - n0))
+    return gaps
+
+
 def robust_rate(streams: list[list[tuple[float, int]]], q: float = 0.10) -> float | None:
     """Aggregate decode tok/s from the q-quantile of per-token intervals over
     all streams (n_streams / that interval).  Intermittent load from other
@@ -299,7 +327,7 @@ def robust_rate(streams: list[list[tuple[float, int]]], q: float = 0.10) -> floa
     quantile of the step time is what the engine does when left alone."""
     gaps = []
     for s in streams:
-        gaps += [(b[0] - a[0]) / (b[1] - a[1]) for a, b in zip(s, s[1:]) if b[1] > a[1]]
+        gaps += window_gaps(s)
     g = quantile(gaps, q)
     return len([s for s in streams if len(s) > 1]) / g if g else None
 
