@@ -1,7 +1,9 @@
 """Pixtral's image tower: each image encoded at its own resolution.
 
 mlx-vlm's pixtral modules supply the layers (patch convolution, RMSNorm,
-the transformer blocks) and the two-layer projector; the forward pass is
+the transformer blocks) and the two-layer projector (mistral3's: RMSNorm,
+a learned merge of each 2 x 2 block of patches, then the two layers, so one
+token covers `spatial_merge_size` patches a side); the forward pass is
 run here so that the tower's 2-D rotary positions are computed for the
 image's own grid rather than read from mlx-vlm's table, which stops at
 vision_config.image_size per side and which a token budget's resize may
@@ -25,16 +27,31 @@ import numpy as np
 
 from ..protocol.image_layout import ImageGeometry, budget_pixels, resized
 from ..protocol.records import ImageInput, VisionInfo
-from .vision import _PIXTRAL_TOKENS, _DEFAULT_RESAMPLE, install_tower, read_json, text_config
+from .vision import (
+    _DEFAULT_RESAMPLE,
+    _PIXTRAL_TOKENS,
+    family,
+    install_tower,
+    read_json,
+    text_config,
+)
 
 _DEFAULT_IMAGE_TOKEN = 10  # pixtral-12b's [IMG]
 
 
+def merge_size(config: dict) -> int:
+    """Patches merged per token side: mistral3's spatial_merge_size (2 by
+    default), 1 for Pixtral."""
+    return int(config.get("spatial_merge_size", 2)) if config.get("model_type") == "mistral3" \
+        else 1
+
+
 def geometry(path: Path, config: dict, budget: tuple[int, int] = (0, 0)) -> ImageGeometry:
-    """The checkpoint's resize rule (pure JSON): the tower's patch size, the
+    """The checkpoint's resize rule (pure JSON): the tower's patch size times
+    the merge (one token's side, as HF's processor aligns to), the
     preprocessor's longest edge, and a token budget's pixel bounds."""
     vcfg = config["vision_config"]
-    unit = int(vcfg.get("patch_size", 16))
+    unit = int(vcfg.get("patch_size", 16)) * merge_size(config)
     size = read_json(path / "preprocessor_config.json").get("size") or {}
     if isinstance(size, dict):
         edge = size.get("longest_edge") or max(size.get("height", 0), size.get("width", 0))
@@ -79,10 +96,13 @@ class PixtralEncoder:
     """A Pixtral tower + projector and the checkpoint's preprocessing at
     each image's own size."""
 
-    def __init__(self, tower, projector, info: VisionInfo, pre: dict, layer: int) -> None:
+    def __init__(self, tower, projector, info: VisionInfo, pre: dict, layer: int,
+                 merge: int = 1) -> None:
         self.tower, self.projector = tower, projector
         self.info = info
         self.layer = layer
+        self.merge = merge
+        self.patch = tower.vision_model.patch_size
         self.resample = int(pre.get("resample", _DEFAULT_RESAMPLE))
         self.scale = float(pre.get("rescale_factor", 1 / 255)) if pre.get("do_rescale", True) \
             else 1.0
@@ -96,21 +116,35 @@ class PixtralEncoder:
     def load(cls, path: Path, config: dict, dtype,
              budget: tuple[int, int] = (0, 0)) -> "PixtralEncoder":
         from mlx_vlm.models.pixtral.config import VisionConfig
-        from mlx_vlm.models.pixtral.pixtral import LlavaMultiModalProjector
         from mlx_vlm.models.pixtral.vision import VisionModel
 
         vcfg = VisionConfig.from_dict({**config["vision_config"], "model_type": "pixtral"})
-        text = SimpleNamespace(hidden_size=int(text_config(config)["hidden_size"]))
+        tcfg = text_config(config)
+        text = SimpleNamespace(hidden_size=int(tcfg["hidden_size"]),
+                               rms_norm_eps=float(tcfg.get("rms_norm_eps", 1e-5)))
+        layer = config.get("vision_feature_layer", -1)
+        layer = layer if isinstance(layer, int) else layer[-1]
+        merge = merge_size(config)
         tower = VisionModel(vcfg)
-        projector = LlavaMultiModalProjector(SimpleNamespace(vision_config=vcfg, text_config=text))
+        if config.get("model_type") == "mistral3":
+            from mlx_vlm.models.mistral3.mistral3 import Mistral3MultiModalProjector
+
+            projector = Mistral3MultiModalProjector(SimpleNamespace(
+                vision_config=vcfg, text_config=text, spatial_merge_size=merge,
+                vision_feature_layer=layer,
+                multimodal_projector_bias=config.get("multimodal_projector_bias", False)))
+        else:
+            from mlx_vlm.models.pixtral.pixtral import LlavaMultiModalProjector
+
+            projector = LlavaMultiModalProjector(SimpleNamespace(vision_config=vcfg,
+                                                                 text_config=text))
         install_tower(path, config, tower, projector, dtype, rename=_vision_model_key)
         image, brk, end = token_ids(path, config)
-        info = VisionInfo(image_token=image, family="pixtral",
+        info = VisionInfo(image_token=image, family=family(config),
                           geometry=geometry(path, config, budget), break_token=brk,
                           end_token=end)
-        layer = config.get("vision_feature_layer", -1)
         return cls(tower, projector, info, read_json(path / "preprocessor_config.json"),
-                   layer if isinstance(layer, int) else layer[-1])
+                   layer, merge)
 
     def pixels(self, image: ImageInput) -> np.ndarray:
         """The image at its grid's size, rescaled and normalized: H, W, 3."""
@@ -125,8 +159,25 @@ class PixtralEncoder:
 
     def encode(self, images: Sequence[ImageInput]) -> list[mx.array]:
         """Each image's features, [rows * cols, text width], row-major."""
-        return [self.projector(self.hidden(mx.array(self.pixels(im))[None]))[0]
-                for im in images]
+        out = []
+        for im in images:
+            x = mx.array(self.pixels(im))[None]
+            out.append(self.project(self.hidden(x), x.shape[1] // self.patch,
+                                    x.shape[2] // self.patch))
+        return out
+
+    def project(self, h: mx.array, rows: int, cols: int) -> mx.array:
+        """The tower's [1, rows * cols, width] patches in the text's width,
+        each merge x merge block of patches one row (mistral3's merge, as
+        torch's unfold orders a block: channel, then row, then column)."""
+        if self.merge == 1:
+            return self.projector(h)[0]
+        p, m = self.projector, self.merge
+        x = p.norm(h[0])
+        d = x.shape[-1]
+        x = x.reshape(rows // m, m, cols // m, m, d).transpose(0, 2, 4, 1, 3)
+        x = p.patch_merger.merging_layer(x.reshape(-1, d * m * m))
+        return p.linear_2(p.gelu(p.linear_1(x)))
 
     def hidden(self, x: mx.array) -> mx.array:
         """The tower's hidden state at the feature layer for one image

@@ -18,7 +18,9 @@ qwen2, ...):
   geometry, one `<image>` placeholder token per image patch;
 - `pixtral` (config.json's model_type "llava" with a vision_config of
   model_type "pixtral", as HF ships pixtral-12b, or "pixtral" as mlx-vlm
-  converts it): Mistral's 2-D RoPE tower at the image's own resolution.
+  converts it): Mistral's 2-D RoPE tower at the image's own resolution;
+- `mistral3` (Mistral Small 3.1 and kin): the same tower, its patches
+  merged 2 x 2 (`spatial_merge_size`) by the projector before the text.
   Each image takes a grid of `[IMG]` tokens, rows ended by `[IMG_BREAK]`
   and the last by `[IMG_END]` (protocol/image_layout.py, where the size
   rule lives: the checkpoint's longest edge, or upstream's pixel bounds
@@ -47,7 +49,9 @@ from .lora import split_rows
 
 log = logging.getLogger("mlxcel.engine")
 
-FAMILIES = ("llava", "pixtral")
+FAMILIES = ("llava", "pixtral", "mistral3")
+# the families whose images take a grid that follows their size (engine/pixtral.py)
+DYNAMIC = ("pixtral", "mistral3")
 _TEXT = "language_model."
 _TOWER = ("vision_tower.", "multi_modal_projector.")
 # PIL's resampling codes as preprocessor_config.json spells them (HF's PILImageResampling)
@@ -64,7 +68,7 @@ def family(config: dict) -> str | None:
         return None
     kind = config.get("model_type")
     if kind in FAMILIES and config["vision_config"].get("model_type") == "pixtral":
-        return "pixtral"
+        return "mistral3" if kind == "mistral3" else "pixtral"
     return "llava" if kind == "llava" else None
 
 
@@ -80,7 +84,7 @@ def text_config(config: dict) -> dict:
     for key in ("vocab_size", "eos_token_id", "quantization", "quantization_config"):
         if key in config and key not in text:
             text[key] = config[key]
-    text.setdefault("model_type", "mistral" if family(config) == "pixtral" else "llama")
+    text.setdefault("model_type", "mistral" if family(config) in DYNAMIC else "llama")
     # transformers' llava configs list only what differs from the text
     # family's defaults (llava-1.5's is six keys): fill in LlamaConfig's
     if text["model_type"] == "llama":
@@ -244,7 +248,7 @@ class VisionEncoder:
 def load_encoder(path: Path, config: dict, dtype, budget: tuple[int, int] = (0, 0)):
     """The image encoder of the checkpoint's family (`budget`: the token
     bounds of --image-min-tokens / --image-max-tokens, 0 = the model's)."""
-    if family(config) == "pixtral":
+    if family(config) in DYNAMIC:
         from .pixtral import PixtralEncoder
 
         return PixtralEncoder.load(path, config, dtype, budget)
@@ -363,12 +367,12 @@ def budget_problem(path: str | Path, name: str, min_tokens: int, max_tokens: int
     except (OSError, ValueError):
         return None  # the architecture check names what is wrong with the file
     kind = family(config)
-    if kind != "pixtral":
+    if kind not in DYNAMIC:
         what = ("resizes every image to one fixed geometry (llava), so there is no token "
                 "budget to move" if kind else "has no image tower")
         return (f"{given}: the checkpoint '{name}' {what}; drop "
                 f"{' and '.join(f.split()[0] for f in flags)}, or serve a dynamic-resolution "
-                "vision checkpoint (Pixtral)")
+                "vision checkpoint (Pixtral, Mistral 3)")
     from .pixtral import geometry
 
     g = geometry(Path(path), config, (min_tokens, max_tokens))

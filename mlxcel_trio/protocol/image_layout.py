@@ -66,7 +66,7 @@ def _f32(x: float) -> float:
 
 
 def _round_half_away(x: float) -> int:
-    return int(math.floor(x + 0.5)) if x >= 0 else -int(math.floor(-x + 0.5))
+    return math.floor(x + 0.5) if x >= 0 else -math.floor(-x + 0.5)
 
 
 def preserved_ratio(width: int, height: int, align: int, min_pixels: int,

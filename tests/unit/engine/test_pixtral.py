@@ -1,6 +1,7 @@
 """The Pixtral tower (engine/pixtral.py) on the tiny-pixtral fixture: the
 forward run here matches mlx-vlm's own within its position table and goes
-past it; a token budget is checked against the checkpoint before load."""
+past it; mistral3's 2 x 2 merge matches mlx-vlm's projector; a token
+budget is checked against the checkpoint before load."""
 
 from __future__ import annotations
 
@@ -61,3 +62,75 @@ def test_a_budget_is_checked_against_the_checkpoint(tiny_pixtral_model, tiny_vlm
     assert llava.startswith("--image-max-tokens 64: the checkpoint 'tiny-vlm' resizes every "
                             "image to one fixed geometry (llava)")
     assert "has no image tower" in budget_problem(tiny_model, "tiny", 4, -1)
+
+
+def test_config_layouts_name_their_family():
+    from mlxcel_trio.engine.vision import family, text_config
+
+    pix = {"vision_config": {"model_type": "pixtral"}, "text_config": {"hidden_size": 8}}
+    assert family({**pix, "model_type": "llava"}) == "pixtral"      # HF's pixtral-12b
+    assert family({**pix, "model_type": "pixtral"}) == "pixtral"    # mlx-vlm's conversion
+    assert family({**pix, "model_type": "mistral3"}) == "mistral3"
+    assert text_config({**pix, "model_type": "pixtral"})["model_type"] == "mistral"
+    clip = {"vision_config": {"model_type": "clip_vision_model"}, "text_config": {}}
+    assert family({**clip, "model_type": "llava"}) == "llava"
+    assert family({**clip, "model_type": "mistral3"}) is None
+    assert family({"model_type": "llava"}) is None
+
+
+def _mistral3_checkpoint(path):
+    """A tower-only mistral3 snapshot (mlx-vlm's names), random weights."""
+    from types import SimpleNamespace
+
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_vlm.models.mistral3.mistral3 import Mistral3MultiModalProjector
+    from mlx_vlm.models.pixtral.config import VisionConfig
+    from mlx_vlm.models.pixtral.vision import VisionModel
+
+    vision = dict(model_type="pixtral", hidden_size=32, intermediate_size=64, head_dim=16,
+                  num_attention_heads=2, num_hidden_layers=2, image_size=32, patch_size=4,
+                  num_channels=3, rope_theta=10000.0)
+    config = {"model_type": "mistral3", "image_token_index": 10, "spatial_merge_size": 2,
+              "vision_feature_layer": -1, "multimodal_projector_bias": False,
+              "text_config": {"model_type": "mistral", "hidden_size": 48, "rms_norm_eps": 1e-5},
+              "vision_config": vision}
+    vcfg = VisionConfig.from_dict(vision)
+    mx.random.seed(3)
+    tower = VisionModel(vcfg)
+    proj = Mistral3MultiModalProjector(SimpleNamespace(
+        vision_config=vcfg, spatial_merge_size=2, vision_feature_layer=-1,
+        multimodal_projector_bias=False,
+        text_config=SimpleNamespace(hidden_size=48, rms_norm_eps=1e-5)))
+    weights = {**{"vision_tower." + k: v for k, v in tree_flatten(tower.parameters())},
+               **{"multi_modal_projector." + k: v for k, v in tree_flatten(proj.parameters())}}
+    mx.save_safetensors(str(path / "model.safetensors"), weights)
+    (path / "config.json").write_text(json.dumps(config))
+    (path / "preprocessor_config.json").write_text(json.dumps({"size": {"longest_edge": 32}}))
+    (path / "tokenizer.json").write_text(json.dumps({"added_tokens": [
+        {"id": 10, "content": "[IMG]"}, {"id": 12, "content": "[IMG_BREAK]"},
+        {"id": 13, "content": "[IMG_END]"}]}))
+    return config, tower, proj
+
+
+def test_mistral3_merges_each_2x2_block_as_mlx_vlm_does(tmp_path):
+    pytest.importorskip("mlx_vlm")
+    import mlx.core as mx
+
+    from mlxcel_trio.engine import vision
+
+    config, tower, proj = _mistral3_checkpoint(tmp_path)
+    enc = vision.load_encoder(tmp_path, config, mx.float32)
+    # 30x24 fits the 32-pixel edge; sides round up to 8 (4-pixel patches, merged 2x2)
+    assert enc.info.layout(30, 24) == (10,) * 4 + (12,) + (10,) * 4 + (12,) + (10,) * 4 + (13,)
+    im = picture(30, 24)
+    (mine,) = enc.encode([im])
+    x = mx.array(enc.pixels(im))[None]
+    *_, states = tower(x, output_hidden_states=True)
+    ref = proj(states[-1][0], [(x.shape[1], x.shape[2])])
+    assert mine.shape == ref.shape == (12, 48)
+    assert mx.allclose(mine, ref, atol=1e-4).item()
+    # the budget's patch area is (patch x merge)^2, as upstream's n_merge makes it
+    assert vision.budget_problem(tmp_path, "m3", 4, 2).startswith(
+        "--image-min-tokens 4, --image-max-tokens 2: image_max_pixels (128) is less than "
+        "image_min_pixels (256)")
