@@ -134,3 +134,17 @@ def test_mistral3_merges_each_2x2_block_as_mlx_vlm_does(tmp_path):
     assert vision.budget_problem(tmp_path, "m3", 4, 2).startswith(
         "--image-min-tokens 4, --image-max-tokens 2: image_max_pixels (128) is less than "
         "image_min_pixels (256)")
+
+
+def test_the_worker_checks_each_run_against_its_images_size():
+    from mlxcel_trio.engine.vision import image_span, spans_ok
+    from mlxcel_trio.protocol.image_layout import ImageGeometry
+    from mlxcel_trio.protocol.records import VisionInfo
+
+    info = VisionInfo(image_token=7, family="pixtral", geometry=ImageGeometry(4, 16),
+                      break_token=8, end_token=9)
+    im = ImageInput(b"", 8, 8, "d", 1)                      # 2 x 2: 7 7 8 7 7 9
+    assert image_span(info, im) == 6
+    assert spans_ok([1, 7, 7, 8, 7, 7, 9, 2], [im], info)
+    assert not spans_ok([1, 7, 7, 7, 7, 7, 7, 2], [im], info)   # llava-style run
+    assert not spans_ok([1, 7, 7, 8, 7, 7], [im], info)         # cut short
