@@ -21,10 +21,12 @@ qwen2, ...):
   converts it): Mistral's 2-D RoPE tower at the image's own resolution;
 - `mistral3` (Mistral Small 3.1 and kin): the same tower, its patches
   merged 2 x 2 (`spatial_merge_size`) by the projector before the text.
-  Each image takes a grid of `[IMG]` tokens, rows ended by `[IMG_BREAK]`
-  and the last by `[IMG_END]` (protocol/image_layout.py, where the size
-  rule lives: the checkpoint's longest edge, or upstream's pixel bounds
-  under --image-min-tokens / --image-max-tokens).
+
+On the last two (engine/pixtral.py) each image takes a grid of `[IMG]`
+tokens, rows ended by `[IMG_BREAK]` and the last by `[IMG_END]`
+(protocol/image_layout.py, where the size rule lives: the checkpoint's
+longest edge, or upstream's pixel bounds under --image-min-tokens /
+--image-max-tokens).
 
 A request's image is encoded once, on the engine thread, when its job is
 admitted; its features replace the placeholder positions' token
