@@ -154,13 +154,18 @@ def engine_loop(cfg: ServerConfig, emit: Emit, distributed: tuple | None = None)
                       embd_n_batch=min(cfg.batch_size, cfg.ubatch_size),
                       speculative=cfg.speculative,
                       lora=tuple(path for path, _ in cfg.adapters),
-                      images=cfg.mmproj_auto)
+                      images=cfg.mmproj_auto,
+                      image_budget=(cfg.image_min_tokens, cfg.image_max_tokens))
 
 
 def checkpoint_problem(cfg: ServerConfig) -> str | None:
     """Why the engine could not build the configured checkpoint with its KV
     cache types (one line), or None; asked before the server listens, so
     nothing loads in vain."""
+    problem = EngineLoop.image_budget_problem(
+        cfg.model, cfg.model_ref or cfg.model, (cfg.image_min_tokens, cfg.image_max_tokens))
+    if problem is not None:
+        return problem
     if EngineLoop.serves_speech(cfg.model):
         return _whisper_problem(cfg)
     for path, flag, rank in ((cfg.embedding_model, "--embedding-model", False),

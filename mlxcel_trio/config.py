@@ -125,6 +125,8 @@ class ServerConfig:
     special: bool = False        # -sp: render special tokens in generated text
     spm_infill: bool = False     # --spm-infill: /infill puts the suffix block first
     mmproj_auto: bool = True     # --no-mmproj: refuse every image part
+    image_min_tokens: int = -1   # a dynamic-resolution image's token bounds (<= 0: the model's)
+    image_max_tokens: int = -1
     verbose: bool = False
     timeout: int = 3600          # HTTP socket read/write timeout, seconds
     # -- transport, CORS, keys --

@@ -214,6 +214,15 @@ def tiny_vlm_model(tiny_model) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_pixtral_model(tiny_model) -> Path:
+    """tiny's language model inside a Pixtral VLM (fixtures/pixtral.py);
+    skipped where the optional mlx-vlm is not installed."""
+    pytest.importorskip("mlx_vlm")
+    from fixtures.build import ensure
+    return ensure("tiny-pixtral")
+
+
+@pytest.fixture(scope="session")
 def tiny_whisper_model() -> Path:
     """A tiny random Whisper checkpoint (fixtures/whisper.py)."""
     from fixtures.build import ensure

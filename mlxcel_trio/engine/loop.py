@@ -225,10 +225,12 @@ class EngineLoop:
                  embedding_model: str | None = None, reranker_model: str | None = None,
                  pooling: str | None = None, embd_n_batch: int = 512,
                  speculative: SpecSettings = SpecSettings(),
-                 lora: tuple[str, ...] = (), images: bool = True, lockstep=None,
+                 lora: tuple[str, ...] = (), images: bool = True,
+                 image_budget: tuple[int, int] = (-1, -1), lockstep=None,
                  split_kind: str | None = None) -> None:
         self._path = Path(model_path)
         self._images = images            # False (--no-mmproj): an image tower is not loaded
+        self._image_budget = image_budget  # --image-min-tokens, --image-max-tokens (<= 0: the model's)
         # several ranks, one model (engine/distributed.py): the per-step
         # channel, and how the model is split (tensor | pipeline)
         self._lockstep = lockstep
@@ -294,6 +296,14 @@ class EngineLoop:
             return stt_problem(path)
 
         return problem(path, kv_types)
+
+    @staticmethod
+    def image_budget_problem(path: str, name: str, budget: tuple[int, int]) -> str | None:
+        """Why --image-min-tokens / --image-max-tokens cannot be honored on
+        the checkpoint at `path`, or None (engine/vision.py)."""
+        from .vision import budget_problem
+
+        return budget_problem(path, name, *budget)
 
     @staticmethod
     def serves_speech(path: str) -> bool:
@@ -497,11 +507,20 @@ class EngineLoop:
             # the image tower takes the text model's served float type
             if self._vision is None and self._images:
                 dtype = vision.embed_tokens(model).weight.dtype
-                self._vision = vision.VisionEncoder.load(
-                    self._path, config, dtype if mx.issubdtype(dtype, mx.floating) else None)
-                log.info("image input: %s tower, %d tokens per image",
-                         config["vision_config"].get("model_type", "vision"),
-                         self._vision.info.tokens_per_image)
+                self._vision = vision.load_encoder(
+                    self._path, config, dtype if mx.issubdtype(dtype, mx.floating) else None,
+                    self._image_budget)
+                info = self._vision.info
+                if info.geometry is None:
+                    log.info("image input: %s tower, %d tokens per image",
+                             config["vision_config"].get("model_type", "vision"),
+                             info.tokens_per_image)
+                else:
+                    g = info.geometry
+                    log.info("image input: %s tower, tokens per image follow its size "
+                             "(%d-pixel patches, %s)", info.family, g.unit,
+                             f"{g.min_pixels}..{g.max_pixels} pixels (token budget)"
+                             if g.budgeted else f"longest edge {g.longest_edge}")
             config = vision.flat_config(config)
         if self._lora:
             from . import lora

@@ -736,7 +736,9 @@ class Scheduler:
 
 def _image_end(job: Job, vision) -> int:
     """The prompt position just past the job's last image."""
-    return job.images[-1].start + vision.info.tokens_per_image
+    from .vision import image_span
+
+    return job.images[-1].start + image_span(vision.info, job.images[-1])
 
 
 def speculates(row) -> bool:

@@ -11,13 +11,27 @@ speculative decoding run on it unchanged.  mlx-vlm (an optional extra)
 supplies only the image tower and the projector; the image preprocessing
 is done here from preprocessor_config.json with PIL and numpy.
 
-Family served: `llava` (CLIP tower, two-layer MLP projector, a fixed
-square geometry, one `<image>` placeholder token per image patch), over
-any text model mlx-lm builds (llama, mistral, qwen2, ...).  A request's
-image is encoded once, on the engine thread, when its job is admitted; its
-features replace the placeholder positions' token embeddings while the
-prompt is prefilled into a fresh cache (`prefill`), and the sequence then
-decodes in the shared batch like any other.
+Families served, over any text model mlx-lm builds (llama, mistral,
+qwen2, ...):
+
+- `llava`: a CLIP tower, a two-layer MLP projector, a fixed square
+  geometry, one `<image>` placeholder token per image patch;
+- `pixtral` (config.json's model_type "llava" with a vision_config of
+  model_type "pixtral", as HF ships pixtral-12b, or "pixtral" as mlx-vlm
+  converts it): Mistral's 2-D RoPE tower at the image's own resolution;
+- `mistral3` (Mistral Small 3.1 and kin): the same tower, its patches
+  merged 2 x 2 (`spatial_merge_size`) by the projector before the text.
+
+On the last two (engine/pixtral.py) each image takes a grid of `[IMG]`
+tokens, rows ended by `[IMG_BREAK]` and the last by `[IMG_END]`
+(protocol/image_layout.py, where the size rule lives: the checkpoint's
+longest edge, or upstream's pixel bounds under --image-min-tokens /
+--image-max-tokens).
+
+A request's image is encoded once, on the engine thread, when its job is
+admitted; its features replace the placeholder positions' token
+embeddings while the prompt is prefilled into a fresh cache (`prefill`),
+and the sequence then decodes in the shared batch like any other.
 """
 
 from __future__ import annotations
@@ -31,22 +45,38 @@ from typing import Any, Sequence
 import mlx.core as mx
 import numpy as np
 
+from ..protocol.image_layout import PIXTRAL_MAX_TOKENS, PIXTRAL_MIN_TOKENS
 from ..protocol.records import ImageInput, VisionInfo
 from .lora import split_rows
 
 log = logging.getLogger("mlxcel.engine")
 
-FAMILIES = ("llava",)
+FAMILIES = ("llava", "pixtral", "mistral3")
+# the families whose images take a grid that follows their size (engine/pixtral.py)
+DYNAMIC = ("pixtral", "mistral3")
 _TEXT = "language_model."
 _TOWER = ("vision_tower.", "multi_modal_projector.")
 # PIL's resampling codes as preprocessor_config.json spells them (HF's PILImageResampling)
 _DEFAULT_RESAMPLE = 3  # bicubic
+# HF PixtralProcessor's token names (processor_config.json may rename them)
+_PIXTRAL_TOKENS = {"image_token": "[IMG]", "image_break_token": "[IMG_BREAK]",
+                   "image_end_token": "[IMG_END]"}
+
+
+def family(config: dict) -> str | None:
+    """The image family of a config.json, or None (not a VLM served here)."""
+    if not (isinstance(config.get("text_config"), dict)
+            and isinstance(config.get("vision_config"), dict)):
+        return None
+    kind = config.get("model_type")
+    if kind in FAMILIES and config["vision_config"].get("model_type") == "pixtral":
+        return "mistral3" if kind == "mistral3" else "pixtral"
+    return "llava" if kind == "llava" else None
 
 
 def is_vlm(config: dict) -> bool:
     """An integrated VLM of a family served here (decided from config.json)."""
-    return (config.get("model_type") in FAMILIES and isinstance(config.get("text_config"), dict)
-            and isinstance(config.get("vision_config"), dict))
+    return family(config) is not None
 
 
 def text_config(config: dict) -> dict:
@@ -56,7 +86,7 @@ def text_config(config: dict) -> dict:
     for key in ("vocab_size", "eos_token_id", "quantization", "quantization_config"):
         if key in config and key not in text:
             text[key] = config[key]
-    text.setdefault("model_type", "llama")
+    text.setdefault("model_type", "mistral" if family(config) in DYNAMIC else "llama")
     # transformers' llava configs list only what differs from the text
     # family's defaults (llava-1.5's is six keys): fill in LlamaConfig's
     if text["model_type"] == "llama":
@@ -185,7 +215,6 @@ class VisionEncoder:
     def load(cls, path: Path, config: dict, dtype) -> "VisionEncoder":
         """Build the tower and projector from the checkpoint's tensors, in the
         served float type `dtype` (the text model's, after the weight policy)."""
-        from mlx import nn
         from mlx_vlm.models.llava.config import ModelConfig, TextConfig, VisionConfig
         from mlx_vlm.models.llava.llava import LlavaMultiModalProjector
         from mlx_vlm.models.llava.vision import VisionModel
@@ -194,27 +223,8 @@ class VisionEncoder:
         mcfg = ModelConfig(text_config=TextConfig.from_dict(text_config(config)),
                            vision_config=vcfg, model_type=config["model_type"])
         tower, projector = VisionModel(vcfg), LlavaMultiModalProjector(mcfg)
-        weights: dict[str, mx.array] = {}
-        for f in sorted(glob.glob(str(path / "model*.safetensors"))):
-            weights.update({k: v for k, v in mx.load(f).items() if k.startswith(_TOWER)})
-        tower_w = tower.sanitize({k[len(_TOWER[0]):]: v for k, v in weights.items()
-                                  if k.startswith(_TOWER[0])})
-        proj_w = {k[len(_TOWER[1]):]: v for k, v in weights.items() if k.startswith(_TOWER[1])}
-        quant = config.get("quantization")
-        for module, w in ((tower, tower_w), (projector, proj_w)):
-            if quant and any(k.endswith(".scales") for k in w):
-                nn.quantize(module, group_size=quant["group_size"], bits=quant["bits"],
-                            class_predicate=lambda p, m: f"{p}.scales" in w)
-            module.load_weights(list(w.items()), strict=True)
-            module.eval()
-        if dtype is not None:
-            for module in (tower, projector):
-                module.update(_cast(module.parameters(), dtype))
-        mx.eval(tower.parameters(), projector.parameters())
-        pre_cfg = {}
-        pre_path = path / "preprocessor_config.json"
-        if pre_path.exists():
-            pre_cfg = json.loads(pre_path.read_text())
+        install_tower(path, config, tower, projector, dtype)
+        pre_cfg = read_json(path / "preprocessor_config.json")
         strategy = config.get("vision_feature_select_strategy", "default")
         # the tower's positions (a CLIP tower adds its class token), less the
         # first one under the "default" feature strategy, as transformers drops it
@@ -225,16 +235,58 @@ class VisionEncoder:
                    layer=config.get("vision_feature_layer", -2), strategy=strategy,
                    info=info, dtype=dtype)
 
-    def encode(self, images: Sequence[ImageInput]) -> mx.array:
-        """[n_images, tokens_per_image, text width]: each image's features."""
+    def encode(self, images: Sequence[ImageInput]) -> list[mx.array]:
+        """Each image's features, [tokens_per_image, text width]."""
         x = mx.array(np.stack([self.preprocess(im) for im in images]))
         *_, hidden = self.tower(x.astype(self._float()), output_hidden_states=True)
         layers = self.layer if isinstance(self.layer, list) else [self.layer]
         picked = [hidden[i][:, 1:] if self.strategy == "default" else hidden[i] for i in layers]
-        return self.projector(mx.concatenate(picked, axis=-1))
+        return list(self.projector(mx.concatenate(picked, axis=-1)))
 
     def _float(self):
         return self.tower.vision_model.embeddings.position_embedding.weight.dtype
+
+
+def load_encoder(path: Path, config: dict, dtype, budget: tuple[int, int] = (0, 0)):
+    """The image encoder of the checkpoint's family (`budget`: the token
+    bounds of --image-min-tokens / --image-max-tokens, 0 = the model's)."""
+    if family(config) in DYNAMIC:
+        from .pixtral import PixtralEncoder
+
+        return PixtralEncoder.load(path, config, dtype, budget)
+    return VisionEncoder.load(path, config, dtype)
+
+
+def read_json(path: Path) -> dict:
+    """A checkpoint's JSON side file, {} when it is absent."""
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def install_tower(path: Path, config: dict, tower, projector, dtype, rename=None) -> None:
+    """Load `vision_tower.*` / `multi_modal_projector.*` from the snapshot into
+    the modules (`rename`: a family's key fix-up, applied after the prefix is
+    dropped), quantized as stored, then cast to the served float `dtype`."""
+    from mlx import nn
+
+    weights: dict[str, mx.array] = {}
+    for f in sorted(glob.glob(str(path / "model*.safetensors"))):
+        weights.update({k: v for k, v in mx.load(f).items() if k.startswith(_TOWER)})
+    tower_w = {k[len(_TOWER[0]):]: v for k, v in weights.items() if k.startswith(_TOWER[0])}
+    if rename is not None:
+        tower_w = {rename(k): v for k, v in tower_w.items()}
+    tower_w = tower.sanitize(tower_w)
+    proj_w = {k[len(_TOWER[1]):]: v for k, v in weights.items() if k.startswith(_TOWER[1])}
+    quant = config.get("quantization")
+    for module, w in ((tower, tower_w), (projector, proj_w)):
+        if quant and any(k.endswith(".scales") for k in w):
+            nn.quantize(module, group_size=quant["group_size"], bits=quant["bits"],
+                        class_predicate=lambda p, m, w=w: f"{p}.scales" in w)
+        module.load_weights(list(w.items()), strict=True)
+        module.eval()
+    if dtype is not None:
+        for module in (tower, projector):
+            module.update(_cast(module.parameters(), dtype))
+    mx.eval(tower.parameters(), projector.parameters())
 
 
 def _cast(tree: Any, dtype) -> Any:
@@ -256,24 +308,27 @@ def embed_tokens(model) -> Any:
     return layer
 
 
-def prefill(model, encoder: VisionEncoder, prompt: Sequence[int],
+def prefill(model, encoder, prompt: Sequence[int],
             images: Sequence[ImageInput], caches: list, step: int) -> int:
     """Run `prompt` but its last token through `model` into `caches`, each
-    image's features in place of its placeholder embeddings; returns the
-    number of tokens the caches now hold.  The last token is left for the
-    batch generator, whose first forward samples the first output token.
-    (A prompt that ends on an image therefore sees its last patch as the
-    placeholder token's own embedding: a raw prompt ending on the media
-    marker is the only way to get one; rendered chats end on text.)"""
+    image's features in place of its placeholder embeddings (a break or end
+    token in its run keeps its own embedding); returns the number of tokens
+    the caches now hold.  The last token is left for the batch generator,
+    whose first forward samples the first output token.  (A prompt that
+    ends on an image therefore sees its last position as the token's own
+    embedding: a raw prompt ending on the media marker is the only way to
+    get one; rendered chats end on text.)"""
     n = len(prompt) - 1
     feats = encoder.encode(images)
     ids = mx.array(list(prompt[:n]))
     h = embed_tokens(model)(ids)
-    t = encoder.info.tokens_per_image
-    for i, im in enumerate(images):
-        end = min(im.start + t, n)
-        if end > im.start:
-            h[im.start:end] = feats[i, :end - im.start].astype(h.dtype)
+    info = encoder.info
+    for im, f in zip(images, feats):
+        run = info.layout(im.width, im.height)
+        at = [im.start + i for i, t in enumerate(run) if t == info.image_token]
+        k = sum(1 for p in at if p < n)
+        if k:
+            h[mx.array(at[:k])] = f[:k].astype(h.dtype)
     for s in range(0, n, max(1, step)):
         e = min(n, s + step)
         model(ids[None, s:e], cache=caches, input_embeddings=h[None, s:e])
@@ -281,14 +336,50 @@ def prefill(model, encoder: VisionEncoder, prompt: Sequence[int],
     return n
 
 
+def image_span(info: VisionInfo, image: ImageInput) -> int:
+    """How many prompt positions the image's run takes."""
+    return len(info.layout(image.width, image.height))
+
+
 def spans_ok(prompt: Sequence[int], images: Sequence[ImageInput], info: VisionInfo) -> bool:
-    """Every image's placeholder run lies inside the prompt, in order, made
-    of the placeholder token (a job built by the server always is)."""
+    """Every image's run lies inside the prompt, in order, exactly as its
+    size lays it out (a job built by the server always is)."""
     end = 0
     for im in images:
-        if im.start < end or im.start + info.tokens_per_image > len(prompt):
+        run = info.layout(im.width, im.height)
+        if im.start < end or im.start + len(run) > len(prompt):
             return False
-        end = im.start + info.tokens_per_image
-        if any(t != info.image_token for t in prompt[im.start:end]):
+        end = im.start + len(run)
+        if tuple(prompt[im.start:end]) != run:
             return False
     return True
+
+
+def budget_problem(path: str | Path, name: str, min_tokens: int, max_tokens: int) -> str | None:
+    """Why --image-min-tokens / --image-max-tokens cannot be honored on the
+    checkpoint at `path` (from its JSON files alone, before any weight is
+    read), or None.  Only a positive value is a budget, as upstream's."""
+    if min_tokens <= 0 and max_tokens <= 0:
+        return None
+    flags = [f"--image-{w}-tokens {v}" for w, v in (("min", min_tokens), ("max", max_tokens))
+             if v > 0]
+    given = ", ".join(flags)
+    try:
+        config = read_json(Path(path) / "config.json")
+    except (OSError, ValueError):
+        return None  # the architecture check names what is wrong with the file
+    kind = family(config)
+    if kind not in DYNAMIC:
+        what = ("resizes every image to one fixed geometry (llava), so there is no token "
+                "budget to move" if kind else "has no image tower")
+        return (f"{given}: the checkpoint '{name}' {what}; drop "
+                f"{' and '.join(f.split()[0] for f in flags)}, or serve a dynamic-resolution "
+                "vision checkpoint (Pixtral, Mistral 3)")
+    from .pixtral import geometry
+
+    g = geometry(Path(path), config, (min_tokens, max_tokens))
+    if g.max_pixels < g.min_pixels:
+        return (f"{given}: image_max_pixels ({g.max_pixels}) is less than image_min_pixels "
+                f"({g.min_pixels}); give --image-max-tokens at least --image-min-tokens "
+                f"(unset, they are {PIXTRAL_MIN_TOKENS} and {PIXTRAL_MAX_TOKENS})")
+    return None

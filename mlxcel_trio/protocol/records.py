@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import attrs
 
+from .image_layout import ImageGeometry, layout
 from .speculative import SpecRequest
 
 if TYPE_CHECKING:
@@ -159,11 +160,24 @@ class ImageInput:
 
 @attrs.frozen
 class VisionInfo:
-    """The loaded checkpoint's image input: the placeholder token id and how
-    many placeholder positions one image fills."""
+    """The loaded checkpoint's image input: the placeholder token id and
+    the run of ids one image fills (`layout`, protocol/image_layout.py):
+    `tokens_per_image` placeholders for a fixed-geometry family (llava);
+    for a dynamic-resolution one (`geometry` set: Pixtral) a grid that
+    follows the image's size, its rows ended by `break_token` and the last
+    by `end_token`."""
 
     image_token: int
-    tokens_per_image: int
+    tokens_per_image: int = 0
+    family: str = "llava"
+    geometry: ImageGeometry | None = None
+    break_token: int | None = None
+    end_token: int | None = None
+
+    def layout(self, width: int, height: int) -> tuple[int, ...]:
+        """The token ids an image of this size takes in the prompt."""
+        return layout(self.image_token, self.tokens_per_image, self.geometry,
+                      self.break_token, self.end_token, width, height)
 
 
 # --- commands ---------------------------------------------------------------

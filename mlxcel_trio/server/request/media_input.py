@@ -141,8 +141,9 @@ async def chat_images(body: Any, served) -> tuple[Any, list[ImageInput], str]:
 def place(text: str, marker: str, images: Sequence[ImageInput], vision: VisionInfo,
           tokenize, add_special: bool) -> MediaPrompt:
     """`text` split on `marker`: each piece tokenized, each marker replaced
-    by its image's placeholder run.  A marker count that differs from the
-    image count is upstream's tokenize failure."""
+    by its image's run of ids (its size decides the run on a
+    dynamic-resolution family).  A marker count that differs from the image
+    count is upstream's tokenize failure."""
     pieces = text.split(marker)
     if len(pieces) - 1 != len(images):
         raise ApiError("Failed to tokenize prompt")
@@ -156,6 +157,6 @@ def place(text: str, marker: str, images: Sequence[ImageInput], vision: VisionIn
         if k < len(images):
             im = images[k]
             placed.append(ImageInput(im.rgb, im.width, im.height, im.digest, len(out)))
-            out.extend([vision.image_token] * vision.tokens_per_image)
+            out.extend(vision.layout(im.width, im.height))
     out.images = tuple(placed)
     return out

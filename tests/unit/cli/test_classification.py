@@ -59,6 +59,7 @@ ACCEPTED = [
     # multimodal
     ["--mmproj-auto"], ["--no-mmproj"], ["--no-mmproj-auto"], ["--mmproj-offload"],
     ["--image-min-tokens", "0"], ["--image-max-tokens", "-1"],
+    ["--image-min-tokens", "64"], ["--image-max-tokens", "1024"],
     ["--mtmd-batch-max-tokens", "1024"],
     # control vectors: a layer range alone configures nothing
     ["--control-vector-layer-range", "1", "10"],
@@ -97,7 +98,6 @@ REFUSED = [
     (["--webui-mcp-proxy"], "--ui-mcp-proxy"), (["--agent"], "--agent"), (["-ag"], "--agent"),
     (["-mm", "p.gguf"], "--mmproj"), (["-mmu", "https://x/p.gguf"], "--mmproj-url"),
     (["--no-mmproj-offload"], "--no-mmproj-offload"), (["-mmdev", "x"], "--mmproj-device"),
-    (["--image-max-tokens", "1024"], "--image-max-tokens"),
     (["--mtmd-batch-max-tokens", "512"], "--mtmd-batch-max-tokens"),
     (["--control-vector", "v.gguf"], "--control-vector"),
     (["--control-vector-scaled", "v.gguf:0"], "--control-vector-scaled"),

@@ -83,6 +83,8 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "media_path": (str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent)),
     "max_image_payload_size": ("1048576", 1048576),
     "max_images": ("4", 4),
+    "image_min_tokens": ("64", 64),
+    "image_max_tokens": ("256", 256),
     # issue #5: the sampler chain, logit bias, reverse prompts
     "sampling.samplers": ("penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature;"
                           "adaptive_p", "penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;"

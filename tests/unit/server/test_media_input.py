@@ -31,6 +31,18 @@ def test_each_marker_becomes_its_images_placeholder_run():
     assert [(im.digest, im.start) for im in out.images] == [("x", 3), ("y", 7)]
 
 
+def test_a_dynamic_family_places_the_grid_each_images_size_gives():
+    from mlxcel_trio.protocol.image_layout import ImageGeometry
+
+    grid = VisionInfo(image_token=7, family="pixtral", geometry=ImageGeometry(4, 16),
+                      break_token=8, end_token=9)
+    wide = ImageInput(b"", 8, 4, "w", 0)   # 2 columns, 1 row
+    tall = ImageInput(b"", 4, 8, "t", 0)   # 1 column, 2 rows
+    out = M.place("<m>a<m>", "<m>", [wide, tall], grid, fake_tokenize, False)
+    assert list(out) == [7, 7, 9, ord("a"), 7, 8, 7, 9]
+    assert [im.start for im in out.images] == [0, 4]
+
+
 def test_a_marker_count_that_differs_is_upstreams_tokenize_failure():
     with pytest.raises(ApiError, match="^Failed to tokenize prompt$"):
         M.place("no marker", "<m>", [pic("x")], VISION, fake_tokenize, False)
