@@ -239,6 +239,7 @@ def make_job(served: Served, values: NativeRequest, prompt: list[int], copy: int
         speculative=(SpecRequest(spec.n_max, spec.n_min, spec.p_min)
                      if (spec := served.speculative).on else None),
         images=tuple(getattr(prompt, "images", ())),  # media_input.MediaPrompt
+        audio=tuple(getattr(prompt, "audio", ())),
     )
 
 
