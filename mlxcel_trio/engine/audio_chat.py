@@ -16,7 +16,8 @@ and the sequence then decodes in the shared batch.  The run is the
 processor's layout, `<start_of_audio>` + N x `<audio_soft_token>` +
 `<end_of_audio>`, N being the checkpoint's `audio_soft_tokens_per_image`
 (188): a clip's tower output is padded to N with the embedder's padding row,
-as the reference model does.  Ids of the audio range (`<end_of_audio>` and
+as the reference model does.  The tower hears 30 s per run (the front end's
+window), so the server gives a longer clip one run per 30-second piece.  Ids of the audio range (`<end_of_audio>` and
 up) take the audio embedder's own rows and ids of the image range its image
 embedder's; per-layer inputs of those ids are zero (mlx-lm's model derives
 them from the ids the same way).  The text embeddings are Gemma's scaled

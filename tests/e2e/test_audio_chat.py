@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -80,6 +81,9 @@ def test_transcription_runs_through_the_chat_model(gemma):
     # `language` is appended to the ASR prompt: more prompt tokens, another reading
     other = _transcribe(gemma, LOW, language="en").json()["usage"]
     assert other["input_tokens"] > usage["input_tokens"]
+    # a clip over 30 s is heard in 30-second pieces, each its own run of soft tokens
+    long = _transcribe(gemma, _tone(300, seconds=31.0)).json()["usage"]
+    assert long["input_tokens"] == usage["input_tokens"] + 188 + 2
 
 
 def test_a_streamed_transcript_is_one_delta_per_token_then_done(gemma):
@@ -109,6 +113,16 @@ def test_chat_input_audio_is_heard(gemma):
     part = {"type": "input_audio",
             "input_audio": {"url": "data:audio/wav;base64," + base64.b64encode(LOW).decode()}}
     assert _chat(gemma, [part, *ask]).json()["choices"][0]["message"]["content"] == texts[1]
+    # /completion's multimodal_data on the same rendered prompt hears the same clip
+    marker = httpx.get(gemma.url + "/props").json()["media_marker"]
+    rendered = httpx.post(gemma.url + "/apply-template", timeout=60, json={
+        "messages": [{"role": "user", "content": [_audio_part(LOW), *ask]}]}).json()["prompt"]
+    native = httpx.post(gemma.url + "/completion", timeout=120, json={
+        "prompt": {"prompt_string": re.sub(r"<__media_[0-9a-f]+__>", marker, rendered),
+                   "multimodal_data": [base64.b64encode(LOW).decode()]},
+        "n_predict": 8, "temperature": 0})
+    assert native.status_code == 200, native.text
+    assert native.json()["content"] == texts[1]
 
 
 def test_audio_batched_beside_text_gets_its_solo_result(gemma):

@@ -129,17 +129,25 @@ def new_marker() -> str:
     return f"<__media_{secrets.token_hex(8)}__>"
 
 
-def decode_audio(data: bytes) -> AudioInput:
+CLIP_SAMPLES = 30 * 16_000  # what one run of soft tokens hears (the front end's window)
+
+
+def decode_audio(data: bytes) -> tuple[AudioInput, ...]:
     """16 kHz mono samples of a WAV, MP3 or FLAC clip (media/audio.py's
-    bounds); a clip that cannot be used is a 400 naming the problem."""
+    bounds), in 30-second pieces, each of which gets its own run of soft
+    tokens (the audio tower hears 30 s at a time); a clip that cannot be
+    used is a 400 naming the problem."""
     from ...media import audio
 
     try:
         samples = audio.decode(data)
     except audio.AudioError as exc:
         raise ApiError(str(exc)) from None
-    raw = samples.astype("<f4").tobytes()
-    return AudioInput(raw, hashlib.sha256(b"audio:" + raw).hexdigest(), 0)
+    pieces = []
+    for at in range(0, len(samples), CLIP_SAMPLES):
+        raw = samples[at:at + CLIP_SAMPLES].astype("<f4").tobytes()
+        pieces.append(AudioInput(raw, hashlib.sha256(b"audio:" + raw).hexdigest(), 0))
+    return tuple(pieces)
 
 
 def _taken(kind: str, served) -> bool:
@@ -189,15 +197,16 @@ async def chat_images(body: Any, served) -> tuple[Any, list, str]:
 def place(text: str, marker: str, images: Sequence, vision: VisionInfo | None,
           tokenize, add_special: bool, audio: AudioInfo | None = None) -> MediaPrompt:
     """`text` split on `marker`: each piece tokenized, each marker replaced
-    by its item's placeholder run (`images` holds ImageInput and AudioInput
-    items).  A clip's run is the Gemma 3n processor's: a blank line, the
-    begin-audio token, its soft tokens, the end-audio token, a blank line.
+    by its item's placeholder run (`images` holds ImageInput items and, for
+    audio, tuples of AudioInput pieces).  A clip's run is the Gemma 3n
+    processor's: a blank line, then per 30-second piece the begin-audio
+    token, its soft tokens and the end-audio token, then a blank line.
     A marker count that differs from the item count is upstream's tokenize
     failure."""
     pieces = text.split(marker)
     if len(pieces) - 1 != len(images):
         raise ApiError("Failed to tokenize prompt")
-    clip_at = [isinstance(im, AudioInput) for im in images]
+    clip_at = [isinstance(im, tuple) for im in images]
     out = MediaPrompt()
     placed, clips = [], []
     for k, piece in enumerate(pieces):
@@ -211,13 +220,15 @@ def place(text: str, marker: str, images: Sequence, vision: VisionInfo | None,
             out.extend(tokenize("", True))
         if k < len(images):
             im = images[k]
-            if isinstance(im, AudioInput):
+            if clip_at[k]:
                 if audio is None:
                     raise ApiError("Failed to tokenize prompt")
-                out.append(audio.begin_token)
-                clips.append(AudioInput(im.samples, im.digest, len(out)))
-                out.extend([audio.audio_token] * audio.tokens_per_clip)
-                out.append(audio.end_token)
+                for piece_of_clip in im:
+                    out.append(audio.begin_token)
+                    clips.append(AudioInput(piece_of_clip.samples, piece_of_clip.digest,
+                                            len(out)))
+                    out.extend([audio.audio_token] * audio.tokens_per_clip)
+                    out.append(audio.end_token)
                 continue
             if vision is None:
                 raise ApiError("Failed to tokenize prompt")

@@ -239,12 +239,12 @@ async def _through_chat(served: Served, clip: bytes, fields: dict, stream: bool,
     if max_tokens is not None:
         body["max_tokens"] = max_tokens
     limiter = served.state.heavy_work
-    item = await trio.to_thread.run_sync(decode_audio, clip, limiter=limiter)
+    pieces = await trio.to_thread.run_sync(decode_audio, clip, limiter=limiter)
     settings = served.state.chat_settings()
     vocab = served.bridge.vocab
     chat = await off_loop(served, plan, body, settings, vocab, True,
                           served.bridge.info.n_ctx_slot)
-    tokens = await off_loop(served, place, chat.prompt, marker, [item], vision_of(served),
+    tokens = await off_loop(served, place, chat.prompt, marker, [pieces], vision_of(served),
                             lambda piece, add: vocab.tokenize(piece, add, True), False,
                             audio_of(served))
     chat = attrs.evolve(chat, tokens=tokens)
