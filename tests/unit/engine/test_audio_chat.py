@@ -1,0 +1,50 @@
+"""engine/audio_chat.py against its references: the numpy log-mel front
+end equals transformers' Gemma3nAudioFeatureExtractor, and the ids of the
+audio range reach mlx-lm's per-layer inputs as mlx-vlm's Gemma 3n sends
+them (as id 0)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from mlxcel_trio.engine.audio_chat import MelFrontEnd, is_audio_chat, flat_config
+
+
+@pytest.fixture(scope="module")
+def gemma3n():
+    pytest.importorskip("mlx_vlm")
+    from fixtures.build import ensure
+
+    return ensure("tiny-gemma3n")
+
+
+@pytest.mark.parametrize("seconds", [0.05, 1.3, 31.0])
+def test_front_end_equals_the_reference_extractor(gemma3n, seconds):
+    ref_mod = pytest.importorskip("transformers.models.gemma3n.feature_extraction_gemma3n")
+    cfg = json.loads((gemma3n / "preprocessor_config.json").read_text())
+    ref = ref_mod.Gemma3nAudioFeatureExtractor(**{k: v for k, v in cfg.items()
+                                                  if k not in ("feature_extractor_type",
+                                                               "processor_class")})
+    rng = np.random.default_rng(7)
+    wave = (0.2 * rng.standard_normal(int(16000 * seconds))).astype(np.float32)
+    want = ref(wave, return_tensors="np")
+    feats, pad = MelFrontEnd(cfg)(wave)
+    np.testing.assert_allclose(feats, want["input_features"][0], rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(~pad, want["input_features_mask"][0])
+
+
+def test_audio_ids_reach_per_layer_inputs_as_id_zero(gemma3n):
+    import mlx.core as mx
+    from mlx_lm.utils import load_model
+
+    config = json.loads((gemma3n / "config.json").read_text())
+    assert is_audio_chat(config)
+    assert flat_config(config)["max_position_embeddings"] == 4096
+    model, _ = load_model(gemma3n)
+    lm = model.model.language_model
+    audio_ids = mx.array([[config["audio_token_id"], config["eoa_token_id"]]])
+    zeros = mx.zeros_like(audio_ids)
+    assert mx.array_equal(lm.get_per_layer_inputs(audio_ids), lm.get_per_layer_inputs(zeros))
