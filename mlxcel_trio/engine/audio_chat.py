@@ -67,6 +67,35 @@ def flat_config(config: dict) -> dict:
     return {**config["text_config"], **rest}
 
 
+def model_classes(config: dict):
+    """mlx-lm's `get_model_classes` hook: mlx-lm's own class for a Gemma 3n
+    checkpoint, reading either layout of its tensors (Hugging Face's
+    `model.language_model.*`, or mlx-vlm's `language_model.model.*` beside
+    top-level tower tensors); any other checkpoint goes to vision.py's hook."""
+    from .vision import model_classes as other_classes
+
+    base_model, base_args = other_classes(config)
+    if not is_audio_chat(config):
+        return base_model, base_args
+
+    class LanguageModel(base_model):
+        def sanitize(self, weights: dict) -> dict:
+            own = {}
+            for k, v in weights.items():
+                if k.startswith(_MLX_VLM_TEXT):
+                    own[_HF_TEXT + k[len(_MLX_VLM_TEXT):]] = v
+                elif not k.startswith(_MLX_VLM_TOWERS):
+                    own[k] = v
+            return super().sanitize(own)
+
+    LanguageModel.__name__ = base_model.__name__
+    return LanguageModel, base_args
+
+
+_HF_TEXT, _MLX_VLM_TEXT = "model.language_model.", "language_model.model."
+_MLX_VLM_TOWERS = ("audio_tower.", "embed_audio.", "vision_tower.", "embed_vision.")
+
+
 def problem(config: dict) -> str | None:
     """Why the audio tower cannot be built, or None."""
     import importlib.util

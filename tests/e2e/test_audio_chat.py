@@ -165,3 +165,19 @@ def test_a_text_only_checkpoint_refuses_input_audio_with_501(server):
     assert err["type"] == "not_supported_error"
     assert err["message"].startswith("audio input is not supported - hint: the loaded "
                                      "checkpoint '") and "has no audio tower" in err["message"]
+
+
+def test_no_mmproj_turns_audio_off(start_server):
+    pytest.importorskip("mlx_vlm")
+    from fixtures.build import ensure
+
+    srv = start_server(ensure("tiny-gemma3n"), "-c", "1024", "-np", "1", "--no-mmproj",
+                       "--no-warmup")
+    assert httpx.get(srv.url + "/props").json()["modalities"]["audio"] is False
+    r = _chat(srv, [_audio_part(LOW)])
+    assert r.status_code == 501 and r.json()["error"]["message"].startswith(
+        "audio input is not supported - hint: the server was started with --no-mmproj")
+    r = _transcribe(srv, LOW)
+    assert r.status_code == 501
+    assert r.json()["error"]["message"] == "The current model does not support audio input."
+    srv.stop()

@@ -48,3 +48,35 @@ def test_audio_ids_reach_per_layer_inputs_as_id_zero(gemma3n):
     audio_ids = mx.array([[config["audio_token_id"], config["eoa_token_id"]]])
     zeros = mx.zeros_like(audio_ids)
     assert mx.array_equal(lm.get_per_layer_inputs(audio_ids), lm.get_per_layer_inputs(zeros))
+
+
+def test_mlx_vlm_tensor_layout_loads_the_same_model(gemma3n, tmp_path):
+    """mlx-vlm's own export names the tensors `language_model.model.*`,
+    `audio_tower.*`, `embed_audio.*`: the same model and tower result."""
+    import shutil
+    from pathlib import Path
+
+    import mlx.core as mx
+
+    from mlxcel_trio.engine import rope
+    from mlxcel_trio.engine.audio_chat import AudioEncoder
+
+    for f in gemma3n.iterdir():
+        if f.name != "model.safetensors":
+            shutil.copy(f, tmp_path / f.name)
+    renamed = {}
+    for k, v in mx.load(str(gemma3n / "model.safetensors")).items():
+        if k.startswith("model.language_model."):
+            k = "language_model.model." + k[len("model.language_model."):]
+        elif k.startswith("model."):
+            k = k[len("model."):]
+        renamed[k] = v
+    mx.save_safetensors(str(tmp_path / "model.safetensors"), renamed)
+    ids = mx.array([[5, 6, 7, 8]])
+    outs = []
+    for path in (Path(gemma3n), tmp_path):
+        model, config = rope.load(path, rope.RopeOverrides())
+        outs.append(model(ids))
+        encoder = AudioEncoder.load(path, config, mx.float32)
+        assert encoder.embed_vision is not None
+    assert mx.allclose(outs[0], outs[1]).item()
