@@ -119,8 +119,8 @@ class MelFrontEnd:
     def __init__(self, cfg: dict) -> None:
         self.rate = int(cfg.get("sampling_rate", 16_000))
         self.n_mels = int(cfg.get("feature_size", 128))
-        self.frame = int(round(self.rate * float(cfg.get("frame_length_ms", 32.0)) / 1000))
-        self.hop = int(round(self.rate * float(cfg.get("hop_length_ms", 10.0)) / 1000))
+        self.frame = round(self.rate * float(cfg.get("frame_length_ms", 32.0)) / 1000)
+        self.hop = round(self.rate * float(cfg.get("hop_length_ms", 10.0)) / 1000)
         fft = 2 ** math.ceil(math.log2(self.frame))
         self.fft = fft * 2 if cfg.get("fft_overdrive", True) else fft
         self.preemphasis = float(cfg.get("preemphasis", 0.97))

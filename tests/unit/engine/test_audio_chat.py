@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from mlxcel_trio.engine.audio_chat import MelFrontEnd, is_audio_chat, flat_config
+from mlxcel_trio.engine.audio_chat import MelFrontEnd, flat_config, is_audio_chat
 
 
 @pytest.fixture(scope="module")
