@@ -60,6 +60,10 @@ def problem(path: str | Path, kv_types: tuple[str, str] = DEFAULT_KV) -> str | N
         return text_problem(config) or kv_problem(config, *kv_types)
     module = _resolved_type(config)
     if importlib.util.find_spec(f"mlx_lm.models.{module}") is not None:
+        from . import audio_chat
+
+        if audio_chat.is_audio_chat(config) and audio_chat.problem(config):
+            return audio_chat.problem(config)
         return kv_problem(config, *kv_types)
     return (f"unsupported model architecture '{config['model_type']}': mlx-lm "
             f"builds {', '.join(supported())}")

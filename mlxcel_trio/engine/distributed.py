@@ -443,7 +443,8 @@ def plan(cfg, world: World) -> str:
 
 def _media_checkpoint(path: str) -> str | None:
     """What kind of non-text checkpoint `path` is (a Whisper model, a
-    vision-language model), or None for a text model."""
+    vision-language model, a chat model with an audio tower), or None for a
+    text model."""
     import json
 
     from .stt.transcriber import is_whisper
@@ -455,4 +456,8 @@ def _media_checkpoint(path: str) -> str | None:
         config = json.loads((Path(path) / "config.json").read_text())
     except (OSError, ValueError):
         return None
+    from .audio_chat import is_audio_chat
+
+    if is_audio_chat(config):
+        return "a chat checkpoint with an audio tower"
     return "a vision-language checkpoint" if is_vlm(config) else None

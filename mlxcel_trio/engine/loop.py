@@ -229,7 +229,7 @@ class EngineLoop:
                  image_budget: tuple[int, int] = (-1, -1), lockstep=None,
                  split_kind: str | None = None) -> None:
         self._path = Path(model_path)
-        self._images = images            # False (--no-mmproj): an image tower is not loaded
+        self._images = images            # False (--no-mmproj): no image or audio tower is loaded
         self._image_budget = image_budget  # --image-min-tokens, --image-max-tokens (<= 0: the model's)
         # several ranks, one model (engine/distributed.py): the per-step
         # channel, and how the model is split (tensor | pipeline)
@@ -268,6 +268,7 @@ class EngineLoop:
         self._spec = speculative
         self._draft = None       # the draft model (-md), loaded with the target
         self._vision = None      # engine/vision.VisionEncoder: an integrated VLM's image tower
+        self._audio = None       # engine/audio_chat.AudioEncoder: a chat model's audio tower
         # None = never sleep (an encoder alone is small and has no chat to drop)
         self._sleep_idle_s = None if encoder_only is not None else sleep_idle_s
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
@@ -480,6 +481,10 @@ class EngineLoop:
             import attrs
 
             info = attrs.evolve(info, vision=self._vision.info)
+        if self._audio is not None:
+            import attrs
+
+            info = attrs.evolve(info, audio=self._audio.info)
         if any(self._encoder_paths.values()):
             import attrs
 
@@ -493,7 +498,7 @@ class EngineLoop:
         its config (without the quantization block once dequantized)."""
         import mlx.core as mx
 
-        from . import rope, vision, weights
+        from . import audio_chat, rope, vision, weights
 
         model, config = rope.load(self._path, self._rope, lazy=True)
         model, note = weights.apply(model, self._weights)
@@ -522,6 +527,15 @@ class EngineLoop:
                              f"{g.min_pixels}..{g.max_pixels} pixels (token budget)"
                              if g.budgeted else f"longest edge {g.longest_edge}")
             config = vision.flat_config(config)
+        if audio_chat.is_audio_chat(config):
+            # the audio tower takes the text model's served float type
+            if self._audio is None and self._images:
+                dtype = audio_chat.text_model(model).embed_tokens.weight.dtype
+                self._audio = audio_chat.AudioEncoder.load(
+                    self._path, config, dtype if mx.issubdtype(dtype, mx.floating) else None)
+                log.info("audio input: %s conformer, %d tokens per clip",
+                         config["model_type"], self._audio.info.tokens_per_clip)
+            config = audio_chat.flat_config(config)
         if self._lora:
             from . import lora
             from .lora_files import read_adapter
@@ -584,7 +598,7 @@ class EngineLoop:
                          context_shift=self._context_shift,
                          cont_batching=self._cont_batching,
                          kv_types=self._kv_types, n_adapters=len(self._lora),
-                         vision=self._vision,
+                         vision=self._vision, audio=self._audio,
                          prompt_cache=(PromptCache(budget_from_mib(self._cache_ram_mib))
                                        if cache_on else None))
 

@@ -133,7 +133,8 @@ def load(path: Path, o: RopeOverrides, lazy: bool = False):
     from mlx_lm.models import rope_utils
     from mlx_lm.utils import load_config, load_model
 
-    from .vision import model_classes as _get_classes  # an integrated VLM's text model too
+    # an integrated VLM's text model too, and Gemma 3n's in either tensor layout
+    from .audio_chat import model_classes as _get_classes
 
     if not o.any:
         return load_model(path, lazy=lazy, get_model_classes=_get_classes)

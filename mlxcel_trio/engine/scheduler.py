@@ -101,7 +101,8 @@ class _Sequence:
         # the prompt-cache namespace they imply: KV computed under other
         # scales is another model's
         self.scales = lora_scales(job.lora, n_adapters)
-        self.ns = image_namespace(scaled_namespace(job.cache_ns, self.scales), job.images)
+        self.ns = image_namespace(scaled_namespace(job.cache_ns, self.scales),
+                                  (*job.images, *job.audio))
         self.slot = slot
         self.uid: int | None = None
         self.detok = IncrementalDetokenizer(vocab.table)
@@ -171,9 +172,10 @@ class Scheduler:
                  prompt_cache: PromptCache | None = None, context_shift: bool = False,
                  cont_batching: bool = True, kv_types: tuple[str, str] = DEFAULT_KV,
                  drafter: Chain | None = None, n_adapters: int = 0, vision=None,
-                 clock: Callable[[], float] | None = None) -> None:
+                 audio=None, clock: Callable[[], float] | None = None) -> None:
         self.vocab = vocab
         self._vision = vision  # engine/vision.VisionEncoder for an integrated VLM
+        self._audio = audio    # engine/audio_chat.AudioEncoder for a chat model with audio
         # what time-based decisions (t_max_predict_ms) read; None = the step's
         # own time.  Ranks stepping in lockstep share rank 0's (engine/distributed.py)
         self._clock = clock
@@ -252,7 +254,7 @@ class Scheduler:
         if len(job.prompt) >= self.n_ctx_slot:
             out.append(Failed.exceeds_context(job.id, len(job.prompt), self.n_ctx_slot))
             return
-        if job.images:
+        if job.images or job.audio:
             problem = self._image_problem(job)
             if problem is not None:
                 out.append(Failed(job.id, *problem))
@@ -265,6 +267,15 @@ class Scheduler:
         never degrades to text on a checkpoint without an image tower."""
         from .vision import spans_ok
 
+        if job.audio:
+            from .audio_chat import spans_ok as audio_spans_ok
+
+            if self._audio is None:
+                return ("not_supported_error", "audio input is not supported - hint: the "
+                        "loaded checkpoint has no audio tower")
+            if job.images or not audio_spans_ok(job.prompt, job.audio, self._audio.info):
+                return ("invalid_request_error", "Failed to tokenize prompt")
+            return None
         if self._vision is None:
             return ("not_supported_error", "image input is not supported - hint: the loaded "
                     "checkpoint has no image tower")
@@ -442,7 +453,7 @@ class Scheduler:
         room = self.n_ctx_slot - n_prompt
         # n_predict 0 still yields one token, as upstream does.  With context
         # shift on, only n_predict bounds a generation.
-        shift = self.context_shift and not job.images
+        shift = self.context_shift and not _has_media(job)
         want = (UNBOUNDED if shift else room) if job.n_predict < 0 else max(1, job.n_predict)
         seq = _Sequence(job, slot, self.vocab, want if shift else min(want, room),
                         self.n_adapters)
@@ -452,7 +463,7 @@ class Scheduler:
             n_cache, caches = self._cache.lookup(seq.ns, job.prompt)
             seq.n_cache, seq.cached, seq.n_kv0 = n_cache, caches, n_cache
             self._cache_stats(out)
-        if job.images and n_prompt > 1 and n_cache < _image_end(job, self._vision):
+        if _has_media(job) and n_prompt > 1 and n_cache < self._media_end(job):
             # the cached prefix (same pictures, by the namespace) stops short
             # of an image's features: encode and prefill the whole prompt
             n_cache = seq.n_cache = 0
@@ -474,17 +485,29 @@ class Scheduler:
     def _image_prefill(self, seq: _Sequence) -> list:
         """Run the tower over the job's images and prefill its prompt (all but
         the last token) with their features into a fresh cache."""
-        from .vision import prefill
+        from . import audio_chat, vision
 
         t0 = time.perf_counter()
         layers = self._new_caches.layers()
         caches = [*layers, AdapterRows([seq.scales])] if self.n_adapters else layers
-        prefill(self._model, self._vision, seq.job.prompt, seq.job.images, caches,
-                self._batch_size)
-        log.debug("job %d: %d image(s) encoded and %d prompt tokens prefilled in %.1f ms",
-                  seq.job.id, len(seq.job.images), len(seq.job.prompt) - 1,
+        if seq.job.audio:
+            audio_chat.prefill(self._model, self._audio, seq.job.prompt, seq.job.audio, caches,
+                               self._batch_size)
+        else:
+            vision.prefill(self._model, self._vision, seq.job.prompt, seq.job.images, caches,
+                           self._batch_size)
+        log.debug("job %d: %d media item(s) encoded and %d prompt tokens prefilled in %.1f ms",
+                  seq.job.id, len(seq.job.images) + len(seq.job.audio), len(seq.job.prompt) - 1,
                   _ms_since(t0, time.perf_counter()))
         return layers
+
+    def _media_end(self, job: Job) -> int:
+        """The prompt position just past the job's last image or clip."""
+        if job.audio:
+            return job.audio[-1].start + self._audio.info.tokens_per_clip
+        from .vision import image_span
+
+        return job.images[-1].start + image_span(self._vision.info, job.images[-1])
 
     def _decoding(self) -> bool:
         """Whether an admitted sequence has reached decoding (-nocb's gate)."""
@@ -493,7 +516,7 @@ class Scheduler:
     def _insert(self, seq: _Sequence, processors: list | None = None) -> None:
         """Hand the sequence's KV tokens to the generator as its prompt (the
         first time after the prompt cache's prefix, if it supplied one)."""
-        if seq.t_first is None and not seq.job.images:  # an image's encode counts
+        if seq.t_first is None and not _has_media(seq.job):  # an image's encode counts
             seq.t_start = time.perf_counter()
         gen_max = seq.max_tokens if self._bounded(seq) else UNBOUNDED
         caches, seq.cached = seq.cached, None
@@ -527,7 +550,7 @@ class Scheduler:
         context shift, and always for a job with images, whose features a
         shifted re-prefill from token ids would lose (upstream disables
         context shift for multimodal too)."""
-        return not self.context_shift or bool(seq.job.images)
+        return not self.context_shift or _has_media(seq.job)
 
     def _drop_uid(self, uid: int) -> None:
         """The generator forgets a sequence (and so does the drafter)."""
@@ -734,11 +757,10 @@ class Scheduler:
                               st["budget_bytes"], st["hits"], st["misses"]))
 
 
-def _image_end(job: Job, vision) -> int:
-    """The prompt position just past the job's last image."""
-    from .vision import image_span
-
-    return job.images[-1].start + image_span(vision.info, job.images[-1])
+def _has_media(job: Job) -> bool:
+    """Whether the job carries images or audio clips (their features are
+    placed at admission, never recomputed from token ids)."""
+    return bool(job.images or job.audio)
 
 
 def speculates(row) -> bool:

@@ -142,6 +142,9 @@ class Job:
     # the request's images, in prompt order (engine/vision.py); each one's
     # placeholder run is already in `prompt`
     images: tuple[ImageInput, ...] = ()
+    # the request's audio clips, in prompt order (engine/audio_chat.py); each
+    # one's placeholder run is already in `prompt`
+    audio: tuple[AudioInput, ...] = ()
 
 
 @attrs.frozen(eq=False)
@@ -178,6 +181,29 @@ class VisionInfo:
         """The token ids an image of this size takes in the prompt."""
         return layout(self.image_token, self.tokens_per_image, self.geometry,
                       self.break_token, self.end_token, width, height)
+
+
+@attrs.frozen(eq=False)
+class AudioInput:
+    """One decoded audio clip of a request: 16 kHz mono float32 samples
+    (`samples`, little-endian bytes); `digest` (sha256 of them) keys the
+    prompt cache; `start` is the prompt position of its first placeholder
+    token."""
+
+    samples: bytes = attrs.field(repr=False)
+    digest: str
+    start: int
+
+
+@attrs.frozen
+class AudioInfo:
+    """The loaded chat checkpoint's audio input: the placeholder token, how
+    many placeholder positions one clip fills, and the tokens around them."""
+
+    audio_token: int
+    tokens_per_clip: int
+    begin_token: int
+    end_token: int
 
 
 # --- commands ---------------------------------------------------------------
@@ -284,6 +310,7 @@ class ModelInfo:
     generates: bool = True   # False: an encoder alone, no chat model
     transcriber: "TranscriberInfo | None" = None  # a speech-to-text model served as -m
     vision: VisionInfo | None = None  # None: the checkpoint has no image tower
+    audio: AudioInfo | None = None    # None: the chat checkpoint has no audio tower
 
 
 @attrs.frozen

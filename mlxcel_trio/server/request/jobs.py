@@ -106,16 +106,17 @@ _BAD_PROMPT = ('"prompt" elements must be a string, a list of tokens, a JSON obj
                'containing a prompt string, or a list of mixed strings & tokens.')
 
 
-def _tokenize_one(p, vocab, limit: int | None = None, vision=None, media=None) -> list[int]:
+def _tokenize_one(p, vocab, limit: int | None = None, vision=None, media=None,
+                  audio=None) -> list[int]:
     if isinstance(p, dict):
         text = p.get("prompt_string")
         if not isinstance(text, str):
             raise ApiError(_BAD_PROMPT)
         if "multimodal_data" in p:
-            if vision is None:
+            if vision is None and audio is None:
                 raise ApiError("Multimodal data provided, but model does not support "
                                "multimodal requests.")
-            return _multimodal(text, p["multimodal_data"], vocab, vision, media)
+            return _multimodal(text, p["multimodal_data"], vocab, vision, media, audio)
         p = text
     if not _single_prompt(p):
         raise ApiError(_BAD_PROMPT)
@@ -124,10 +125,13 @@ def _tokenize_one(p, vocab, limit: int | None = None, vision=None, media=None) -
     return vocab.tokenize_mixed(p, add_special=True, parse_special=True)
 
 
-def _multimodal(text: str, files, vocab, vision, policy) -> list[int]:
+def _multimodal(text: str, files, vocab, vision, policy, audio=None) -> list[int]:
     """A prompt_string whose media markers take the base64 `files` in order
-    (upstream's multimodal_data), as ids with each image's placeholders."""
-    from .media_input import check_count, decode_base64, decode_image, place
+    (upstream's multimodal_data), as ids with each item's placeholders: a
+    file whose bytes are a WAV, MP3 or FLAC container is a clip (on a model
+    that takes audio), any other an image."""
+    from ...media.audio import container_of
+    from .media_input import check_count, decode_audio, decode_base64, decode_image, place
 
     if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
         raise ApiError(_BAD_PROMPT)
@@ -135,9 +139,20 @@ def _multimodal(text: str, files, vocab, vision, policy) -> list[int]:
         from ...media import MediaPolicy
         policy = MediaPolicy()
     check_count(len(files), policy)
-    images = [decode_image(decode_base64(f, policy)) for f in files]
-    return place(text, policy.marker, images, vision,
-                 lambda piece, add: vocab.tokenize(piece, add, True), add_special=True)
+    items = []
+    for f in files:
+        data = decode_base64(f, policy)
+        if audio is not None and container_of(data) is not None:
+            items.append(decode_audio(data))
+        elif vision is None:
+            raise ApiError("image input is not supported - hint: the loaded checkpoint takes "
+                           "audio; its image tower is not loaded by this server",
+                           "not_supported_error")
+        else:
+            items.append(decode_image(data))
+    return place(text, policy.marker, items, vision,
+                 lambda piece, add: vocab.tokenize(piece, add, True), add_special=True,
+                 audio=audio)
 
 
 def tokenize_within(vocab, text: str, add_special: bool, limit: int | None) -> list[int]:
@@ -151,19 +166,20 @@ def tokenize_within(vocab, text: str, add_special: bool, limit: int | None) -> l
 
 
 def tokenize_prompts(body: dict, vocab, limit: int | None = None,
-                     vision=None, media=None) -> list[list[int]]:
+                     vision=None, media=None, audio=None) -> list[list[int]]:
     """Every prompt of a completion body; `limit` (the slot's context):
     see tokenize_within; `vision`: the image input the server takes (None:
-    multimodal_data is refused); `media`: the app's MediaPolicy (its bounds)."""
+    multimodal_data is refused); `media`: the app's MediaPolicy (its bounds);
+    `audio`: the audio input the chat model takes (None: no clips)."""
     if "prompt" not in body:
         raise ApiError("[json.exception.out_of_range.403] key 'prompt' not found")
     prompt = body["prompt"]
     if isinstance(prompt, list) and not prompt:
         raise ApiError('"prompt" must not be empty')
     if _single_prompt(prompt) or isinstance(prompt, dict):
-        return [_tokenize_one(prompt, vocab, limit, vision, media)]
+        return [_tokenize_one(prompt, vocab, limit, vision, media, audio)]
     if isinstance(prompt, list):
-        return [_tokenize_one(p, vocab, limit, vision, media) for p in prompt]
+        return [_tokenize_one(p, vocab, limit, vision, media, audio) for p in prompt]
     raise ApiError(_BAD_PROMPT)
 
 
@@ -239,6 +255,7 @@ def make_job(served: Served, values: NativeRequest, prompt: list[int], copy: int
         speculative=(SpecRequest(spec.n_max, spec.n_min, spec.p_min)
                      if (spec := served.speculative).on else None),
         images=tuple(getattr(prompt, "images", ())),  # media_input.MediaPrompt
+        audio=tuple(getattr(prompt, "audio", ())),
     )
 
 

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 from ...media import MediaError, MediaPolicy, read_media
 from ...media import decode_image as decode_bounded
 from ...media.data_url import decode_base64 as decode_base64_within
-from ...protocol.records import ImageInput, VisionInfo
+from ...protocol.records import AudioInfo, AudioInput, ImageInput, VisionInfo
 from ..http.errors import ApiError
 from .jobs import off_loop
 
@@ -30,9 +30,11 @@ MEDIA_PARTS = {"image_url": "image", "input_audio": "audio", "input_video": "vid
 
 
 class MediaPrompt(list):
-    """A prompt's token ids with the images placed in it (`images`)."""
+    """A prompt's token ids with the images (`images`) and audio clips
+    (`audio`) placed in it."""
 
     images: tuple[ImageInput, ...] = ()
+    audio: tuple[AudioInput, ...] = ()
 
 
 def vision_of(served) -> VisionInfo | None:
@@ -44,12 +46,24 @@ def vision_of(served) -> VisionInfo | None:
     return info.vision
 
 
+def audio_of(served) -> AudioInfo | None:
+    """The audio input the chat model takes: None without an audio tower or
+    under --no-mmproj."""
+    info = served.bridge.info
+    if info is None or info.audio is None or not served.state.config.mmproj_auto:
+        return None
+    return info.audio
+
+
 def refusal(kind: str, served) -> ApiError:
     """Upstream's `<kind> input is not supported` clause at 501, its hint
     replaced: there is no projector file to provide for an MLX checkpoint."""
     name = served.model_name
     if not served.state.config.mmproj_auto:
         hint = "the server was started with --no-mmproj, which refuses media input"
+    elif kind == "image" and audio_of(served) is not None:
+        hint = (f"the loaded checkpoint '{name}' takes audio; its image tower is not "
+                "loaded by this server")
     elif kind == "image":
         hint = (f"the loaded checkpoint '{name}' has no image tower; serve an MLX "
                 "vision-language checkpoint (language model, vision tower and projector in "
@@ -110,53 +124,117 @@ def decode_image(data: bytes, start: int = 0) -> ImageInput:
     return ImageInput(raw, rgb.width, rgb.height, digest, start)
 
 
-async def chat_images(body: Any, served) -> tuple[Any, list[ImageInput], str]:
-    """The chat body with each image part replaced by a marker text part,
-    the decoded images in order, and the marker.  Refuses (501) before
-    reading anything when the server takes no images."""
+def new_marker() -> str:
+    """A per-request media marker (a client cannot forge it)."""
+    return f"<__media_{secrets.token_hex(8)}__>"
+
+
+CLIP_SAMPLES = 30 * 16_000  # what one run of soft tokens hears (the front end's window)
+
+
+def decode_audio(data: bytes) -> tuple[AudioInput, ...]:
+    """16 kHz mono samples of a WAV, MP3 or FLAC clip (media/audio.py's
+    bounds), in 30-second pieces, each of which gets its own run of soft
+    tokens (the audio tower hears 30 s at a time); a clip that cannot be
+    used is a 400 naming the problem."""
+    from ...media import audio
+
+    try:
+        samples = audio.decode(data)
+    except audio.AudioError as exc:
+        raise ApiError(str(exc)) from None
+    pieces = []
+    for at in range(0, len(samples), CLIP_SAMPLES):
+        raw = samples[at:at + CLIP_SAMPLES].astype("<f4").tobytes()
+        pieces.append(AudioInput(raw, hashlib.sha256(b"audio:" + raw).hexdigest(), 0))
+    return tuple(pieces)
+
+
+def _taken(kind: str, served) -> bool:
+    return (vision_of(served) if kind == "image" else
+            audio_of(served) if kind == "audio" else None) is not None
+
+
+async def chat_images(body: Any, served) -> tuple[Any, list, str]:
+    """The chat body with each image or audio part replaced by a marker text
+    part, the decoded items (ImageInput / AudioInput) in order, and the
+    marker.  Refuses (501) before reading anything when the server does not
+    take a part's kind."""
     found = list(media_parts(body))
     if not found:
         return body, [], ""
     for _, _, kind in found:
-        if kind != "image" or vision_of(served) is None:
+        if not _taken(kind, served):
             raise refusal(kind, served)
     check_count(len(found), served.state.media)
-    marker = f"<__media_{secrets.token_hex(8)}__>"
+    marker = new_marker()
     messages = [dict(m) if isinstance(m, dict) else m for m in body["messages"]]
     images = []
-    for i, j, _ in found:
+    for i, j, kind in found:
         part = messages[i]["content"][j]
-        url = part.get("image_url")
-        url = url.get("url") if isinstance(url, dict) else url
-        if not isinstance(url, str):
-            raise ApiError("image_url must contain a 'url' string")
-        data = await image_bytes(url, served.state.media)
-        images.append(await off_loop(served, decode_image, data))
+        if kind == "audio":
+            # upstream reads input_audio.data, else input_audio.url; `format`
+            # is not needed (the container is identified from the bytes)
+            spec = part.get("input_audio")
+            url = (spec.get("data", spec.get("url")) if isinstance(spec, dict) else None)
+            if not isinstance(url, str) or not url:
+                raise ApiError("input_audio must contain a 'data' string")
+            data = await image_bytes(url, served.state.media)
+            images.append(await off_loop(served, decode_audio, data))
+        else:
+            url = part.get("image_url")
+            url = url.get("url") if isinstance(url, dict) else url
+            if not isinstance(url, str):
+                raise ApiError("image_url must contain a 'url' string")
+            data = await image_bytes(url, served.state.media)
+            images.append(await off_loop(served, decode_image, data))
         content = list(messages[i]["content"])
         content[j] = {"type": "text", "text": marker}
         messages[i]["content"] = content
     return {**body, "messages": messages}, images, marker
 
 
-def place(text: str, marker: str, images: Sequence[ImageInput], vision: VisionInfo,
-          tokenize, add_special: bool) -> MediaPrompt:
+def place(text: str, marker: str, images: Sequence, vision: VisionInfo | None,
+          tokenize, add_special: bool, audio: AudioInfo | None = None) -> MediaPrompt:
     """`text` split on `marker`: each piece tokenized, each marker replaced
-    by its image's run of ids (its size decides the run on a
-    dynamic-resolution family).  A marker count that differs from the image
-    count is upstream's tokenize failure."""
+    by its item's placeholder run (an image's size decides its run on a
+    dynamic-resolution family; `images` holds ImageInput items and, for
+    audio, tuples of AudioInput pieces).  A clip's run is the Gemma 3n
+    processor's: a blank line, then per 30-second piece the begin-audio
+    token, its soft tokens and the end-audio token, then a blank line.
+    A marker count that differs from the item count is upstream's tokenize
+    failure."""
     pieces = text.split(marker)
     if len(pieces) - 1 != len(images):
         raise ApiError("Failed to tokenize prompt")
+    clip_at = [isinstance(im, tuple) for im in images]
     out = MediaPrompt()
-    placed = []
+    placed, clips = [], []
     for k, piece in enumerate(pieces):
+        if k > 0 and clip_at[k - 1]:
+            piece = "\n\n" + piece
+        if k < len(images) and clip_at[k]:
+            piece = piece + "\n\n"
         if piece:
             out.extend(tokenize(piece, add_special and k == 0))
         elif k == 0 and add_special:
             out.extend(tokenize("", True))
         if k < len(images):
             im = images[k]
+            if clip_at[k]:
+                if audio is None:
+                    raise ApiError("Failed to tokenize prompt")
+                for piece_of_clip in im:
+                    out.append(audio.begin_token)
+                    clips.append(AudioInput(piece_of_clip.samples, piece_of_clip.digest,
+                                            len(out)))
+                    out.extend([audio.audio_token] * audio.tokens_per_clip)
+                    out.append(audio.end_token)
+                continue
+            if vision is None:
+                raise ApiError("Failed to tokenize prompt")
             placed.append(ImageInput(im.rgb, im.width, im.height, im.digest, len(out)))
             out.extend(vision.layout(im.width, im.height))
     out.images = tuple(placed)
+    out.audio = tuple(clips)
     return out

@@ -15,7 +15,7 @@ import numpy as np
 from quart import Response
 
 from ...protocol.records import Finished, PromptProgress, TokenPiece
-from ..request.media_input import vision_of
+from ..request.media_input import audio_of, vision_of
 from ..request.jobs import (
     Served,
     make_jobs,
@@ -152,7 +152,7 @@ async def complete(served: Served, body: Any) -> Response:
     values = await grammar.prepare(served, values)
     prompts = await off_loop(served, tokenize_prompts, body, served.bridge.vocab,
                              served.bridge.info.n_ctx_slot, vision_of(served),
-                             served.state.media)
+                             served.state.media, audio_of(served))
     jobs = make_jobs(served, values, prompts, body)
     if values.stream:
         return await _stream(served, values, jobs)

@@ -18,7 +18,7 @@ from typing import Any
 from ...bridge import Bridge
 from ...monitor import SlotView
 from ...protocol.speculative import SpecSettings
-from ..request.media_input import vision_of
+from ..request.media_input import audio_of, vision_of
 from ..request.jobs import Served
 from ..request.schema import NativeRequest
 from ..request.settings import generation_settings, reduced_settings
@@ -63,7 +63,7 @@ def props(served: Served):
         "model_ftype": ftype_name(info),
         "model_path": info.path,
         "modalities": {"vision": vision_of(served) is not None, "video": False,
-                       "audio": info.transcriber is not None},
+                       "audio": info.transcriber is not None or audio_of(served) is not None},
         "media_marker": served.state.media.marker,
         "endpoint_slots": bridge.config.endpoint_slots,
         "endpoint_props": bridge.config.endpoint_props,
@@ -146,7 +146,8 @@ def capabilities(info) -> list[str]:
     or rerank."""
     if info.generates:
         # upstream adds "multimodal" when a projector is loaded
-        return ["completion", "multimodal"] if info.vision is not None else ["completion"]
+        media = info.vision is not None or info.audio is not None
+        return ["completion", "multimodal"] if media else ["completion"]
     if info.transcriber is not None:
         return ["transcription"]
     return ["embedding" if info.embedder is not None and _is_m(info, info.embedder)

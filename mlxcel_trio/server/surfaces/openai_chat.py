@@ -26,7 +26,7 @@ from ...chat.parser import ChatMsg, ChatStream, Diff
 from ...protocol.records import Finished, PromptProgress, TokenPiece
 from ..request import grammar_fields as grammar, budget_fields as reasoning_budget
 from ..request.chat import ChatPlan, plan
-from ..request.media_input import chat_images, place, vision_of
+from ..request.media_input import audio_of, chat_images, place, vision_of
 from ..request.schema import NativeRequest
 from ..request.jobs import Served, make_jobs, now_s, off_loop, resolve, run_all
 from ..http.errors import json_response
@@ -54,7 +54,8 @@ async def chat_plan(served: Served, config, body: Any, generating: bool = True) 
     if not images:
         return chat
     tokens = await off_loop(served, place, chat.prompt, marker, images, vision_of(served),
-                            lambda piece, add: vocab.tokenize(piece, add, True), False)
+                            lambda piece, add: vocab.tokenize(piece, add, True), False,
+                            audio_of(served))
     return attrs.evolve(chat, tokens=tokens)
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from quart import Response
 
 from ...protocol.records import Finished, PromptProgress, TokenPiece
-from ..request.media_input import vision_of
+from ..request.media_input import audio_of, vision_of
 from ..request.jobs import (
     Served,
     make_jobs,
@@ -88,7 +88,7 @@ async def complete_v1(served: Served, body: Any, scope: str) -> Response:
     values = await grammar.prepare(served, values)
     prompts = await off_loop(served, tokenize_prompts, body, served.bridge.vocab,
                              served.bridge.info.n_ctx_slot, vision_of(served),
-                             served.state.media)
+                             served.state.media, audio_of(served))
     jobs = make_jobs(served, values, prompts, body, control=True)
     controlled = tuple(job.id for job in jobs) if values.reasoning_control else None
     out = _Render(served, values)

@@ -1,6 +1,14 @@
 """POST /v1/audio/transcriptions and /audio/transcriptions: a multipart form
 in, a transcript event out (or a stream of them).
 
+Two servers answer it.  When the loaded chat model takes audio (a Gemma 3n
+checkpoint), the route is upstream's translation layer: the clip and an ASR
+prompt ("Transcribe audio to text", or the `prompt` field, with
+" (language: xx)" appended for a non-empty `language`) become one user
+message, generated as a chat completion, and the reply is rendered as the
+transcript event with the real token counts.  When -m is a Whisper
+checkpoint, the dedicated transcriber answers (engine/stt/).
+
 Upstream's order and wording, each step before the next:
 1. capability: without a speech-to-text model the route answers upstream's
    501 "The current model does not support audio input." before the body
@@ -37,11 +45,15 @@ import trio
 from quart import Response, request
 
 from ...media import audio
-from ...protocol.records import Failed, TranscribeJob, Transcribed, TranscriptPiece
+from ...protocol.records import (Failed, Finished, TokenPiece, TranscribeJob, Transcribed,
+                                 TranscriptPiece)
 from ..http.errors import ApiError, error_response, json_response, payload_too_large
 from ..http.sse import DONE, frame
 from ..request.jobs import Served
+from ..request.media_input import audio_of
 from .streaming import stream_jobs
+
+ASR_PROMPT = "Transcribe audio to text"  # upstream's ASR preset (common_chat_get_asr_prompt)
 
 MAX_PARTS = 32
 MAX_PART_BYTES = audio.MAX_FILE_BYTES
@@ -160,7 +172,8 @@ async def _read_body() -> bytes:
 
 async def transcribe(served: Served) -> Response:
     bridge = served.bridge
-    if bridge.info.transcriber is None:
+    through_chat = bridge.info.transcriber is None and audio_of(served) is not None
+    if bridge.info.transcriber is None and not through_chat:
         return no_audio_model()
     raw = await _read_body()
     limiter = served.state.heavy_work
@@ -174,6 +187,8 @@ async def transcribe(served: Served) -> Response:
     stream = _text(fields, "stream", "false") == "true"
     max_tokens = _max_tokens(fields)
     temperature = _temperature(fields)
+    if through_chat:
+        return await _through_chat(served, clip, fields, stream, max_tokens, temperature)
     try:
         samples = await trio.to_thread.run_sync(audio.decode, clip, limiter=limiter)
     except audio.AudioError as exc:
@@ -201,6 +216,59 @@ def done_event(ev: Transcribed) -> dict:
             "usage": {"type": "tokens", "input_tokens": 0, "output_tokens": ev.n_tokens,
                       "total_tokens": ev.n_tokens,
                       "input_tokens_details": {"cached_tokens": 0}}}
+
+
+async def _through_chat(served: Served, clip: bytes, fields: dict, stream: bool,
+                        max_tokens: int | None, temperature: float) -> Response:
+    """Upstream's transcription: the clip and the ASR prompt as one user
+    message to the loaded chat model, its reply as the transcript event."""
+    import attrs
+
+    from ..request.chat import plan
+    from ..request.jobs import off_loop, resolve, run_all
+    from ..request.media_input import decode_audio, new_marker, place, vision_of
+    from .openai_chat import chat_jobs, final_message
+
+    prompt = _text(fields, "prompt", "") or ASR_PROMPT
+    language = _text(fields, "language", "")
+    if language:
+        prompt += f" (language: {language})"
+    marker = new_marker()
+    body: dict = {"messages": [{"role": "user", "content": prompt + marker}],
+                  "stream": stream, "temperature": temperature}
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
+    limiter = served.state.heavy_work
+    pieces = await trio.to_thread.run_sync(decode_audio, clip, limiter=limiter)
+    settings = served.state.chat_settings()
+    vocab = served.bridge.vocab
+    chat = await off_loop(served, plan, body, settings, vocab, True,
+                          served.bridge.info.n_ctx_slot)
+    tokens = await off_loop(served, place, chat.prompt, marker, [pieces], vision_of(served),
+                            lambda piece, add: vocab.tokenize(piece, add, True), False,
+                            audio_of(served))
+    chat = attrs.evolve(chat, tokens=tokens)
+    values = resolve(chat.native, served)
+    jobs = chat_jobs(served, None, chat, values)
+
+    def done(fin: Finished) -> dict:
+        n_out = len(fin.tokens)
+        return {"type": "transcript.text.done", "text": final_message(chat, fin.content).content,
+                "usage": {"type": "tokens", "input_tokens": fin.n_prompt, "output_tokens": n_out,
+                          "total_tokens": fin.n_prompt + n_out,
+                          "input_tokens_details": {"cached_tokens": fin.timings.cache_n}}}
+
+    if not stream:
+        (fin,) = await run_all(served, jobs)
+        return json_response(done(fin))
+
+    def render(ev):
+        if isinstance(ev, TokenPiece) and ev.text:
+            yield frame({"type": "transcript.text.delta", "delta": ev.text})
+        elif isinstance(ev, Finished):
+            yield frame(done(ev))
+
+    return await stream_jobs(served, jobs, render, values.sse_ping_interval, trailer=DONE)
 
 
 def _render(ev):

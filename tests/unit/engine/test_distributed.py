@@ -102,8 +102,11 @@ def test_features_one_process_alone_can_serve_are_refused(tiny_model, changes, n
 
 
 def test_media_checkpoints_are_refused(tiny_vlm_model, tiny_whisper_model) -> None:
+    from fixtures.build import ensure
+
     for path, what in ((tiny_vlm_model, "a vision-language checkpoint"),
-                       (tiny_whisper_model, "a Whisper (speech-to-text) checkpoint")):
+                       (tiny_whisper_model, "a Whisper (speech-to-text) checkpoint"),
+                       (ensure("tiny-gemma3n"), "a chat checkpoint with an audio tower")):
         with pytest.raises(ValueError, match=rf"-m names {re.escape(what)}, which cannot be "
                                              r"served across 2 processes .*; serve it from one"):
             dist.plan(ServerConfig(model=str(path)), TWO)

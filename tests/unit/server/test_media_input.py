@@ -69,7 +69,7 @@ def test_the_gate_refuses_before_reading(monkeypatch):
 
     monkeypatch.setattr(M, "image_bytes", never)
     served = SimpleNamespace(model_name="tiny", bridge=SimpleNamespace(info=SimpleNamespace(
-        vision=None)), state=SimpleNamespace(config=SimpleNamespace(mmproj_auto=True)))
+        vision=None, audio=None)), state=SimpleNamespace(config=SimpleNamespace(mmproj_auto=True)))
     body = {"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/x.png"}}]}]}
     with pytest.raises(ApiError) as err:
