@@ -134,18 +134,59 @@ class TimedTCPServer(TCPServer):
     async def protocol_send(self, event) -> None:
         if not isinstance(event, RawData) or self.write_timeout is None:
             return await super().protocol_send(event)
-        async with self.send_lock:
+        if self._fast_path():
+            # holding the lock from the first byte on: a write that only
+            # partly fits finishes before any other send starts
             try:
-                with trio.CancelScope(shield=True):
-                    with trio.fail_after(self.write_timeout):
-                        await self.stream.send_all(event.data)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
-                await self.protocol.handle(Closed())
-                return
+                sent = self._write_now(event.data)
+                ok = sent is not None and (sent == len(event.data) or await self._send_all(
+                    memoryview(event.data)[sent:]))
+            finally:
+                self.send_lock.release()
+        else:
+            async with self.send_lock:
+                ok = await self._send_all(event.data)
+        if not ok:
+            await self.protocol.handle(Closed())
+            return
         if self._must_close():
             # a complete "Connection: close" response (a 408/413 that left the
             # body unread): hypercorn would wait for the rest of that body
             await super().protocol_send(Closed())
+
+    def _fast_path(self) -> bool:
+        """A plain TCP or Unix socket and no send under way: then the send
+        lock is taken here, without waiting.  An SSE frame is small and the
+        socket usually has room, so one non-blocking write spares each frame
+        send_all's cancel scopes and its two scheduler round trips, which at
+        many streams on few cores were a fifth of the event loop's time."""
+        if not isinstance(self.stream, trio.SocketStream):
+            return False
+        try:
+            self.send_lock.acquire_nowait()
+        except trio.WouldBlock:
+            return False
+        return True
+
+    def _write_now(self, data: bytes) -> int | None:
+        """Bytes one non-blocking write sent (0 when the socket is full);
+        None when the peer is gone."""
+        try:
+            return os.write(self.stream.socket.fileno(), data)
+        except BlockingIOError:
+            return 0
+        except OSError:
+            return None
+
+    async def _send_all(self, data) -> bool:
+        """The bounded write (the send lock held); False when it failed."""
+        try:
+            with trio.CancelScope(shield=True):
+                with trio.fail_after(self.write_timeout):
+                    await self.stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
+            return False
+        return True
 
     def _must_close(self) -> bool:
         connection = self._h11_connection()

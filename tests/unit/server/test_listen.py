@@ -290,3 +290,53 @@ def test_the_server_refuses_to_start_before_the_model_loads(tmp_path):
         f"error: hypercorn {hypercorn_internals.installed_version()} is not supported: "
         "hypercorn.trio.tcp_server.TCPServer._read_data is missing; "
         f"mlxcel-trio needs hypercorn{hypercorn_internals.SUPPORTED}")]
+
+
+# -- writes on a real socket: the non-blocking first write and what follows it ----------
+
+def _bulk_app(chunks: int, size: int):
+    """Stream `chunks` chunks of `size` bytes, each filled with its index's
+    letter, so any reordering or loss shows in the body."""
+    async def app(scope, receive, send):
+        if scope["type"] == "lifespan":
+            while (message := await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        await receive()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", str(chunks * size).encode())]})
+        for i in range(chunks):
+            await send({"type": "http.response.body", "body": bytes([65 + i % 26]) * size,
+                        "more_body": i < chunks - 1})
+    return app
+
+
+async def test_writes_larger_than_the_socket_buffer_arrive_whole_and_in_order(quiet_clock):
+    chunks, size = 12, 1 << 20  # far more than a loopback socket buffers
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await _serving(nursery, _bulk_app(chunks, size))
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        await trio.sleep(READ_TIMEOUT / 2)  # the server fills the socket and waits
+        reply = await _receive_all(stream)
+        await stream.aclose()
+        shutdown.set()
+    body = reply.split(b"\r\n\r\n", 1)[1]
+    assert body == b"".join(bytes([65 + i % 26]) * size for i in range(chunks))
+
+
+async def test_a_client_that_never_reads_is_cut_by_the_write_timeout(quiet_clock):
+    chunks, size = 12, 1 << 20
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await _serving(nursery, _bulk_app(chunks, size))
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        start = trio.current_time()
+        await trio.sleep(10 * READ_TIMEOUT)  # never reading meanwhile
+        reply = await _receive_all(stream)
+        await stream.aclose()
+        shutdown.set()
+    body = reply.split(b"\r\n\r\n", 1)[1]
+    assert 0 < len(body) < chunks * size  # what the buffers held, then the close
+    assert trio.current_time() - start >= 10 * READ_TIMEOUT
