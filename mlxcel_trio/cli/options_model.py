@@ -23,7 +23,6 @@ from mlxcel_trio.cli.refusals import (
     GGUF_ONLY,
     NO_PROJECTOR,
     Refuser,
-    deferred,
     equals,
     not_applicable,
 )

@@ -197,7 +197,6 @@ class AudioEncoder:
 
     @classmethod
     def load(cls, path: Path, config: dict, dtype) -> "AudioEncoder":
-        from mlx import nn
         from mlx_vlm.models.gemma3n.audio import AudioModel
         from mlx_vlm.models.gemma3n.config import AudioConfig, TextConfig, VisionConfig
         from mlx_vlm.models.gemma3n.gemma3n import Gemma3nMultimodalEmbedder
@@ -224,18 +223,9 @@ class AudioEncoder:
         if not parts[0][1] or not parts[1][1]:
             raise ValueError(f"{path}: config.json declares an audio tower but the weights "
                              "hold no audio_tower / embed_audio tensors")
-        quant = config.get("quantization")
-        for module, w in parts:
-            if quant and any(k.endswith(".scales") for k in w):
-                nn.quantize(module, group_size=quant["group_size"], bits=quant["bits"],
-                            class_predicate=lambda p, m, w=w: f"{p}.scales" in w)
-            module.load_weights(list(w.items()), strict=True)
-            module.eval()
-            if dtype is not None:
-                from .vision import _cast
+        from .vision import load_parts
 
-                module.update(_cast(module.parameters(), dtype))
-            mx.eval(module.parameters())
+        load_parts(parts, config.get("quantization"), dtype)
         pre = path / "preprocessor_config.json"
         front = MelFrontEnd(json.loads(pre.read_text()) if pre.exists() else {})
         if front.n_mels != acfg.input_feat_size:

@@ -266,7 +266,6 @@ def install_tower(path: Path, config: dict, tower, projector, dtype, rename=None
     """Load `vision_tower.*` / `multi_modal_projector.*` from the snapshot into
     the modules (`rename`: a family's key fix-up, applied after the prefix is
     dropped), quantized as stored, then cast to the served float `dtype`."""
-    from mlx import nn
 
     weights: dict[str, mx.array] = {}
     for f in sorted(glob.glob(str(path / "model*.safetensors"))):
@@ -276,17 +275,24 @@ def install_tower(path: Path, config: dict, tower, projector, dtype, rename=None
         tower_w = {rename(k): v for k, v in tower_w.items()}
     tower_w = tower.sanitize(tower_w)
     proj_w = {k[len(_TOWER[1]):]: v for k, v in weights.items() if k.startswith(_TOWER[1])}
-    quant = config.get("quantization")
-    for module, w in ((tower, tower_w), (projector, proj_w)):
+    load_parts(((tower, tower_w), (projector, proj_w)), config.get("quantization"), dtype)
+
+
+def load_parts(parts, quant: dict | None, dtype) -> None:
+    """Load each (module, tensors) pair strictly, quantized where the
+    stored tensors are, then cast to the served float `dtype` (None: as
+    stored)."""
+    from mlx import nn
+
+    for module, w in parts:
         if quant and any(k.endswith(".scales") for k in w):
             nn.quantize(module, group_size=quant["group_size"], bits=quant["bits"],
                         class_predicate=lambda p, m, w=w: f"{p}.scales" in w)
         module.load_weights(list(w.items()), strict=True)
         module.eval()
-    if dtype is not None:
-        for module in (tower, projector):
+        if dtype is not None:
             module.update(_cast(module.parameters(), dtype))
-    mx.eval(tower.parameters(), projector.parameters())
+    mx.eval([module.parameters() for module, _ in parts])
 
 
 def _cast(tree: Any, dtype) -> Any:

@@ -40,19 +40,20 @@ class MediaPrompt(list):
 def vision_of(served) -> VisionInfo | None:
     """The image input the server takes: None without an image tower or
     under --no-mmproj."""
-    info = served.bridge.info
-    if info is None or info.vision is None or not served.state.config.mmproj_auto:
-        return None
-    return info.vision
+    return _tower(served, "vision")
 
 
 def audio_of(served) -> AudioInfo | None:
     """The audio input the chat model takes: None without an audio tower or
     under --no-mmproj."""
+    return _tower(served, "audio")
+
+
+def _tower(served, kind: str):
     info = served.bridge.info
-    if info is None or info.audio is None or not served.state.config.mmproj_auto:
+    if info is None or not served.state.config.mmproj_auto:
         return None
-    return info.audio
+    return getattr(info, kind)
 
 
 def refusal(kind: str, served) -> ApiError:
