@@ -86,3 +86,18 @@ class EventWatcher:
     def join(self) -> list:
         self._thread.join(self.timeout)
         return self.events
+
+
+def startup_refusal(model, *args: str) -> str:
+    """The stderr of a server start that must fail before serving (exit 1,
+    no traceback)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "mlxcel_trio", "-m", str(model), *args,
+                           "--port", "0"], check=False, capture_output=True, text=True,
+                          timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    return proc.stderr
+

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import base64
 import io
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
-from .sse import post
+from .sse import post, startup_refusal
 
 pytestmark = pytest.mark.e2e
 
@@ -118,22 +116,15 @@ def test_an_image_batched_beside_text_gives_each_its_solo_result(pixtral):
             assert [f.result() for f in [pool.submit(job) for job in jobs]] == solo
 
 
-def _refused(model, *args) -> str:
-    proc = subprocess.run([sys.executable, "-m", "mlxcel_trio", "-m", str(model), *args,
-                           "--port", "0"], check=False, capture_output=True, text=True,
-                          timeout=120, stdin=subprocess.DEVNULL)
-    assert proc.returncode == 1, proc.stderr
-    assert "Traceback" not in proc.stderr
-    return proc.stderr
 
 
 def test_budgets_that_cannot_be_honored_are_refused_at_startup(tiny_pixtral_model,
                                                                 tiny_vlm_model):
     # upstream's clip loader sentence, in pixels (tokens x 16 here)
-    err = _refused(tiny_pixtral_model, "--image-min-tokens", "12", "--image-max-tokens", "6")
+    err = startup_refusal(tiny_pixtral_model, "--image-min-tokens", "12", "--image-max-tokens", "6")
     assert "image_max_pixels (96) is less than image_min_pixels (192)" in err
     assert "--image-min-tokens 12, --image-max-tokens 6" in err
     # llava's fixed square has no bound to move: the flag and checkpoint are named
-    err = _refused(tiny_vlm_model, "--image-max-tokens", "64")
+    err = startup_refusal(tiny_vlm_model, "--image-max-tokens", "64")
     assert "--image-max-tokens 64: the checkpoint" in err
     assert str(tiny_vlm_model) in err and "fixed geometry (llava)" in err

@@ -4,13 +4,11 @@ in flight, the prompt cache keyed by scales, and the refusals."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 
 import httpx
 import pytest
 
-from .sse import iter_sse_lines, post
+from .sse import iter_sse_lines, post, startup_refusal
 
 pytestmark = pytest.mark.e2e
 
@@ -149,7 +147,7 @@ def test_the_prompt_cache_keys_entries_by_scales(lora_server):
     ([{"id": 2, "scale": 1.0}],
      "Field 'lora': invalid adapter id 2: this server has 2 LoRA adapter(s), ids 0 to 1"),
 ])
-def test_bad_lora_fields_are_refused(lora_server, lora, message):
+def test_bad_lora_fields_arestartup_refusal(lora_server, lora, message):
     r = post(lora_server.url, {**BODY, "lora": lora})
     assert r.status_code == 400 and r.json()["error"] == {
         "code": 400, "message": message, "type": "invalid_request_error"}
@@ -182,13 +180,6 @@ def test_init_without_apply_serves_the_base_model_until_raised(tiny_model, adapt
         srv.stop()
 
 
-def _refused(model, *args) -> str:
-    proc = subprocess.run([sys.executable, "-m", "mlxcel_trio", "-m", str(model), *args,
-                           "--port", "0"], check=False, capture_output=True, text=True,
-                          timeout=120, stdin=subprocess.DEVNULL)
-    assert proc.returncode == 1, proc.stderr
-    assert "Traceback" not in proc.stderr
-    return proc.stderr
 
 
 def test_startup_refusals(tiny_model, tiny_wide_model, adapters, tmp_path):
@@ -196,11 +187,11 @@ def test_startup_refusals(tiny_model, tiny_wide_model, adapters, tmp_path):
     dora.mkdir()
     (dora / "adapter_config.json").write_text(
         '{"fine_tune_type": "dora", "lora_parameters": {"rank": 4, "scale": 1.0}}')
-    err = _refused(tiny_model, "--lora", f"{adapters[0]},{dora}",
+    err = startup_refusal(tiny_model, "--lora", f"{adapters[0]},{dora}",
                    "--lora", str(tmp_path / "missing"))
     assert "DoRA" in err and "mlx_lm.fuse" in err and "no such adapter directory" in err
-    err = _refused(tiny_model, "--lora-scaled", f"{adapters[0]}", "--lora-scaled", "x:big")
+    err = startup_refusal(tiny_model, "--lora-scaled", f"{adapters[0]}", "--lora-scaled", "x:big")
     assert "lora-scaled format: FNAME:SCALE" in err and "is not a number" in err
     # an adapter trained for another shape: refused at load, naming the module
-    err = _refused(tiny_wide_model, "--lora", adapters[0])
+    err = startup_refusal(tiny_wide_model, "--lora", adapters[0])
     assert "takes 64 inputs" in err and "adapter trained for another model" in err
