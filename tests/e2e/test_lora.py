@@ -147,7 +147,7 @@ def test_the_prompt_cache_keys_entries_by_scales(lora_server):
     ([{"id": 2, "scale": 1.0}],
      "Field 'lora': invalid adapter id 2: this server has 2 LoRA adapter(s), ids 0 to 1"),
 ])
-def test_bad_lora_fields_arestartup_refusal(lora_server, lora, message):
+def test_bad_lora_fields_are_refused(lora_server, lora, message):
     r = post(lora_server.url, {**BODY, "lora": lora})
     assert r.status_code == 400 and r.json()["error"] == {
         "code": 400, "message": message, "type": "invalid_request_error"}
