@@ -24,11 +24,13 @@ import math
 
 import numpy as np
 
+from .limits import AUDIO_FILE_BYTES
+
 SAMPLE_RATE = 16_000          # what Whisper-style front ends take
 MAX_SAMPLE_RATE = 192_000
 MAX_CHANNELS = 8
 MAX_SECONDS = 600
-MAX_FILE_BYTES = 25 * 1024 * 1024
+MAX_FILE_BYTES = AUDIO_FILE_BYTES
 _BLOCK_FRAMES = 1 << 16
 
 FORMATS = ("WAV", "MP3", "FLAC")

@@ -15,6 +15,9 @@ DEFAULT_MAX_PAYLOAD = 20 * 1024 * 1024  # bytes per media item (--max-image-payl
 DEFAULT_MAX_IMAGES = 16                 # media items per request (--max-images)
 JSON_OVERHEAD = 1024 * 1024             # the request's text and the data-URL prefixes
 CLAMP = 2 * 1024 * 1024 * 1024          # 2 GiB
+AUDIO_FILE_BYTES = 25 * 1024 * 1024     # one uploaded or inline audio clip
+# a multipart transcription upload: one clip and room for its text fields
+UPLOAD_BODY_BYTES = AUDIO_FILE_BYTES + JSON_OVERHEAD
 
 
 def body_limit(max_image_payload: int, max_images: int, floor: int = 0) -> int:

@@ -36,6 +36,7 @@ class Route:
     router: bool = False  # mounted only in router mode (server/router/app.py), as upstream
     media: bool = False   # the body may carry inline media: its size limit follows the
                           # image budget (server/http/body_limits.py)
+    upload: bool = False  # a multipart audio upload: one clip's limit (body_limits.py)
 
     @property
     def params(self) -> tuple[str, ...]:
@@ -96,8 +97,8 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/lora-adapters", "set_lora_adapters", body=True),
     # speech to text (server/surfaces/transcriptions.py): upstream's 501
     # unless -m is a Whisper checkpoint; the multipart body is read after that
-    Route("POST", "/v1/audio/transcriptions", "transcriptions"),
-    Route("POST", "/audio/transcriptions", "transcriptions"),
+    Route("POST", "/v1/audio/transcriptions", "transcriptions", upload=True),
+    Route("POST", "/audio/transcriptions", "transcriptions", upload=True),
     Route("GET", "/tools", "feature_disabled"),
     Route("POST", "/tools", "feature_disabled"),
     Route("GET", "/cors-proxy", "feature_disabled"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 
 import httpx
 import numpy as np
@@ -114,6 +115,38 @@ def test_a_body_over_the_limit_is_refused_from_its_length(whisper_server):
     big = bytes(26 * 1024 * 1024 + 1024 * 1024 + 1)
     r = _post(whisper_server, files={"file": ("a.wav", big)})
     assert "the limit is 27262976 bytes" in _error(r, 413)
+
+
+def test_a_chunked_upload_is_cut_once_it_passes_the_limit(whisper_server):
+    """No Content-Length to refuse from: the server stops reading once the
+    body passes one clip's limit and answers 413, long before the 60 MiB
+    this client would send (the general body limit is 64 MiB)."""
+    import select
+    import socket
+    from urllib.parse import urlsplit
+
+    u = urlsplit(whisper_server.url)
+    head = (f"POST {ROUTE} HTTP/1.1\r\nHost: {u.hostname}\r\nTransfer-Encoding: chunked\r\n"
+            "Content-Type: multipart/form-data; boundary=XyZ\r\n\r\n").encode()
+    part = b"--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\r\n"
+    chunk = b"%x\r\n" % (1 << 20) + bytes(1 << 20) + b"\r\n"
+    sent, reply = 0, b""
+    with socket.create_connection((u.hostname, u.port), timeout=60) as sock:
+        sock.sendall(head + b"%x\r\n" % len(part) + part + b"\r\n")
+        pending = memoryview(b"".join([chunk] * 60))
+        deadline = time.monotonic() + 60
+        while not reply and time.monotonic() < deadline:
+            readable, writable, _ = select.select([sock], [sock] if pending else [], [], 1)
+            if readable:
+                reply = sock.recv(65536)
+            elif writable:
+                n = sock.send(pending[:1 << 16])
+                sent, pending = sent + n, pending[n:]
+        while reply and (more := sock.recv(65536)):  # the rest, to the server's close
+            reply += more
+    assert reply.startswith(b"HTTP/1.1 413"), reply[:200]
+    assert b"the limit is 27262976 bytes" in reply
+    assert sent < 40 * (1 << 20), sent
 
 
 def test_a_whisper_server_serves_no_chat_and_says_it_takes_audio(whisper_server):

@@ -27,8 +27,8 @@ Upstream's order and wording, each step before the next:
 4. the clip: decoded by media/audio.py (WAV, MP3 or FLAC by content, within
    its bounds), else a 400 naming the problem.
 
-Bounds before anything is parsed: the body (`MAX_BODY_BYTES`, one 25 MiB
-clip and room for the text fields), at most `MAX_PARTS` parts, at most
+Bounds before anything is parsed: the body (media/limits.UPLOAD_BODY_BYTES,
+one 25 MiB clip and room for the text fields, held by http/body_limits.py), at most `MAX_PARTS` parts, at most
 `MAX_PART_BYTES` per part.  The answer is upstream's transcript-event
 object, {"type": "transcript.text.done", "text", "usage"}; with stream=true
 one transcript.text.delta frame per decoded token (a token that ends inside
@@ -47,7 +47,7 @@ from quart import Response, request
 from ...media import audio
 from ...protocol.records import (Failed, Finished, TokenPiece, TranscribeJob, Transcribed,
                                  TranscriptPiece)
-from ..http.errors import ApiError, error_response, json_response, payload_too_large
+from ..http.errors import ApiError, error_response, json_response
 from ..http.sse import DONE, frame
 from ..request.jobs import Served
 from ..request.media_input import audio_of
@@ -57,7 +57,6 @@ ASR_PROMPT = "Transcribe audio to text"  # upstream's ASR preset (common_chat_ge
 
 MAX_PARTS = 32
 MAX_PART_BYTES = audio.MAX_FILE_BYTES
-MAX_BODY_BYTES = MAX_PART_BYTES + 1024 * 1024
 _REPEATED = object()  # a text field given more than once (upstream: an array)
 # std::stoul / std::stof: leading whitespace, a sign, then the number; the rest ignored
 _ULONG = re.compile(r"\s*([+-]?)(\d+)")
@@ -160,22 +159,14 @@ def _temperature(fields: dict) -> float:
     return max(0.0, value)
 
 
-async def _read_body() -> bytes:
-    declared = request.content_length
-    if declared is not None and declared > MAX_BODY_BYTES:
-        raise payload_too_large(MAX_BODY_BYTES)
-    raw = await request.get_data()
-    if len(raw) > MAX_BODY_BYTES:
-        raise payload_too_large(MAX_BODY_BYTES)
-    return raw
-
-
 async def transcribe(served: Served) -> Response:
     bridge = served.bridge
     through_chat = bridge.info.transcriber is None and audio_of(served) is not None
     if bridge.info.transcriber is None and not through_chat:
         return no_audio_model()
-    raw = await _read_body()
+    # held to UPLOAD_BODY_BYTES by the request class (http/body_limits.py): a
+    # larger one is a 413 from its Content-Length or as soon as it passes it
+    raw = await request.get_data()
     limiter = served.state.heavy_work
     fields, files = await trio.to_thread.run_sync(
         parse_form, raw, request.headers.get("Content-Type", ""), limiter=limiter)

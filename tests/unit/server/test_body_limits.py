@@ -50,12 +50,30 @@ def test_the_media_routes_get_the_image_budgets_ceiling():
     from mlxcel_trio.server.routes import ROUTES
 
     mib = 1024 * 1024
+    uploads = {"/api/v1/audio/transcriptions", "/api/audio/transcriptions"}
     table = media_body_limits(ROUTES, "/api", 20 * mib, 16, general=64 * mib)
-    assert set(table) == {f"/api{p}" for p in (
+    assert set(table) - uploads == {f"/api{p}" for p in (
         "/chat/completions", "/v1/chat/completions", "/chat/completions/input_tokens",
         "/v1/chat/completions/input_tokens", "/v1/messages", "/v1/messages/count_tokens",
         "/v1/responses", "/responses", "/responses/input_tokens",
         "/v1/responses/input_tokens")}
-    assert set(table.values()) == {-(-20 * mib * 16 * 4 // 3) + mib}
+    assert {table[p] for p in set(table) - uploads} == {-(-20 * mib * 16 * 4 // 3) + mib}
     # a small budget never shrinks what a text-only body may send
-    assert set(media_body_limits(ROUTES, "", 1000, 1, general=64 * mib).values()) == {64 * mib}
+    small = media_body_limits(ROUTES, "", 1000, 1, general=64 * mib)
+    assert {v for p, v in small.items() if "/audio/" not in p} == {64 * mib}
+
+
+def test_an_audio_upload_is_held_to_one_clip_whatever_the_image_budget():
+    """The transcription routes take one multipart clip: their limit is that
+    clip and its text fields, under the general limit, so a chunked upload
+    is cut once it passes it rather than buffered to the general limit."""
+    from mlxcel_trio.media.limits import AUDIO_FILE_BYTES, UPLOAD_BODY_BYTES
+    from mlxcel_trio.server.http.body_limits import media_body_limits
+    from mlxcel_trio.server.routes import ROUTES
+
+    mib = 1024 * 1024
+    for budget in ((20 * mib, 16), (1000, 1)):
+        table = media_body_limits(ROUTES, "", *budget, general=64 * mib)
+        assert table["/v1/audio/transcriptions"] == table["/audio/transcriptions"] \
+            == UPLOAD_BODY_BYTES == AUDIO_FILE_BYTES + mib
+
