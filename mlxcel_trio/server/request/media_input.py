@@ -180,15 +180,15 @@ async def chat_images(body: Any, served) -> tuple[Any, list, str]:
             url = (spec.get("data", spec.get("url")) if isinstance(spec, dict) else None)
             if not isinstance(url, str) or not url:
                 raise ApiError("input_audio must contain a 'data' string")
-            data = await image_bytes(url, served.state.media)
-            images.append(await off_loop(served, decode_audio, data))
+            decode = decode_audio
         else:
             url = part.get("image_url")
             url = url.get("url") if isinstance(url, dict) else url
             if not isinstance(url, str):
                 raise ApiError("image_url must contain a 'url' string")
-            data = await image_bytes(url, served.state.media)
-            images.append(await off_loop(served, decode_image, data))
+            decode = decode_image
+        data = await image_bytes(url, served.state.media)
+        images.append(await off_loop(served, decode, data))
         content = list(messages[i]["content"])
         content[j] = {"type": "text", "text": marker}
         messages[i]["content"] = content

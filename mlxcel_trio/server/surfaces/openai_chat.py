@@ -47,6 +47,13 @@ async def chat_plan(served: Served, config, body: Any, generating: bool = True) 
     message must not stall the event loop)."""
     # a server without image input refuses an image part before reading it
     body, images, marker = await chat_images(body, served)
+    return await plan_with_media(served, body, images, marker, generating)
+
+
+async def plan_with_media(served: Served, body: Any, images: list, marker: str,
+                          generating: bool = True) -> ChatPlan:
+    """The chat plan of a body whose media parts are already `marker` text,
+    the decoded `images` (ImageInput / audio pieces) placed in its tokens."""
     settings = served.state.chat_settings()   # built on the loop: it logs
     limit = served.bridge.info.n_ctx_slot if generating else None
     vocab = served.bridge.vocab

@@ -213,12 +213,9 @@ async def _through_chat(served: Served, clip: bytes, fields: dict, stream: bool,
                         max_tokens: int | None, temperature: float) -> Response:
     """Upstream's transcription: the clip and the ASR prompt as one user
     message to the loaded chat model, its reply as the transcript event."""
-    import attrs
-
-    from ..request.chat import plan
-    from ..request.jobs import off_loop, resolve, run_all
-    from ..request.media_input import decode_audio, new_marker, place, vision_of
-    from .openai_chat import chat_jobs, final_message
+    from ..request.jobs import resolve, run_all
+    from ..request.media_input import decode_audio, new_marker
+    from .openai_chat import chat_jobs, final_message, plan_with_media
 
     prompt = _text(fields, "prompt", "") or ASR_PROMPT
     language = _text(fields, "language", "")
@@ -231,14 +228,7 @@ async def _through_chat(served: Served, clip: bytes, fields: dict, stream: bool,
         body["max_tokens"] = max_tokens
     limiter = served.state.heavy_work
     pieces = await trio.to_thread.run_sync(decode_audio, clip, limiter=limiter)
-    settings = served.state.chat_settings()
-    vocab = served.bridge.vocab
-    chat = await off_loop(served, plan, body, settings, vocab, True,
-                          served.bridge.info.n_ctx_slot)
-    tokens = await off_loop(served, place, chat.prompt, marker, [pieces], vision_of(served),
-                            lambda piece, add: vocab.tokenize(piece, add, True), False,
-                            audio_of(served))
-    chat = attrs.evolve(chat, tokens=tokens)
+    chat = await plan_with_media(served, body, [pieces], marker)
     values = resolve(chat.native, served)
     jobs = chat_jobs(served, None, chat, values)
 

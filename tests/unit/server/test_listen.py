@@ -98,16 +98,20 @@ def quiet_clock() -> trio.testing.MockClock:
     return trio.testing.MockClock(autojump_threshold=0.05)
 
 
+async def _lifespan(receive, send) -> None:
+    """An ASGI lifespan that starts at once and stops when told."""
+    while (await receive())["type"] != "lifespan.shutdown":
+        await send({"type": "lifespan.startup.complete"})
+    await send({"type": "lifespan.shutdown.complete"})
+
+
 def _streaming_app(chunks: int, pause: float):
     """An ASGI app: read the whole body, then stream `chunks` chunks `pause`
     seconds apart (virtual seconds, under quiet_clock); a disconnect
     cancels the response, as quart-trio does."""
     async def app(scope, receive, send):
         if scope["type"] == "lifespan":
-            while (message := await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
-            return
+            return await _lifespan(receive, send)
         while (message := await receive())["type"] == "http.request" and message["more_body"]:
             pass
         if message["type"] == "http.disconnect":
@@ -299,10 +303,7 @@ def _bulk_app(chunks: int, size: int):
     letter, so any reordering or loss shows in the body."""
     async def app(scope, receive, send):
         if scope["type"] == "lifespan":
-            while (message := await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
-            return
+            return await _lifespan(receive, send)
         await receive()
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-length", str(chunks * size).encode())]})
