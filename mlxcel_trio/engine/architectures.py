@@ -62,9 +62,8 @@ def problem(path: str | Path, kv_types: tuple[str, str] = DEFAULT_KV) -> str | N
     if importlib.util.find_spec(f"mlx_lm.models.{module}") is not None:
         from . import audio_chat
 
-        if audio_chat.is_audio_chat(config) and audio_chat.problem(config):
-            return audio_chat.problem(config)
-        return kv_problem(config, *kv_types)
+        reason = audio_chat.problem(config) if audio_chat.is_audio_chat(config) else None
+        return reason or kv_problem(config, *kv_types)
     return (f"unsupported model architecture '{config['model_type']}': mlx-lm "
             f"builds {', '.join(supported())}")
 

@@ -40,7 +40,6 @@ import mlx.core as mx
 import numpy as np
 
 from ..protocol.records import AudioInfo, AudioInput
-from .lora import split_rows
 
 log = logging.getLogger("mlxcel.engine")
 
@@ -306,11 +305,9 @@ def prefill(model, encoder: AudioEncoder, prompt: Sequence[int], clips: Sequence
         end = min(clip.start + t, n)
         if end > clip.start:
             h[clip.start:end] = encoder.encode(clip)[:end - clip.start].astype(h.dtype)
-    for s in range(0, n, max(1, step)):
-        e = min(n, s + step)
-        model(ids[None, s:e], cache=caches, input_embeddings=h[None, s:e])
-        mx.eval([c.state for c in split_rows(caches)[0]])
-    return n
+    from .vision import prefill_embeddings
+
+    return prefill_embeddings(model, ids, h, caches, step)
 
 
 def spans_ok(prompt: Sequence[int], clips: Sequence[AudioInput], info: AudioInfo) -> bool:

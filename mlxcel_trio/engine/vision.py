@@ -335,6 +335,13 @@ def prefill(model, encoder, prompt: Sequence[int],
         k = sum(1 for p in at if p < n)
         if k:
             h[mx.array(at[:k])] = f[:k].astype(h.dtype)
+    return prefill_embeddings(model, ids, h, caches, step)
+
+
+def prefill_embeddings(model, ids: mx.array, h: mx.array, caches: list, step: int) -> int:
+    """Run `ids` with input embeddings `h` through `model` into `caches`,
+    `step` tokens a forward; returns how many tokens the caches now hold."""
+    n = len(ids)
     for s in range(0, n, max(1, step)):
         e = min(n, s + step)
         model(ids[None, s:e], cache=caches, input_embeddings=h[None, s:e])
