@@ -32,6 +32,14 @@ POLL_S = 0.02     # its pause between tries: short, yet no spinning against the 
 
 T = TypeVar("T")
 
+# Every server started here dumps its threads' stacks on SIGUSR1
+# (tests/diag/sitecustomize.py); a failing test's report carries that dump
+# and each server's last log lines (pytest_runtest_makereport below).
+DIAG_ENV = {"MLXCEL_TEST_STACKS": "1", "PYTHONPATH": os.pathsep.join(
+    p for p in (str(ROOT / "tests" / "diag"), os.environ.get("PYTHONPATH")) if p)}
+LIVE: list[ServerProcess] = []   # servers started in this worker, in order
+REPORT_LINES = 150
+
 
 def wait_until(probe: Callable[[], T], what: str, timeout: float = WAIT_S, *,
                until: Callable[[T], object] = bool, pause: float = POLL_S) -> T:
@@ -65,7 +73,7 @@ class ServerProcess:
         # numbers with references computed here, and a faster BLAS picks other
         # kernels per shape (exact only within one library).  Tests of the
         # BLAS choice itself pass their own MLXCEL_BLAS.
-        self.env = {**os.environ, "MLXCEL_BLAS": "bundled", **(env or {})}
+        self.env = {**os.environ, "MLXCEL_BLAS": "bundled", **DIAG_ENV, **(env or {})}
         self.proc: subprocess.Popen | None = None
         self.stdout: list[str] = []
         self.stderr: list[str] = []
@@ -110,7 +118,8 @@ class ServerProcess:
                                  f"{''.join(self.stdout)}\nstderr:\n{''.join(self.stderr)}")
         return line
 
-    def start(self, wait_ready: bool = True) -> "ServerProcess":
+    def start(self, wait_ready: bool = True) -> ServerProcess:
+        LIVE.append(self)
         self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      stdin=subprocess.DEVNULL, text=True, env=self.env)
         self._pumps = [
@@ -152,6 +161,17 @@ class ServerProcess:
 
     def wait(self, timeout: float) -> int:
         return self.proc.wait(timeout)
+
+    def stacks(self, timeout: float = 3.0) -> None:
+        """Ask the running server for every thread's stack (on its stderr)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        def dumps() -> int:
+            return sum("most recent call first" in ln for ln in self.stderr)
+        before = dumps()
+        self.proc.send_signal(signal.SIGUSR1)
+        with self._lines_changed:
+            self._lines_changed.wait_for(lambda: dumps() > before, timeout)
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -255,3 +275,20 @@ def start_server():
 def server(tiny_model, start_server) -> ServerProcess:
     """The shared default server: tiny model, 4 slots, 1024 tokens each."""
     return start_server(tiny_model, "-c", "4096", "-np", "4")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test's report carries, for each server still running in
+    this worker, its threads' stacks and its last log lines: a request that
+    timed out then shows where the server stood."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed:
+        return
+    for srv in LIVE:
+        if srv.proc is None or srv.proc.poll() is not None:
+            continue
+        srv.stacks()
+        tail = "".join((srv.stdout + ["--- stderr ---\n"] + srv.stderr)[-REPORT_LINES:])
+        report.sections.append((f"server {srv.url} ({' '.join(srv.argv[3:])})", tail))
