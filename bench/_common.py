@@ -13,6 +13,7 @@ import statistics
 import subprocess
 import sys
 import time
+from itertools import pairwise
 from pathlib import Path
 
 OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
@@ -217,7 +218,7 @@ def single_rate(events: list[tuple[float, int]]) -> float | None:
 
 def step_gap(events: list[tuple[float, int]]) -> float | None:
     """Median time per token between consecutive events of one stream."""
-    gaps = [(b[0] - a[0]) / (b[1] - a[1]) for a, b in zip(events, events[1:]) if b[1] > a[1]]
+    gaps = [(b[0] - a[0]) / (b[1] - a[1]) for a, b in pairwise(events) if b[1] > a[1]]
     return median(gaps)
 
 
