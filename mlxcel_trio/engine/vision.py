@@ -266,7 +266,6 @@ def install_tower(path: Path, config: dict, tower, projector, dtype, rename=None
     """Load `vision_tower.*` / `multi_modal_projector.*` from the snapshot into
     the modules (`rename`: a family's key fix-up, applied after the prefix is
     dropped), quantized as stored, then cast to the served float `dtype`."""
-
     weights: dict[str, mx.array] = {}
     for f in sorted(glob.glob(str(path / "model*.safetensors"))):
         weights.update({k: v for k, v in mx.load(f).items() if k.startswith(_TOWER)})

@@ -100,4 +100,3 @@ def startup_refusal(model, *args: str) -> str:
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr
     return proc.stderr
-

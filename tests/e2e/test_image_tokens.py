@@ -116,12 +116,11 @@ def test_an_image_batched_beside_text_gives_each_its_solo_result(pixtral):
             assert [f.result() for f in [pool.submit(job) for job in jobs]] == solo
 
 
-
-
 def test_budgets_that_cannot_be_honored_are_refused_at_startup(tiny_pixtral_model,
                                                                 tiny_vlm_model):
     # upstream's clip loader sentence, in pixels (tokens x 16 here)
-    err = startup_refusal(tiny_pixtral_model, "--image-min-tokens", "12", "--image-max-tokens", "6")
+    err = startup_refusal(tiny_pixtral_model, "--image-min-tokens", "12",
+                          "--image-max-tokens", "6")
     assert "image_max_pixels (96) is less than image_min_pixels (192)" in err
     assert "--image-min-tokens 12, --image-max-tokens 6" in err
     # llava's fixed square has no bound to move: the flag and checkpoint are named

@@ -4,7 +4,6 @@ in flight, the prompt cache keyed by scales, and the refusals."""
 
 from __future__ import annotations
 
-
 import httpx
 import pytest
 
@@ -180,15 +179,13 @@ def test_init_without_apply_serves_the_base_model_until_raised(tiny_model, adapt
         srv.stop()
 
 
-
-
 def test_startup_refusals(tiny_model, tiny_wide_model, adapters, tmp_path):
     dora = tmp_path / "dora"
     dora.mkdir()
     (dora / "adapter_config.json").write_text(
         '{"fine_tune_type": "dora", "lora_parameters": {"rank": 4, "scale": 1.0}}')
     err = startup_refusal(tiny_model, "--lora", f"{adapters[0]},{dora}",
-                   "--lora", str(tmp_path / "missing"))
+                          "--lora", str(tmp_path / "missing"))
     assert "DoRA" in err and "mlx_lm.fuse" in err and "no such adapter directory" in err
     err = startup_refusal(tiny_model, "--lora-scaled", f"{adapters[0]}", "--lora-scaled", "x:big")
     assert "lora-scaled format: FNAME:SCALE" in err and "is not a number" in err

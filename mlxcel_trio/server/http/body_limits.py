@@ -8,8 +8,8 @@ times --max-images, grown by base64's 4/3 and a little JSON overhead,
 never below the general limit, clamped at 2 GiB).  A multipart audio
 upload (`Route.upload`: the transcription routes) is held to one clip's
 size and its text fields (media/limits.UPLOAD_BODY_BYTES), below the
-general limit, so a chunked upload is cut as soon as it passes that.  A body past its limit
-is refused from its Content-Length, or as soon as the bytes read pass it,
+general limit, so a chunked upload is cut as soon as it passes that.  A
+body past its limit is refused from its Content-Length, or as soon as the bytes read pass it,
 before anything is parsed: OpenAI's 413 shape (errors.payload_too_large),
 naming the limit that applied.
 

@@ -28,8 +28,8 @@ Upstream's order and wording, each step before the next:
    its bounds), else a 400 naming the problem.
 
 Bounds before anything is parsed: the body (media/limits.UPLOAD_BODY_BYTES,
-one 25 MiB clip and room for the text fields, held by http/body_limits.py), at most `MAX_PARTS` parts, at most
-`MAX_PART_BYTES` per part.  The answer is upstream's transcript-event
+one 25 MiB clip and room for the text fields, held by http/body_limits.py),
+at most `MAX_PARTS` parts, at most `MAX_PART_BYTES` per part.  The answer is upstream's transcript-event
 object, {"type": "transcript.text.done", "text", "usage"}; with stream=true
 one transcript.text.delta frame per decoded token (a token that ends inside
 a UTF-8 character waits for the next), then the done frame, then
@@ -41,7 +41,6 @@ from __future__ import annotations
 import math
 import re
 
-import trio
 from quart import Response, request
 
 from ...media import audio
@@ -49,7 +48,7 @@ from ...protocol.records import (Failed, Finished, TokenPiece, TranscribeJob, Tr
                                  TranscriptPiece)
 from ..http.errors import ApiError, error_response, json_response
 from ..http.sse import DONE, frame
-from ..request.jobs import Served
+from ..request.jobs import Served, off_loop
 from ..request.media_input import audio_of
 from .streaming import stream_jobs
 
@@ -167,9 +166,8 @@ async def transcribe(served: Served) -> Response:
     # held to UPLOAD_BODY_BYTES by the request class (http/body_limits.py): a
     # larger one is a 413 from its Content-Length or as soon as it passes it
     raw = await request.get_data()
-    limiter = served.state.heavy_work
-    fields, files = await trio.to_thread.run_sync(
-        parse_form, raw, request.headers.get("Content-Type", ""), limiter=limiter)
+    fields, files = await off_loop(served, parse_form, raw,
+                                   request.headers.get("Content-Type", ""))
     clip = files.get("file")
     if clip is None:
         raise _bad("No input file found for transcription")
@@ -181,7 +179,7 @@ async def transcribe(served: Served) -> Response:
     if through_chat:
         return await _through_chat(served, clip, fields, stream, max_tokens, temperature)
     try:
-        samples = await trio.to_thread.run_sync(audio.decode, clip, limiter=limiter)
+        samples = await off_loop(served, audio.decode, clip)
     except audio.AudioError as exc:
         raise _bad(str(exc)) from None
     job = TranscribeJob(bridge.next_job_id(), samples,
@@ -226,8 +224,7 @@ async def _through_chat(served: Served, clip: bytes, fields: dict, stream: bool,
                   "stream": stream, "temperature": temperature}
     if max_tokens is not None:
         body["max_tokens"] = max_tokens
-    limiter = served.state.heavy_work
-    pieces = await trio.to_thread.run_sync(decode_audio, clip, limiter=limiter)
+    pieces = await off_loop(served, decode_audio, clip)
     chat = await plan_with_media(served, body, [pieces], marker)
     values = resolve(chat.native, served)
     jobs = chat_jobs(served, None, chat, values)

@@ -76,4 +76,3 @@ def test_an_audio_upload_is_held_to_one_clip_whatever_the_image_budget():
         table = media_body_limits(ROUTES, "", *budget, general=64 * mib)
         assert table["/v1/audio/transcriptions"] == table["/audio/transcriptions"] \
             == UPLOAD_BODY_BYTES == AUDIO_FILE_BYTES + mib
-
