@@ -281,10 +281,11 @@ def server(tiny_model, start_server) -> ServerProcess:
 def pytest_runtest_makereport(item, call):
     """A failed test's report carries, for each server still running in
     this worker, its threads' stacks and its last log lines: a request that
-    timed out then shows where the server stood."""
+    timed out then shows where the server stood.  Only end-to-end tests:
+    elsewhere a server a module fixture left running is unrelated noise."""
     outcome = yield
     report = outcome.get_result()
-    if report.when != "call" or not report.failed:
+    if report.when != "call" or not report.failed or "e2e" not in item.path.parts:
         return
     for srv in LIVE:
         if srv.proc is None or srv.proc.poll() is not None:

@@ -41,7 +41,9 @@ async def flushed(store: SharedStore, gen: str, scope: int, cid: str, start: int
 
 @pytest.fixture
 async def store(store_server, nursery, monkeypatch):  # noqa: F811
-    monkeypatch.setenv(shared_mod.REPLICA_TTL_ENV, "1")
+    # 3 s: short enough for the gone-owner check, long enough that a loaded CI
+    # machine delaying one heartbeat (every TTL/3) never makes a live owner look gone
+    monkeypatch.setenv(shared_mod.REPLICA_TTL_ENV, "3")
     s = SharedStore(store_server.url, stream_ttl_s=5, max_bytes=64)
     await nursery.start(s.run)
     yield s
