@@ -38,7 +38,8 @@ T = TypeVar("T")
 DIAG_ENV = {"MLXCEL_TEST_STACKS": "1", "PYTHONPATH": os.pathsep.join(
     p for p in (str(ROOT / "tests" / "diag"), os.environ.get("PYTHONPATH")) if p)}
 LIVE: list[ServerProcess] = []   # servers started in this worker, in order
-REPORT_LINES = 150
+REPORT_LINES = 150   # log lines; the stacks (stderr) come whole, up to STACK_LINES
+STACK_LINES = 600
 
 
 def wait_until(probe: Callable[[], T], what: str, timeout: float = WAIT_S, *,
@@ -163,15 +164,18 @@ class ServerProcess:
         return self.proc.wait(timeout)
 
     def stacks(self, timeout: float = 3.0) -> None:
-        """Ask the running server for every thread's stack (on its stderr)."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        def dumps() -> int:
-            return sum("most recent call first" in ln for ln in self.stderr)
-        before = dumps()
-        self.proc.send_signal(signal.SIGUSR1)
-        with self._lines_changed:
-            self._lines_changed.wait_for(lambda: dumps() > before, timeout)
+        """Ask the running server for every thread's stack and every trio
+        task's await stack (on its stderr; tests/diag/sitecustomize.py)."""
+        for sig, mark in ((signal.SIGUSR1, "most recent call first"),
+                          (signal.SIGUSR2, "trio tasks (innermost await last)")):
+            if self.proc is None or self.proc.poll() is not None:
+                return
+            def dumps() -> int:
+                return sum(mark in ln for ln in self.stderr)
+            before = dumps()
+            self.proc.send_signal(sig)
+            with self._lines_changed:
+                self._lines_changed.wait_for(lambda: dumps() > before, timeout)
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -291,5 +295,5 @@ def pytest_runtest_makereport(item, call):
         if srv.proc is None or srv.proc.poll() is not None:
             continue
         srv.stacks()
-        tail = "".join((srv.stdout + ["--- stderr ---\n"] + srv.stderr)[-REPORT_LINES:])
+        tail = "".join(srv.stdout[-REPORT_LINES:] + ["--- stderr ---\n"] + srv.stderr[-STACK_LINES:])
         report.sections.append((f"server {srv.url} ({' '.join(srv.argv[3:])})", tail))

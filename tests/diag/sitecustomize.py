@@ -1,11 +1,41 @@
 """Loaded by every Python process the tests start (tests/conftest.py puts
 this folder on PYTHONPATH): SIGUSR1 makes a server print every thread's
-stack to stderr, so a test that timed out waiting on it can show where the
-server stood (conftest's failure report sends it)."""
+stack to stderr, and SIGUSR2 every trio task's await stack (a request
+waiting on an event shows only there: its thread sits idle in epoll), so a
+test that timed out waiting on a server can show where the server stood
+(conftest's failure report sends both)."""
 
 import faulthandler
 import os
 import signal
+import sys
+
+TASKS_HEADER = "trio tasks (innermost await last):"
+
+
+def _print_trio_tasks(signum, frame) -> None:
+    try:
+        import trio
+        root = trio.lowlevel.current_root_task()
+    except Exception:   # not inside trio.run (yet, or any more)
+        return
+    lines = [TASKS_HEADER]
+
+    def walk(task, depth: int) -> None:
+        lines.append(f"{'  ' * depth}- {task.name}")
+        for f, lineno in task.iter_await_frames():
+            if "/trio/_core/" in f.f_code.co_filename:
+                continue
+            lines.append(f"{'  ' * depth}    {f.f_code.co_filename}:{lineno} "
+                         f"in {f.f_code.co_name}")
+        for nursery in task.child_nurseries:
+            for child in nursery.child_tasks:
+                walk(child, depth + 1)
+    walk(root, 0)
+    sys.stderr.write("\n".join(lines) + "\n")
+    sys.stderr.flush()
+
 
 if os.environ.get("MLXCEL_TEST_STACKS") == "1":
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    signal.signal(signal.SIGUSR2, _print_trio_tasks)
