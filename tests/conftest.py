@@ -23,6 +23,8 @@ from typing import TypeVar
 
 import pytest
 
+from tests.diag.sitecustomize import TASKS_HEADER
+
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
 READY_LINE = "main: model loaded"
@@ -32,9 +34,10 @@ POLL_S = 0.02     # its pause between tries: short, yet no spinning against the 
 
 T = TypeVar("T")
 
-# Every server started here dumps its threads' stacks on SIGUSR1
-# (tests/diag/sitecustomize.py); a failing test's report carries that dump
-# and each server's last log lines (pytest_runtest_makereport below).
+# Every server started here prints its threads' stacks on SIGUSR1 and its
+# trio tasks' await stacks on SIGUSR2 (tests/diag/sitecustomize.py); a failed
+# end-to-end test's report carries both and each server's last log lines
+# (pytest_runtest_makereport below).
 DIAG_ENV = {"MLXCEL_TEST_STACKS": "1", "PYTHONPATH": os.pathsep.join(
     p for p in (str(ROOT / "tests" / "diag"), os.environ.get("PYTHONPATH")) if p)}
 LIVE: list[ServerProcess] = []   # servers started in this worker, in order
@@ -166,8 +169,8 @@ class ServerProcess:
     def stacks(self, timeout: float = 3.0) -> None:
         """Ask the running server for every thread's stack and every trio
         task's await stack (on its stderr; tests/diag/sitecustomize.py)."""
-        for sig, mark in ((signal.SIGUSR1, "most recent call first"),
-                          (signal.SIGUSR2, "trio tasks (innermost await last)")):
+        for sig, mark in ((signal.SIGUSR1, "most recent call first"),   # faulthandler's
+                          (signal.SIGUSR2, TASKS_HEADER)):
             if self.proc is None or self.proc.poll() is not None:
                 return
             def dumps() -> int:
@@ -284,9 +287,10 @@ def server(tiny_model, start_server) -> ServerProcess:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """A failed test's report carries, for each server still running in
-    this worker, its threads' stacks and its last log lines: a request that
-    timed out then shows where the server stood.  Only end-to-end tests:
-    elsewhere a server a module fixture left running is unrelated noise."""
+    this worker, its threads' and trio tasks' stacks and its last log
+    lines: a request that timed out then shows where the server stood.
+    Only end-to-end tests: elsewhere a server a module fixture left running
+    is unrelated noise."""
     outcome = yield
     report = outcome.get_result()
     if report.when != "call" or not report.failed or "e2e" not in item.path.parts:

@@ -9,9 +9,9 @@ never below the general limit, clamped at 2 GiB).  A multipart audio
 upload (`Route.upload`: the transcription routes) is held to one clip's
 size and its text fields (media/limits.UPLOAD_BODY_BYTES), below the
 general limit, so a chunked upload is cut as soon as it passes that.  A
-body past its limit is refused from its Content-Length, or as soon as the bytes read pass it,
-before anything is parsed: OpenAI's 413 shape (errors.payload_too_large),
-naming the limit that applied.
+body past its limit is refused from its Content-Length, or as soon as the
+bytes read pass it, before anything is parsed: OpenAI's 413 shape
+(errors.payload_too_large), naming the limit that applied.
 
 Quart fixes a request's limit when the request object is built, so the
 choice is made there: the app's request class looks the path up.

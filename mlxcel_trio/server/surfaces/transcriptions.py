@@ -29,11 +29,11 @@ Upstream's order and wording, each step before the next:
 
 Bounds before anything is parsed: the body (media/limits.UPLOAD_BODY_BYTES,
 one 25 MiB clip and room for the text fields, held by http/body_limits.py),
-at most `MAX_PARTS` parts, at most `MAX_PART_BYTES` per part.  The answer is upstream's transcript-event
-object, {"type": "transcript.text.done", "text", "usage"}; with stream=true
-one transcript.text.delta frame per decoded token (a token that ends inside
-a UTF-8 character waits for the next), then the done frame, then
-data: [DONE].
+at most `MAX_PARTS` parts, at most `MAX_PART_BYTES` per part.  The answer
+is upstream's transcript-event object, {"type": "transcript.text.done",
+"text", "usage"}; with stream=true one transcript.text.delta frame per
+decoded token (a token that ends inside a UTF-8 character waits for the
+next), then the done frame, then data: [DONE].
 """
 
 from __future__ import annotations
