@@ -221,7 +221,9 @@ class SharedStore:
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             try:
-                await self.call(lambda r: r.ping())
+                # the first heartbeat, before any stream can be opened: a peer
+                # must never read a just-started replica's session as orphaned
+                await self._beat()
                 log.info("session store %s: replica %s", self.shown, self.replica)
             except StoreDown:
                 log.warning("session store %s is unreachable at startup: serving degraded "
@@ -231,19 +233,22 @@ class SharedStore:
             nursery.start_soon(self._control_reader)
             task_status.started()
 
+    async def _beat(self) -> None:
+        """This replica's heartbeat key, alive for one replica TTL."""
+        key, ttl_ms = P + "r:" + self.replica, int(self.replica_ttl_s * 1000)
+        await self.call(lambda r: r.set(key, b"1", px=ttl_ms))
+
     async def _heartbeat(self) -> None:
-        key = P + "r:" + self.replica
-        ttl_ms = int(self.replica_ttl_s * 1000)
-        while True:
+        while True:   # run() wrote the first beat
+            await trio.sleep(min(self.replica_ttl_s / 3, max(self._backoff, 0.1))
+                             if self._was_down else self.replica_ttl_s / 3)
             for tick in self._ticks:
                 tick()
             if self.up:
                 try:
-                    await self.call(lambda r: r.set(key, b"1", px=ttl_ms))
+                    await self._beat()
                 except StoreDown:
                     pass
-            await trio.sleep(min(self.replica_ttl_s / 3, max(self._backoff, 0.1))
-                             if self._was_down else self.replica_ttl_s / 3)
 
     def on_tick(self, fn: Callable[[], None]) -> None:
         """Call `fn()` at every heartbeat (a third of the replica TTL)."""
