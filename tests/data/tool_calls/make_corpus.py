@@ -332,6 +332,8 @@ def outputs(dialect, syntax, think):
         ("bad_json_call", bad + end),
         ("unknown_tool", syntax([("launch_rocket", {"target": "moon"})]) + end),
         ("call_then_content", one + shape.get("after", "") + sep + wrap(CONTENT) + end),
+        ("unicode_call", syntax([("get_weather", {"city": 'Zürich "東京"'})]) + end),
+        ("blank_then_call", "\n\n" + one + end),
     ]
     if think:
         open_, close = think
