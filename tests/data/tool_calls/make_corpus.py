@@ -241,6 +241,20 @@ def minicpm5(calls):
         + "</function>" for n, a in calls)
 
 
+def reka(calls):
+    return "\n".join(f"<tool_call>\n{dumps({'name': n, 'arguments': a})}</tool_call>" for n, a in calls)
+
+
+def minimax_m1(calls):
+    return "<tool_calls>\n" + "".join(dumps({"name": n, "arguments": a}) + "\n" for n, a in calls) + "</tool_calls>"
+
+
+def solar(calls):
+    return "<|tool_calls|>" + "".join(
+        f"<|tool_call:begin|>call{i}<|tool_call:name|>{n}<|tool_call:args|>{dumps(a)}<|tool_call:end|>"
+        for i, (n, a) in enumerate(calls)) + "<|calls|>"
+
+
 # ---- families: (dialect, template, call syntax, reasoning (open, close) or None, content wrapper)
 
 # How a family writes plain content and what separates it from calls, where not bare text and "\n".
@@ -250,6 +264,7 @@ SHAPES = {
     "functionary_v3_2": {"wrap": "all\n{}", "sep": ">>>"},
     "command_r7b": {"wrap": "<|START_RESPONSE|>{}<|END_RESPONSE|>", "sep": ""},
     "cohere2moe": {"wrap": "<|START_TEXT|>{}<|END_TEXT|>", "sep": ""},
+    "upstage-Solar-Open-100B.jinja": {"wrap": "<|content|>{}<|end|>", "sep": "<|begin|>assistant"},
     "kimi_k3": {"wrap": "<|open|>response<|sep|>{}<|close|>response<|sep|>", "sep": "", "end": "<|close|>message<|sep|>"},
 }
 
@@ -310,12 +325,20 @@ FAMILIES = [
     ("minicpm5", "openbmb-MiniCPM5-1B.jinja", minicpm5, ("<think>", "</think>")),
     ("xiaomi_mimo", "MiMo-VL.jinja", hermes, ("<think>", "</think>")),
     ("smollm3", "HuggingFaceTB-SmolLM3-3B.jinja", hermes, ("<think>", "</think>")),
+    ("deepseek_dsml", "deepseek-ai-DeepSeek-V4-Flash-0731.jinja", dsml("tool_calls"), ("<think>", "</think>")),
+    ("gemma4", "google-gemma-4-31B-it-interleaved.jinja", gemma4, ("<|channel>thought\n", "<channel|>")),
+    # Families outside the table: upstream's autoparser derives them from the template.
+    ("generic", "Reka-Edge.jinja", reka, ("<think>", "</think>")),
+    ("generic", "Bielik-11B-v3.0-Instruct.jinja", hermes, ("<think>", "</think>")),
+    ("generic", "MiniMax-M1.jinja", minimax_m1, None),
+    ("generic", "poolside-Laguna-XS.2.jinja", glm("\n"), ("<think>", "</think>")),
+    ("generic", "upstage-Solar-Open-100B.jinja", solar, ("<|think|>", "<|end|><|begin|>assistant")),
 ]
 
 
-def outputs(dialect, syntax, think):
+def outputs(dialect, template, syntax, think):
     """(label, text) pairs of complete outputs for one family."""
-    shape = SHAPES.get(dialect, {})
+    shape = SHAPES.get(template) or SHAPES.get(dialect, {})
     wrap, sep, end = shape.get("wrap", "{}").format, shape.get("sep", "\n"), shape.get("end", "")
     one = syntax([WEATHER])
     two = syntax([WEATHER, SPECIAL])
@@ -374,7 +397,7 @@ def corpus():
         for s, setting in enumerate(settings(think)):
             seen: set[str] = set()
             outs = []
-            for label, text in outputs(dialect, syntax, think):
+            for label, text in outputs(dialect, template, syntax, think):
                 if text not in seen and (setting["tools"] or "call" not in label and "parallel" not in label):
                     seen.add(text)
                     outs.append({"label": label, "text": text})
