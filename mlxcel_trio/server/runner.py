@@ -34,9 +34,9 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 
 from .. import logging_setup
-from ..bridge import (Bridge, checkpoint_problem, distributed_problem, engine_loop, follow,
-                      join_world, world)
+from ..bridge import Bridge, engine_loop, follow
 from ..config import ServerConfig
+from ..engine.preflight import checkpoint_problem, distributed_problem, join_world, world
 from .request import grammar_fields as server_grammar
 from .http import hypercorn_internals
 from .app import MAX_HEAD_BYTES, create_app

@@ -19,11 +19,15 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "mlxcel_trio"
 WEB = ("trio", "quart", "quart_trio", "hypercorn")
-# Where the engine thread's object is built: the only modules outside engine/
-# that may import it, and only its loop.  (If construction moves, say to the
-# runner, the new place is named here and nowhere else.)
-ENGINE_BUILDERS = frozenset({"mlxcel_trio.bridge"})
-ENGINE_ENTRY = "mlxcel_trio.engine.loop.EngineLoop"
+# The only modules outside engine/ that may import it, and what each may
+# import: the bridge builds the engine thread's object (the loop, from its
+# spec); the runner asks the pre-load checks and plans the ranks before
+# anything loads.  (If either moves, the new place is named here alone.)
+ENGINE_ENTRIES = {
+    "mlxcel_trio.bridge": ("mlxcel_trio.engine.loop.EngineLoop",
+                           "mlxcel_trio.engine.spec.EngineSpec"),
+    "mlxcel_trio.server.runner": ("mlxcel_trio.engine.preflight",),
+}
 
 
 def _module_name(path: Path) -> str:
@@ -78,7 +82,7 @@ def _in(room: str) -> list[str]:
 
 
 def _engine_import_allowed(module: str, imp: str) -> bool:
-    return module in ENGINE_BUILDERS and imp == ENGINE_ENTRY
+    return _under(imp, *ENGINE_ENTRIES.get(module, ()))
 
 
 def _offenders(rooms: list[str], forbidden: tuple[str, ...]) -> dict[str, list[str]]:
@@ -121,14 +125,16 @@ def test_the_trio_side_reaches_the_engine_only_through_protocol_and_bridge(room)
     assert _offenders(_in(room), ("mlxcel_trio.engine",)) == {}
 
 
-def test_only_the_bridge_reaches_into_the_engine():
+def test_only_the_bridge_and_the_runner_reach_into_the_engine():
     """Everything that crosses the thread boundary goes through the bridge:
-    outside engine/, only the place that builds the engine imports it, and
-    only its loop."""
+    outside engine/, only the place that builds the engine imports it (its
+    loop and spec), and the runner its pre-load checks."""
     reach = {m: sorted({imp for imp, _ in imps if _under(imp, "mlxcel_trio.engine")})
              for m, imps in modules().items() if not _under(m, "mlxcel_trio.engine")}
-    assert {m: hits for m, hits in reach.items() if hits} == \
-        {m: [ENGINE_ENTRY] for m in ENGINE_BUILDERS}
+    bad = {m: [imp for imp in hits if not _engine_import_allowed(m, imp)]
+           for m, hits in reach.items()}
+    assert {m: hits for m, hits in bad.items() if hits} == {}
+    assert set(m for m, hits in reach.items() if hits) == set(ENGINE_ENTRIES)
 
 
 def test_protocol_imports_neither_side():
