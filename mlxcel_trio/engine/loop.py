@@ -8,6 +8,11 @@ the next forward pass.  A step or a command that throws fails
 the jobs in flight (and the command's own), never the thread: a dead
 engine thread would leave every request waiting.  Nothing here imports trio.
 
+The loop is built from one frozen `EngineSpec` (engine/spec.py).  Its rooms:
+loading.py loads the model and every side part, idle_sleep.py drops and
+reloads it, lockstep_runner.py keeps several ranks in step; the checks asked
+before anything loads are preflight.py's.  This module is the serve loop.
+
 Idle sleep (--sleep-idle-seconds): the idle arm's blocking `get` takes the
 window as its timeout.  Its expiry is the decision to sleep, taken by the one
 thread that knows nothing is admitted or queued, so no request can be caught
@@ -37,7 +42,6 @@ the scheduler is `NoChat` and idle sleep is off.
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import time
 from pathlib import Path
@@ -53,14 +57,13 @@ from ..protocol.records import (
     ForceEnd,
     LoadFailed,
     Shutdown,
-    Sleeping,
     SlotAction,
     SlotTokens,
     StepEvents,
     Submit,
     TranscribeJob,
-    Woke,
 )
+from .idle_sleep import IdleSleep, job_of, resident_bytes
 from .loading import Loading
 from .lockstep_runner import LockstepRunner
 from .spec import EngineSpec
@@ -75,29 +78,10 @@ BURST_GAP_S = 0.001
 BURST_MAX_S = 0.010
 
 
-def _job_of(cmd) -> int | None:
-    """The job a command answers to: a Submit's job, a SlotAction's reply."""
-    if isinstance(cmd, Submit):
-        return cmd.job.id
-    return cmd.job_id if isinstance(cmd, SlotAction) else None
-
-
-def _resident_bytes() -> int:
-    """The process's resident memory where the OS reports it (Linux), else
-    what MLX's allocator holds (safetensors weights may be file-backed pages
-    MLX does not count, so RSS is the better measure where there is one)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        import mlx.core as mx
-
-        return mx.get_active_memory() + mx.get_cache_memory()
-
-
-class EngineLoop(Loading, LockstepRunner):
+class EngineLoop(Loading, IdleSleep, LockstepRunner):
     """The engine thread: `Loading` loads what `spec` names, the serve loop
-    below steps it, `LockstepRunner` keeps several ranks in step."""
+    below steps it, `IdleSleep` drops and reloads the model, `LockstepRunner`
+    keeps several ranks in step."""
 
     def __init__(self, spec: EngineSpec, emit: Callable[[StepEvents], None], *,
                  lockstep=None, split_kind: str | None = None) -> None:
@@ -181,7 +165,7 @@ class EngineLoop(Loading, LockstepRunner):
                     if not block:
                         break
                     # the idle window passed with nothing admitted or queued
-                    before = _resident_bytes()
+                    before = resident_bytes()
                     scheduler = None  # the last reference: the model goes with it
                     scheduler, cmd = self._sleep(before)
                     if scheduler is None:  # Shutdown while asleep
@@ -275,77 +259,8 @@ class EngineLoop(Loading, LockstepRunner):
         """The admitted jobs fail (the generator may be half-updated) and so
         does the command's own job, whose request is waiting for an answer."""
         scheduler.fail_all(out, message)
-        job_id = _job_of(cmd)
+        job_id = job_of(cmd)
         answered = any(isinstance(ev, (Failed, Finished, SlotTokens)) and ev.job_id == job_id
                        for ev in out)
         if job_id is not None and not answered:
             out.append(Failed(job_id, "server_error", message))
-
-    # -- idle sleep ----------------------------------------------------------------
-
-    def _sleep(self, before: int):
-        """Free the model's memory (the caller dropped the scheduler), then
-        park until a command that needs the model: a Submit or a SlotAction
-        (reload; returns the new scheduler and that command), or Shutdown
-        (returns None and it).  A Cancel or a ForceEnd names a job that already
-        ended and a ClearPromptCache finds the cache already gone: all are
-        dropped.  The encoders stay loaded: embedding and rerank jobs are
-        served while asleep, one chunk per encoder between two reads of the
-        queue (a Cancel then drops a still-queued one), without waking the
-        chat model; jobs still queued when a wake comes go on after it."""
-        import gc
-
-        import mlx.core as mx
-
-        self._draft = None  # the draft model sleeps with the target
-        gc.collect()  # the model graph may hold reference cycles
-        mx.clear_cache()
-        released = before - _resident_bytes()
-        log.info("server is entering sleeping state (released %.1f MiB)", released / 2**20)
-        self._emit(StepEvents((Sleeping(released),)))
-        embedders = tuple(self.embedders.values())
-        while True:
-            try:
-                if any(e.pending for e in embedders):
-                    cmd = self._commands.get_nowait()
-                else:
-                    cmd = self._commands.get()
-            except queue.Empty:  # embedding work and nothing else to read
-                out: list = []
-                for embedder in embedders:
-                    if embedder.pending:
-                        embedder.step(out)
-                if out:
-                    self._emit(StepEvents(tuple(out)))
-                continue
-            if isinstance(cmd, Shutdown):
-                return None, cmd
-            if isinstance(cmd, Submit) and isinstance(cmd.job, EmbedJob):
-                out = []
-                self._submit_embed(cmd.job, out)
-                if out:
-                    self._emit(StepEvents(tuple(out)))
-                continue
-            if isinstance(cmd, Cancel):
-                for embedder in embedders:
-                    embedder.cancel(cmd.job_id)
-                continue
-            if not isinstance(cmd, (Submit, SlotAction)):
-                continue
-            try:
-                return self._wake(), cmd
-            except Exception as exc:  # stay asleep; this request fails, not the server
-                log.exception("reloading the model failed")
-                self._emit(StepEvents((Failed(_job_of(cmd), "server_error",
-                                              f"{type(exc).__name__}: {exc}"),)))
-
-    def _wake(self):
-        t0 = time.perf_counter()
-        model, _ = self._load_model()
-        if self.spec.speculative.draft_model is not None and "draft-simple" in self.spec.speculative.types:
-            self._draft = self._load_draft(Path(self.spec.speculative.draft_model))
-        scheduler = self._new_scheduler(model)
-        load_ms = (time.perf_counter() - t0) * 1e3
-        log.info("server is exiting sleeping state (model reloaded in %.0f ms)", load_ms)
-        self._emit(StepEvents((Woke(load_ms),)))
-        return scheduler
