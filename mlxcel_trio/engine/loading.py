@@ -261,6 +261,7 @@ class Loading:
         import mlx.core as mx
 
         from . import audio_chat, rope, vision, weights
+        from .towers.registry import audio_family, image_family
 
         model, config = rope.load(self._path, self.spec.rope, lazy=True)
         model, note = weights.apply(model, self.spec.weights)
@@ -273,10 +274,7 @@ class Loading:
         if vision.is_vlm(config):
             # the image tower takes the text model's served float type
             if self._vision is None and self.spec.images:
-                dtype = vision.embed_tokens(model).weight.dtype
-                self._vision = vision.load_encoder(
-                    self._path, config, dtype if mx.issubdtype(dtype, mx.floating) else None,
-                    self.spec.image_budget)
+                self._vision = self._load_tower(image_family(config), model, config)
                 info = self._vision.info
                 if info.geometry is None:
                     log.info("image input: %s tower, %d tokens per image",
@@ -292,9 +290,7 @@ class Loading:
         if audio_chat.is_audio_chat(config):
             # the audio tower takes the text model's served float type
             if self._audio is None and self.spec.images:
-                dtype = audio_chat.text_model(model).embed_tokens.weight.dtype
-                self._audio = audio_chat.AudioEncoder.load(
-                    self._path, config, dtype if mx.issubdtype(dtype, mx.floating) else None)
+                self._audio = self._load_tower(audio_family(config), model, config)
                 log.info("audio input: %s conformer, %d tokens per clip",
                          config["model_type"], self._audio.info.tokens_per_clip)
             config = audio_chat.flat_config(config)
@@ -313,6 +309,18 @@ class Loading:
             config = {k: v for k, v in config.items()
                       if k not in ("quantization", "quantization_config")}
         return model, config
+
+    def _load_tower(self, family, model, config: dict):
+        """The family's tower (towers/registry.py), in the text model's served
+        float type (as stored when that is not a float type)."""
+        import mlx.core as mx
+
+        from .towers.registry import tower_class
+
+        cls = tower_class(family)
+        dtype = cls.text_dtype(model)
+        return cls.load(self._path, config, dtype if mx.issubdtype(dtype, mx.floating) else None,
+                        self.spec.image_budget)
 
     def _fit_blas(self, config: dict) -> None:
         import mlx.core as mx

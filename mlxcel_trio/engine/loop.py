@@ -106,8 +106,8 @@ class EngineLoop(Loading, IdleSleep, LockstepRunner):
         self._blas_fitted = False
         self._emit = emit
         self._draft = None       # the draft model (-md), loaded with the target
-        self._vision = None      # engine/vision.VisionEncoder: an integrated VLM's image tower
-        self._audio = None       # engine/audio_chat.AudioEncoder: a chat model's audio tower
+        self._vision = None      # an integrated VLM's image tower (engine/towers/)
+        self._audio = None       # a chat model's audio tower (engine/towers/)
         # None = never sleep (an encoder alone is small and has no chat to drop)
         self._sleep_idle_s = None if spec.encoder_only is not None else spec.sleep_idle_s
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
