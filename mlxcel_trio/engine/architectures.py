@@ -39,7 +39,8 @@ def problem(path: str | Path, kv_types: tuple[str, str] = DEFAULT_KV) -> str | N
         return f"cannot read {Path(path) / 'config.json'}: {exc}"
     if not isinstance(config, dict) or not config.get("model_type"):
         return "config.json names no model_type, so no mlx-lm architecture can be chosen"
-    from .vision import is_vlm, text_problem
+    from .towers.vlm_config import is_vlm
+    from .vision import text_problem
 
     if is_vlm(config):
         return text_problem(config) or kv_problem(config, *kv_types)

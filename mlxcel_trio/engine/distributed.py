@@ -450,7 +450,7 @@ def _media_checkpoint(path: str) -> str | None:
     import json
 
     from .stt.transcriber import is_whisper
-    from .vision import is_vlm
+    from .towers.vlm_config import is_vlm
 
     if is_whisper(path):
         return "a Whisper (speech-to-text) checkpoint"

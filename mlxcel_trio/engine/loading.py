@@ -260,7 +260,8 @@ class Loading:
         its config (without the quantization block once dequantized)."""
         import mlx.core as mx
 
-        from . import audio_chat, rope, vision, weights
+        from . import audio_chat, rope, weights
+        from .towers import vlm_config
         from .towers.registry import audio_family, image_family
 
         model, config = rope.load(self._path, self.spec.rope, lazy=True)
@@ -271,7 +272,7 @@ class Loading:
             split_model(model, self._split_kind, self._lockstep.group)
             share_tokens(self._lockstep.group)
         mx.eval(model.parameters())
-        if vision.is_vlm(config):
+        if vlm_config.is_vlm(config):
             # the image tower takes the text model's served float type
             if self._vision is None and self.spec.images:
                 self._vision = self._load_tower(image_family(config), model, config)
@@ -286,7 +287,7 @@ class Loading:
                              "(%d-pixel patches, %s)", info.family, g.unit,
                              f"{g.min_pixels}..{g.max_pixels} pixels (token budget)"
                              if g.budgeted else f"longest edge {g.longest_edge}")
-            config = vision.flat_config(config)
+            config = vlm_config.flat_config(config)
         if audio_chat.is_audio_chat(config):
             # the audio tower takes the text model's served float type
             if self._audio is None and self.spec.images:

@@ -18,6 +18,18 @@ from ..protocol.kv_types import DEFAULT_PAIR as DEFAULT_KV
 log = logging.getLogger("mlxcel.engine")
 
 
+def mlx_lm_problem() -> str | None:
+    """Why the installed mlx-lm lacks an internal the engine builds on
+    (engine/mlx_lm_internals.py), or None."""
+    from .mlx_lm_internals import MlxLmUnsupported, check
+
+    try:
+        check()
+    except MlxLmUnsupported as exc:
+        return str(exc)
+    return None
+
+
 def checkpoint_problem(cfg: ServerConfig) -> str | None:
     """Why the engine could not build the configured checkpoint with its KV
     cache types (one line), or None."""

@@ -36,7 +36,8 @@ from hypercorn.config import Config as HypercornConfig
 from .. import logging_setup
 from ..bridge import Bridge, engine_loop, follow
 from ..config import ServerConfig
-from ..engine.preflight import checkpoint_problem, distributed_problem, join_world, world
+from ..engine.preflight import (checkpoint_problem, distributed_problem, join_world,
+                                mlx_lm_problem, world)
 from .request import grammar_fields as server_grammar
 from .http import hypercorn_internals
 from .app import MAX_HEAD_BYTES, create_app
@@ -191,6 +192,10 @@ def run(config: ServerConfig) -> int:
         hypercorn_internals.check()
     except hypercorn_internals.HypercornUnsupported as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    problem = None if config.router else mlx_lm_problem()  # a router loads no model itself
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr, flush=True)
         return 1
     from .http import listen  # its hypercorn imports are covered by the check
 
