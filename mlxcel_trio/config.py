@@ -7,7 +7,7 @@ nothing re-reads argv or os.environ after startup.
 
 A default that is also a native request field's (the sampling values,
 n_predict, n_keep, cache_prompt, sse_ping_interval) is read from that
-field's row in the native field table (server/request/fields.py), so each
+field's row in the native field table (protocol/fields.py), so each
 is written once.
 """
 
@@ -19,7 +19,7 @@ import attrs
 
 from .protocol.sampler_names import DEFAULT_LETTERS, DEFAULT_NAMES
 from .protocol.speculative import PRIORITY, NgramSizes, SpecSettings
-from .server.request.fields import default as _row
+from .protocol.fields import default as _row
 
 UINT32_MAX = 0xFFFF_FFFF
 RANDOM_SEED = UINT32_MAX  # llama.cpp's LLAMA_DEFAULT_SEED: "pick one at random"

@@ -133,7 +133,7 @@ class Job:
     # a compiled grammar (grammar/compile.CompiledGrammar), possibly wrapped
     # in a reasoning budget (chat/budget.BudgetGrammar); None = unconstrained
     grammar: Grammar | None = attrs.field(default=None, eq=False, repr=False)
-    # the request's resolved field values (server/request/fields.py), which /slots
+    # the request's resolved field values (protocol/fields.py), which /slots
     # reports as the slot's params
     settings: JobSettings | None = attrs.field(default=None, eq=False, repr=False)
     # this request's draft bounds (protocol/speculative.py); None = no

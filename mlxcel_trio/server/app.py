@@ -39,7 +39,8 @@ from .state import AppState
 from .surfaces.vertex import Predictor
 from .surfaces.metrics import Metrics
 from .surfaces import chat_routes, lora, webui
-from .request.jobs import Served, server_defaults
+from .request.jobs import server_defaults
+from .request.served import Served
 from .http.body import read_json_body
 from .http.body_limits import media_body_limits, sized_request_class
 from .http.resources import SCOPE_KEY, RequestResources

@@ -8,7 +8,7 @@
         │                       Responses (server/sessions/detached.py)
         ├── stream sessions     X-Conversation-Id TTL sweep (server/sessions/streams.py)
         ├── session store       --session-store: heartbeat, writer, control (sessions/shared.py)
-        ├── _signals            SIGINT / SIGTERM -> graceful shutdown
+        ├── watch_signals       SIGINT / SIGTERM -> graceful shutdown
         ├── _watch_load         logs readiness, or stops the server on a load failure
         └── listen.serve        hypercorn's protocol, one task per connection/request
 
@@ -41,6 +41,7 @@ from ..engine.preflight import (checkpoint_problem, distributed_problem, join_wo
 from .request import grammar_fields as server_grammar
 from .http import hypercorn_internals
 from .app import MAX_HEAD_BYTES, create_app
+from .process import warn_open_cors, watch_signals
 
 log = logging.getLogger("mlxcel.server")
 
@@ -70,13 +71,6 @@ class Lifecycle:
         print(line, flush=True)
         if self.to_file:
             log.info("%s", line)
-
-
-async def _signals(signals, shutdown: trio.Event) -> None:
-    async for signum in signals:
-        log.info("received %s, shutting down", signal.Signals(signum).name)
-        shutdown.set()
-        return
 
 
 PARENT_POLL_S = 1.0
@@ -138,13 +132,6 @@ def _note_ui(config: ServerConfig) -> None:
         log.info("the web UI is disabled (--no-ui); / answers 404, the API is unchanged")
 
 
-def _warn_open_cors(config: ServerConfig) -> None:
-    if config.cors_origins == "*" and not config.api_keys:
-        log.warning("CORS allows every origin ('*') and no API key is set: any web page a "
-                    "browser on this network opens can call this server; set --api-key, or "
-                    "--cors-origins localhost")
-
-
 async def _main(config: ServerConfig, sock, lifecycle: Lifecycle,
                 distributed: tuple | None = None) -> int:
     status = {"code": 0}
@@ -164,7 +151,7 @@ async def _serve(config, bridge, app, shutdown, signals, status, sock,
 
     hc = _hypercorn_config(config)
     async with trio.open_nursery() as root:
-        root.start_soon(_signals, signals, shutdown)
+        root.start_soon(watch_signals, signals, shutdown)
         if bridge.distributed:
             root.start_soon(_watch_launcher, os.getppid(), shutdown)
         await root.start(bridge.run)
@@ -180,7 +167,7 @@ async def _serve(config, bridge, app, shutdown, signals, status, sock,
                                      shutdown_trigger=shutdown.wait))
             address = listen.listening_address(sock, hc.ssl_enabled)
             lifecycle.say(f"main: server is listening on {address}")
-            _warn_open_cors(config)
+            warn_open_cors(config)
             _note_ui(config)
             root.start_soon(_watch_load, bridge, shutdown, status, lifecycle)
         root.cancel_scope.cancel()
