@@ -12,7 +12,6 @@ import logging
 import os
 import queue
 import time
-from pathlib import Path
 
 from ..protocol.records import (
     Cancel,
@@ -111,8 +110,7 @@ class IdleSleep:
     def _wake(self):
         t0 = time.perf_counter()
         model, _ = self._load_model()
-        if self.spec.speculative.draft_model is not None and "draft-simple" in self.spec.speculative.types:
-            self._draft = self._load_draft(Path(self.spec.speculative.draft_model))
+        self._draft = self._asked_draft()
         scheduler = self._new_scheduler(model)
         load_ms = (time.perf_counter() - t0) * 1e3
         log.info("server is exiting sleeping state (model reloaded in %.0f ms)", load_ms)

@@ -227,8 +227,7 @@ class Loading:
         self._n_ctx_slot = slot_context(n_ctx, self.spec.n_slots, n_ctx_train_of(config, n_ctx))
         vocab = Vocab(self._path, int(config.get("vocab_size", 0)) or None)
         self.vocab = vocab
-        if self.spec.speculative.draft_model is not None and "draft-simple" in self.spec.speculative.types:
-            self._draft = self._load_draft(Path(self.spec.speculative.draft_model))
+        self._draft = self._asked_draft()
         scheduler = self._new_scheduler(model)
         if self.spec.kv_types != DEFAULT_KV:
             from ..protocol.kv_types import KV_CACHE_TYPES
@@ -301,7 +300,8 @@ class Loading:
 
             # after the weight policy: the adapters take the served dtype
             model = lora.install(model, [read_adapter(p) for p in self.spec.lora])
-            log.info("LoRA: %d adapter(s) loaded: %s", len(self.spec.lora), ", ".join(self.spec.lora))
+            log.info("LoRA: %d adapter(s) loaded: %s", len(self.spec.lora),
+                     ", ".join(self.spec.lora))
         if note is not None:
             if self._weights_note is None:  # said once, not again at each wake
                 log.info("%s", note)
@@ -333,6 +333,13 @@ class Loading:
             if line is not None and not self._blas_fitted:  # said once, not at each wake
                 log.info("%s", line)
             self._blas_fitted = True
+
+    def _asked_draft(self):
+        """The draft model when -md asks for one (draft-simple), else None."""
+        spec = self.spec.speculative
+        if spec.draft_model is None or "draft-simple" not in spec.types:
+            return None
+        return self._load_draft(Path(spec.draft_model))
 
     def _load_draft(self, path: Path):
         import mlx.core as mx

@@ -68,7 +68,8 @@ def missing() -> list[str]:
         except (ImportError, AttributeError):
             gone.append(spec)
             continue
-        if kind == "callable" and not callable(obj) or kind == "mapping" and not hasattr(obj, "get"):
+        shape_ok = callable(obj) if kind == "callable" else hasattr(obj, "get")
+        if not shape_ok:
             gone.append(f"{spec} (not a {kind})")
     for spec, names in NAMED_IN.items():
         try:

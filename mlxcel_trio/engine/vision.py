@@ -76,7 +76,8 @@ def model_classes(config: dict):
 
     class LanguageModel(base_model):
         def sanitize(self, weights: dict) -> dict:
-            own = {k[len(TEXT_PREFIX):]: v for k, v in weights.items() if k.startswith(TEXT_PREFIX)}
+            own = {k[len(TEXT_PREFIX):]: v for k, v in weights.items()
+                   if k.startswith(TEXT_PREFIX)}
             sanitize = getattr(super(), "sanitize", None)
             return sanitize(own) if sanitize else own
 
