@@ -304,12 +304,11 @@ def test_the_server_rooms_build_on_the_rooms_below_them():
 
 
 # Where cli/ still reaches into server/: the runner it starts (imported when
-# the server starts, after the options are checked), and three small
-# modules it reads option values with.  (To shrink to the runner alone.)
+# the server starts, after the options are checked), and the Vertex AI
+# environment reader, which derives its routes from the route table.  (To
+# shrink to the runner alone.)
 CLI_TO_SERVER = {
     "mlxcel_trio.cli.main": {"mlxcel_trio.server.runner", "mlxcel_trio.server.surfaces.vertex_env"},
-    "mlxcel_trio.cli.checks": {"mlxcel_trio.server.sessions.store_url"},
-    "mlxcel_trio.cli.sinks": {"mlxcel_trio.server.sessions.store_url"},
 }
 
 

@@ -61,7 +61,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from . import store_url
+from ... import store_url
 from .store_control import ControlBus
 from .store_heartbeat import Heartbeat
 from .store_records import RESPONSE_TTL_ENV, RESPONSE_TTL_S, CompletionRecords, ResponseRecords

@@ -2,7 +2,7 @@
 (tests/store_server.py): stream chunks and their byte offsets, front-drop,
 the end entry, a replaced session's late writes, an owner that is gone,
 control messages, stored responses, the store's loss and return; and
-server/sessions/store_url.py's URL checks."""
+store_url.py's URL checks."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from mlxcel_trio.server.sessions import shared as shared_mod
-from mlxcel_trio.server.sessions import store_url
+from mlxcel_trio import store_url
 from mlxcel_trio.server.sessions.shared import SharedStore
 from mlxcel_trio.server.sessions.store_transport import StoreDown
 from tests.store_server import StoreServer, store_server  # noqa: F401  (fixture)
