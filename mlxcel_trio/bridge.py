@@ -35,6 +35,7 @@ import trio
 
 from .config import ServerConfig
 from .engine.loop import EngineLoop
+from .engine.spec import EngineSpec
 from .monitor import Monitor
 from .protocol.records import (
     CacheStats,
@@ -133,102 +134,12 @@ class JobHandle:
 def engine_loop(cfg: ServerConfig, emit: Emit, distributed: tuple | None = None) -> Engine:
     """The real engine for `cfg`: the runner's engine factory, bound to the
     config with `partial`.  Building it loads nothing; its thread does.  It
-    lives here because the bridge is the one module that reaches the engine.
+    lives here because the bridge is the one module that builds the engine.
     `distributed`: (lockstep, split kind) when mlx.launch started several
-    ranks (`join_world`)."""
+    ranks (engine/preflight.py's `join_world`)."""
     lockstep, split_kind = distributed or (None, None)
-    return EngineLoop(cfg.model, lockstep=lockstep, split_kind=split_kind, n_slots=cfg.slots,
-                      ctx_size=cfg.ctx_size,
-                      batch_size=cfg.batch_size, warmup=cfg.warmup, emit=emit,
-                      special=cfg.special, cache_ram_mib=cfg.cache_ram,
-                      sleep_idle_s=(cfg.sleep_idle_seconds
-                                    if cfg.sleep_idle_seconds >= 0 else None),
-                      context_shift=cfg.context_shift,
-                      cont_batching=cfg.cont_batching, rope=cfg.rope,
-                      kv_types=(cfg.cache_type_k, cfg.cache_type_v), blas=cfg.blas,
-                      weights=cfg.weights,
-                      encoder_only=(None if cfg.encoder_mode is None
-                                    else "rank" if cfg.rerank_mode else "embed"),
-                      embedding_model=cfg.embedding_model, reranker_model=cfg.reranker_model,
-                      pooling=None if cfg.pooling == "rank" else cfg.pooling,
-                      embd_n_batch=min(cfg.batch_size, cfg.ubatch_size),
-                      speculative=cfg.speculative,
-                      lora=tuple(path for path, _ in cfg.adapters),
-                      images=cfg.mmproj_auto,
-                      image_budget=(cfg.image_min_tokens, cfg.image_max_tokens))
-
-
-def checkpoint_problem(cfg: ServerConfig) -> str | None:
-    """Why the engine could not build the configured checkpoint with its KV
-    cache types (one line), or None; asked before the server listens, so
-    nothing loads in vain."""
-    problem = EngineLoop.image_budget_problem(
-        cfg.model, cfg.model_ref or cfg.model, (cfg.image_min_tokens, cfg.image_max_tokens))
-    if problem is not None:
-        return problem
-    if EngineLoop.serves_speech(cfg.model):
-        return _whisper_problem(cfg)
-    for path, flag, rank in ((cfg.embedding_model, "--embedding-model", False),
-                             (cfg.reranker_model, "--reranker-model", True)):
-        if path is not None and cfg.encoder_mode == ("--reranking" if rank else "--embeddings"):
-            return (f"{flag} names a second model for what -m already serves with "
-                    f"{cfg.encoder_mode}; give one of them")
-        if path is not None:
-            problem = EngineLoop.checkpoint_problem(path, encoder_flag=flag, rank=rank)
-            if problem is not None:
-                return problem
-    if cfg.spec_model is not None and cfg.encoder_mode is None:
-        problem = EngineLoop.checkpoint_problem(cfg.spec_model)
-        if problem is not None:
-            return f"draft model (-md): {problem}"
-    problem = EngineLoop.checkpoint_problem(cfg.model, (cfg.cache_type_k, cfg.cache_type_v),
-                                            cfg.encoder_mode, rank=cfg.rerank_mode)
-    if problem is None and cfg.adapters:
-        problem = EngineLoop.adapter_problem(tuple(p for p, _ in cfg.adapters),
-                                             cfg.encoder_mode)
-    return problem
-
-
-def _whisper_problem(cfg: ServerConfig) -> str | None:
-    """A Whisper -m serves transcription alone: the options that need a
-    chat model or an encoder beside it are refused by name."""
-    for present, flag in ((cfg.encoder_mode is not None, cfg.encoder_mode),
-                          (cfg.embedding_model is not None, "--embedding-model"),
-                          (cfg.reranker_model is not None, "--reranker-model"),
-                          (cfg.spec_model is not None, "-md/--model-draft"),
-                          (bool(cfg.adapters), "--lora")):
-        if present:
-            return (f"-m names a Whisper (speech-to-text) checkpoint, which serves "
-                    f"/v1/audio/transcriptions alone; {flag} needs a chat or encoder model: "
-                    f"drop {flag}, or serve the Whisper model from a server of its own")
-    import importlib.util
-
-    missing = [m for m in ("soundfile", "scipy") if importlib.util.find_spec(m) is None]
-    if missing:
-        return (f"serving a Whisper checkpoint needs {' and '.join(missing)} to decode audio: "
-                "install the media extra (pip install 'mlxcel-trio[media]')")
-    return EngineLoop.checkpoint_problem(cfg.model)
-
-
-def world():
-    """This process's place among the ranks mlx.launch started (one of one
-    when started alone)."""
-    return EngineLoop.world()
-
-
-def distributed_problem(cfg: ServerConfig, world) -> tuple[str | None, str | None]:
-    """(problem, split kind) for serving `cfg` across `world`'s ranks; asked
-    before the server listens and before any weight is read."""
-    try:
-        return None, EngineLoop.split_plan(cfg, world)
-    except ValueError as exc:
-        return str(exc), None
-
-
-def join_world(world, split_kind: str) -> tuple:
-    """Join the other ranks (blocks until all have): the engine's
-    `distributed` argument."""
-    return EngineLoop.join(world), split_kind
+    return EngineLoop(EngineSpec.from_config(cfg), emit, lockstep=lockstep,
+                      split_kind=split_kind)
 
 
 def follow(cfg: ServerConfig, distributed: tuple) -> int:

@@ -7,7 +7,7 @@ nothing re-reads argv or os.environ after startup.
 
 A default that is also a native request field's (the sampling values,
 n_predict, n_keep, cache_prompt, sse_ping_interval) is read from that
-field's row in the native field table (server/request/fields.py), so each
+field's row in the native field table (protocol/fields.py), so each
 is written once.
 """
 
@@ -19,7 +19,9 @@ import attrs
 
 from .protocol.sampler_names import DEFAULT_LETTERS, DEFAULT_NAMES
 from .protocol.speculative import PRIORITY, NgramSizes, SpecSettings
-from .server.request.fields import default as _row
+from .protocol.fields import default as _row
+
+_SPEC = SpecSettings()  # the speculative defaults' one home
 
 UINT32_MAX = 0xFFFF_FFFF
 RANDOM_SEED = UINT32_MAX  # llama.cpp's LLAMA_DEFAULT_SEED: "pick one at random"
@@ -209,21 +211,21 @@ class ServerConfig:
     # -- speculative decoding (engine/speculative/); see `speculative` --
     spec_type: tuple[str, ...] = ("none",)
     spec_model: str | None = None            # -md, resolved to a local checkpoint
-    spec_n_max: int = 3
-    spec_n_min: int = 0
-    spec_p_min: float = 0.0
-    spec_ngram_simple_size_n: int = 12
-    spec_ngram_simple_size_m: int = 48
-    spec_ngram_simple_min_hits: int = 1
-    spec_ngram_map_k_size_n: int = 12
-    spec_ngram_map_k_size_m: int = 48
-    spec_ngram_map_k_min_hits: int = 1
-    spec_ngram_map_k4v_size_n: int = 12
-    spec_ngram_map_k4v_size_m: int = 48
-    spec_ngram_map_k4v_min_hits: int = 1
-    spec_ngram_mod_n_min: int = 48
-    spec_ngram_mod_n_max: int = 64
-    spec_ngram_mod_n_match: int = 24
+    spec_n_max: int = _SPEC.n_max            # the defaults are SpecSettings' own
+    spec_n_min: int = _SPEC.n_min
+    spec_p_min: float = _SPEC.p_min
+    spec_ngram_simple_size_n: int = _SPEC.ngram_simple.size_n
+    spec_ngram_simple_size_m: int = _SPEC.ngram_simple.size_m
+    spec_ngram_simple_min_hits: int = _SPEC.ngram_simple.min_hits
+    spec_ngram_map_k_size_n: int = _SPEC.ngram_map_k.size_n
+    spec_ngram_map_k_size_m: int = _SPEC.ngram_map_k.size_m
+    spec_ngram_map_k_min_hits: int = _SPEC.ngram_map_k.min_hits
+    spec_ngram_map_k4v_size_n: int = _SPEC.ngram_map_k4v.size_n
+    spec_ngram_map_k4v_size_m: int = _SPEC.ngram_map_k4v.size_m
+    spec_ngram_map_k4v_min_hits: int = _SPEC.ngram_map_k4v.min_hits
+    spec_ngram_mod_n_min: int = _SPEC.mod_n_min
+    spec_ngram_mod_n_max: int = _SPEC.mod_n_max
+    spec_ngram_mod_n_match: int = _SPEC.mod_n_match
     spec_lookup_cache_static: str | None = None    # -lcs, checked readable at startup
     spec_lookup_cache_dynamic: str | None = None   # -lcd
     # -- chat: templates, reasoning, parsing --

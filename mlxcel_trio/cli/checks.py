@@ -17,7 +17,7 @@ from mlxcel_trio.cli.options_context import rope_reciprocal_refusal
 from mlxcel_trio.cli.parser import CliError, Parsed, describe
 from mlxcel_trio.protocol.kv_types import DEFAULT as DEFAULT_KV
 from mlxcel_trio.protocol.kv_types import pair_problem
-from mlxcel_trio.server.sessions import store_url
+from mlxcel_trio import store_url
 
 
 def adapters_in_order(parsed: Parsed) -> tuple[tuple[str, float], ...]:

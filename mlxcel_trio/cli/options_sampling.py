@@ -5,7 +5,7 @@ Each value lands in `ServerConfig.sampling` (config.SamplingDefaults) and
 from there in the server-wide defaults of the native request fields
 (server/request/sampler_fields.server_defaults).  An option whose default is
 a native request field's reads it, and the --help text showing it, from the
-field's row (server/request/fields.py): `_row`.  The grammar options come
+field's row (protocol/fields.py): `_row`.  The grammar options come
 last.
 """
 
@@ -21,8 +21,8 @@ from mlxcel_trio.cli.record import Option
 from mlxcel_trio.cli.refusals import ALWAYS, not_applicable
 from mlxcel_trio.cli.values import BadValue, Float, Int, Seed, Text
 from mlxcel_trio.protocol import sampler_names as names
-from mlxcel_trio.server.request.fields import FIELDS_BY_NAME
-from mlxcel_trio.server.request.fields import default as row_default
+from mlxcel_trio.protocol.fields import FIELDS_BY_NAME
+from mlxcel_trio.protocol.fields import default as row_default
 
 SAMPLING_ISSUE = 5
 DEFAULT_SAMPLERS = names.DEFAULT_NAMES

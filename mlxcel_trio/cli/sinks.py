@@ -25,7 +25,7 @@ from typing import Any
 from mlxcel_trio.cli.options import BY_DEST
 from mlxcel_trio.cli.parser import CliError, Parsed, describe
 from mlxcel_trio.logging_setup import LogFileError, open_log_file
-from mlxcel_trio.server.sessions import store_url
+from mlxcel_trio import store_url
 
 LOG_FILE_INSTEAD = "name a regular file in an existing directory, or omit it to log to stdout"
 

@@ -17,21 +17,6 @@ from pathlib import Path
 from ..protocol.kv_types import DEFAULT_PAIR as DEFAULT_KV
 
 
-def _resolved_type(config: dict) -> str:
-    """mlx-lm's own resolution of the module name (utils._get_classes)."""
-    from mlx_lm.utils import MODEL_ARCHITECTURE_REMAPPING, MODEL_REMAPPING
-
-    model_type = str(config.get("model_type"))
-    architectures = config.get("architectures") or ()
-    if isinstance(architectures, str):
-        architectures = (architectures,)
-    for architecture in architectures:
-        remapped = MODEL_ARCHITECTURE_REMAPPING.get((model_type, architecture))
-        if remapped is not None:
-            return remapped
-    return MODEL_REMAPPING.get(model_type, model_type)
-
-
 def supported() -> list[str]:
     """Every `model_type` this mlx-lm builds: its model modules (less the
     shared helpers) and the names its remapping table accepts."""
@@ -54,11 +39,14 @@ def problem(path: str | Path, kv_types: tuple[str, str] = DEFAULT_KV) -> str | N
         return f"cannot read {Path(path) / 'config.json'}: {exc}"
     if not isinstance(config, dict) or not config.get("model_type"):
         return "config.json names no model_type, so no mlx-lm architecture can be chosen"
-    from .vision import is_vlm, text_problem
+    from .towers.vlm_config import is_vlm
+    from .vision import text_problem
 
     if is_vlm(config):
         return text_problem(config) or kv_problem(config, *kv_types)
-    module = _resolved_type(config)
+    from .mlx_lm_internals import resolved_type
+
+    module = resolved_type(config)
     if importlib.util.find_spec(f"mlx_lm.models.{module}") is not None:
         from . import audio_chat
 

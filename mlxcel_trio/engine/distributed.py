@@ -145,10 +145,12 @@ def init_group(world: World):
 # ---- what can be split, asked before anything loads ---------------------------
 
 def _model_class(path: str):
-    from mlx_lm.utils import _get_classes, load_config
+    from mlx_lm.utils import load_config
+
+    from .mlx_lm_internals import get_classes
 
     config = load_config(Path(path))
-    model_class, args_class = _get_classes(config)
+    model_class, args_class = get_classes(config)
     return config, model_class, args_class
 
 
@@ -448,7 +450,7 @@ def _media_checkpoint(path: str) -> str | None:
     import json
 
     from .stt.transcriber import is_whisper
-    from .vision import is_vlm
+    from .towers.vlm_config import is_vlm
 
     if is_whisper(path):
         return "a Whisper (speech-to-text) checkpoint"

@@ -258,7 +258,7 @@ def checkpoint_problem(path: str, flag: str, *, rank: bool) -> str | None:
     from pathlib import Path
 
     from .architectures import problem
-    from .encoders.loader import EncoderLoadError, _pick_class
+    from .encoders.loader import EncoderLoadError, pick_class
 
     from .encoders.decoder import is_qwen3_reranker
 
@@ -274,7 +274,7 @@ def checkpoint_problem(path: str, flag: str, *, rank: bool) -> str | None:
                     f"{flag}: the checkpoint has no tokenizer.json")
             return (f"{flag} needs an encoder checkpoint (BERT, RoBERTa or XLM-RoBERTa) or a "
                     f"causal checkpoint mlx-lm can build: {why}")
-        cls = _pick_class(config)
+        cls = pick_class(config)
     except (OSError, ValueError, EncoderLoadError) as exc:
         if rank:
             return (f"{flag} needs a reranker (a ...ForSequenceClassification cross-encoder: "

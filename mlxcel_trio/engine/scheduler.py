@@ -174,8 +174,8 @@ class Scheduler:
                  drafter: Chain | None = None, n_adapters: int = 0, vision=None,
                  audio=None, clock: Callable[[], float] | None = None) -> None:
         self.vocab = vocab
-        self._vision = vision  # engine/vision.VisionEncoder for an integrated VLM
-        self._audio = audio    # engine/audio_chat.AudioEncoder for a chat model with audio
+        self._vision = vision  # an image tower (engine/towers/) for an integrated VLM
+        self._audio = audio    # an audio tower (engine/towers/) for a chat model with audio
         # what time-based decisions (t_max_predict_ms) read; None = the step's
         # own time.  Ranks stepping in lockstep share rank 0's (engine/distributed.py)
         self._clock = clock
@@ -265,21 +265,17 @@ class Scheduler:
     def _image_problem(self, job: Job) -> tuple[str, str] | None:
         """The worker's own copy of the route's refusal: a job with images
         never degrades to text on a checkpoint without an image tower."""
-        from .vision import spans_ok
-
         if job.audio:
-            from .audio_chat import spans_ok as audio_spans_ok
-
             if self._audio is None:
                 return ("not_supported_error", "audio input is not supported - hint: the "
                         "loaded checkpoint has no audio tower")
-            if job.images or not audio_spans_ok(job.prompt, job.audio, self._audio.info):
+            if job.images or not self._audio.spans_ok(job.prompt, job.audio):
                 return ("invalid_request_error", "Failed to tokenize prompt")
             return None
         if self._vision is None:
             return ("not_supported_error", "image input is not supported - hint: the loaded "
                     "checkpoint has no image tower")
-        if not spans_ok(job.prompt, job.images, self._vision.info):
+        if not self._vision.spans_ok(job.prompt, job.images):
             return ("invalid_request_error", "Failed to tokenize prompt")
         return None
 
@@ -485,17 +481,12 @@ class Scheduler:
     def _image_prefill(self, seq: _Sequence) -> list:
         """Run the tower over the job's images and prefill its prompt (all but
         the last token) with their features into a fresh cache."""
-        from . import audio_chat, vision
-
         t0 = time.perf_counter()
         layers = self._new_caches.layers()
         caches = [*layers, AdapterRows([seq.scales])] if self.n_adapters else layers
-        if seq.job.audio:
-            audio_chat.prefill(self._model, self._audio, seq.job.prompt, seq.job.audio, caches,
-                               self._batch_size)
-        else:
-            vision.prefill(self._model, self._vision, seq.job.prompt, seq.job.images, caches,
-                           self._batch_size)
+        tower, media = ((self._audio, seq.job.audio) if seq.job.audio
+                        else (self._vision, seq.job.images))
+        tower.prefill(self._model, seq.job.prompt, media, caches, self._batch_size)
         log.debug("job %d: %d media item(s) encoded and %d prompt tokens prefilled in %.1f ms",
                   seq.job.id, len(seq.job.images) + len(seq.job.audio), len(seq.job.prompt) - 1,
                   _ms_since(t0, time.perf_counter()))
@@ -504,10 +495,8 @@ class Scheduler:
     def _media_end(self, job: Job) -> int:
         """The prompt position just past the job's last image or clip."""
         if job.audio:
-            return job.audio[-1].start + self._audio.info.tokens_per_clip
-        from .vision import image_span
-
-        return job.images[-1].start + image_span(self._vision.info, job.images[-1])
+            return job.audio[-1].start + self._audio.span(job.audio[-1])
+        return job.images[-1].start + self._vision.span(job.images[-1])
 
     def _decoding(self) -> bool:
         """Whether an admitted sequence has reached decoding (-nocb's gate)."""

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import attrs
 
+from .fields import default as _row
 from .image_layout import ImageGeometry, layout
 from .speculative import SpecRequest
 
@@ -37,43 +38,44 @@ DEFAULT_DRY_BREAKERS = ("\n", ":", "\"", "*")
 class SamplingParams:
     """Resolved per-request sampling settings (no "unset" values left).
 
-    Field names follow llama.cpp's common_params_sampling; the defaults are
+    Field names follow llama.cpp's common_params_sampling; a default is its
+    native field row's (protocol/fields.py) where the row has one, else
     upstream's.  `samplers` is the resolved chain: upstream's fixed default
     order, optionally with "adaptive_p" appended (no other order is served).
     `logit_bias` holds (token, bias) pairs in request order, duplicates
     included (each adds), -inf for a ban.
     """
 
-    temperature: float = 0.8
-    dynatemp_range: float = 0.0
-    dynatemp_exponent: float = 1.0
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    top_n_sigma: float = -1.0
-    xtc_probability: float = 0.0
-    xtc_threshold: float = 0.1
-    typical_p: float = 1.0
-    repeat_last_n: int = 64
-    repeat_penalty: float = 1.0
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    dry_multiplier: float = 0.0
-    dry_base: float = 1.75
-    dry_allowed_length: int = 2
-    dry_penalty_last_n: int = 64
+    temperature: float = _row("temperature")
+    dynatemp_range: float = _row("dynatemp_range")
+    dynatemp_exponent: float = _row("dynatemp_exponent")
+    top_k: int = _row("top_k")
+    top_p: float = _row("top_p")
+    min_p: float = _row("min_p")
+    top_n_sigma: float = _row("top_n_sigma")
+    xtc_probability: float = _row("xtc_probability")
+    xtc_threshold: float = _row("xtc_threshold")
+    typical_p: float = _row("typical_p")
+    repeat_last_n: int = _row("repeat_last_n")
+    repeat_penalty: float = _row("repeat_penalty")
+    frequency_penalty: float = _row("frequency_penalty")
+    presence_penalty: float = _row("presence_penalty")
+    dry_multiplier: float = _row("dry_multiplier")
+    dry_base: float = _row("dry_base")
+    dry_allowed_length: int = _row("dry_allowed_length")
+    dry_penalty_last_n: int = _row("dry_penalty_last_n")
     dry_sequence_breakers: tuple[str, ...] = DEFAULT_DRY_BREAKERS
-    mirostat: int = 0
-    mirostat_tau: float = 5.0
-    mirostat_eta: float = 0.1
-    adaptive_target: float = -1.0
-    adaptive_decay: float = 0.9
-    min_keep: int = 0
-    seed: int = 0xFFFF_FFFF  # uint32; 0xFFFFFFFF = pick a random seed
+    mirostat: int = _row("mirostat")
+    mirostat_tau: float = _row("mirostat_tau")
+    mirostat_eta: float = _row("mirostat_eta")
+    adaptive_target: float = _row("adaptive_target")
+    adaptive_decay: float = _row("adaptive_decay")
+    min_keep: int = _row("min_keep")
+    seed: int = _row("seed")  # uint32; 0xFFFFFFFF = pick a random seed
     samplers: tuple[str, ...] = DEFAULT_CHAIN
     logit_bias: tuple[tuple[int, float], ...] = ()
-    n_probs: int = 0
-    post_sampling_probs: bool = False
+    n_probs: int = _row("n_probs")
+    post_sampling_probs: bool = _row("post_sampling_probs")
 
 
 class Constraint(Protocol):
@@ -133,7 +135,7 @@ class Job:
     # a compiled grammar (grammar/compile.CompiledGrammar), possibly wrapped
     # in a reasoning budget (chat/budget.BudgetGrammar); None = unconstrained
     grammar: Grammar | None = attrs.field(default=None, eq=False, repr=False)
-    # the request's resolved field values (server/request/fields.py), which /slots
+    # the request's resolved field values (protocol/fields.py), which /slots
     # reports as the slot's params
     settings: JobSettings | None = attrs.field(default=None, eq=False, repr=False)
     # this request's draft bounds (protocol/speculative.py); None = no

@@ -59,8 +59,9 @@ class SpecSettings:
 @attrs.frozen
 class SpecRequest:
     """A request's own draft bounds (upstream's speculative.n_max / n_min /
-    p_min), defaulting to the server's."""
+    p_min), defaulting to the server's (SpecSettings' own defaults, the one
+    home of these numbers; the command line's are checked against them)."""
 
-    n_max: int = 3
-    n_min: int = 0
-    p_min: float = 0.0
+    n_max: int = attrs.fields(SpecSettings).n_max.default
+    n_min: int = attrs.fields(SpecSettings).n_min.default
+    p_min: float = attrs.fields(SpecSettings).p_min.default

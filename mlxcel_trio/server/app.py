@@ -39,7 +39,8 @@ from .state import AppState
 from .surfaces.vertex import Predictor
 from .surfaces.metrics import Metrics
 from .surfaces import chat_routes, lora, webui
-from .request.jobs import Served, server_defaults
+from .request.jobs import server_defaults
+from .request.served import Served
 from .http.body import read_json_body
 from .http.body_limits import media_body_limits, sized_request_class
 from .http.resources import SCOPE_KEY, RequestResources
@@ -59,7 +60,7 @@ from .http.errors import (
     payload_too_large,
     request_timeout,
 )
-from .routes import ROUTES, UI_ROUTES, Route, quart_rule
+from .routes import QUIET_PATHS, ROUTES, UI_ROUTES, Route, quart_rule
 from .http.key_scope import caller_scope
 
 log = logging.getLogger("mlxcel.http")
@@ -67,8 +68,6 @@ log = logging.getLogger("mlxcel.http")
 BUILD_INFO = f"mlxcel-trio-{__version__}"
 MAX_BODY_BYTES = 64 * 1024 * 1024
 MAX_HEAD_BYTES = 16 * 1024  # the request line and headers (h11 also caps a partial head)
-# upstream's request logger skips these polled paths
-_QUIET = frozenset({"/health", "/v1/health", "/models", "/v1/models", "/props", "/metrics"})
 
 
 async def _send_error(send, err: ApiError) -> None:
@@ -160,7 +159,7 @@ def answer_errors(app: QuartTrio, config: ServerConfig) -> None:
     @app.after_request
     async def _headers(resp: Response):
         resp.headers["Server"] = "llama.cpp"
-        if request.path not in _QUIET:  # route, status; never a body
+        if request.path not in QUIET_PATHS:  # route, status; never a body
             log.log(TRACE, "done request: %s %s %s %d", request.method, request.path,
                     request.remote_addr, resp.status_code)
         return resp

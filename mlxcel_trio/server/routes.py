@@ -37,6 +37,7 @@ class Route:
     media: bool = False   # the body may carry inline media: its size limit follows the
                           # image budget (server/http/body_limits.py)
     upload: bool = False  # a multipart audio upload: one clip's limit (body_limits.py)
+    quiet: bool = False   # polled by monitors: no per-request access line (at any method)
 
     @property
     def params(self) -> tuple[str, ...]:
@@ -45,13 +46,13 @@ class Route:
 
 
 ROUTES: tuple[Route, ...] = (
-    Route("GET", "/health", "health", public=True),
-    Route("GET", "/v1/health", "health", public=True),
-    Route("GET", "/props", "props"),
-    Route("GET", "/models", "models"),
-    Route("GET", "/v1/models", "models"),
+    Route("GET", "/health", "health", public=True, quiet=True),
+    Route("GET", "/v1/health", "health", public=True, quiet=True),
+    Route("GET", "/props", "props", quiet=True),
+    Route("GET", "/models", "models", quiet=True),
+    Route("GET", "/v1/models", "models", quiet=True),
     Route("GET", "/slots", "slots"),
-    Route("GET", "/metrics", "metrics"),
+    Route("GET", "/metrics", "metrics", quiet=True),
     Route("POST", "/props", "set_props"),
     Route("POST", "/completion", "completion", body=True, generates=True),
     Route("POST", "/completions", "completion", body=True, generates=True),
@@ -113,6 +114,10 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "$AIP_HEALTH_ROUTE", "health", vertex=True),
     Route("POST", "$AIP_PREDICT_ROUTE", "vertex_predict", vertex=True),
 )
+
+# the paths whose requests leave no access line, as upstream's request logger skips its
+# polled paths (a quiet route's path, at any method)
+QUIET_PATHS = frozenset(r.path for r in ROUTES if r.quiet)
 
 
 # The files of mlxcel_trio/server/webui/, served at /<name>; index.html is also "/".

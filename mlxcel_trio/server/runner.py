@@ -8,7 +8,7 @@
         │                       Responses (server/sessions/detached.py)
         ├── stream sessions     X-Conversation-Id TTL sweep (server/sessions/streams.py)
         ├── session store       --session-store: heartbeat, writer, control (sessions/shared.py)
-        ├── _signals            SIGINT / SIGTERM -> graceful shutdown
+        ├── watch_signals       SIGINT / SIGTERM -> graceful shutdown
         ├── _watch_load         logs readiness, or stops the server on a load failure
         └── listen.serve        hypercorn's protocol, one task per connection/request
 
@@ -34,12 +34,14 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 
 from .. import logging_setup
-from ..bridge import (Bridge, checkpoint_problem, distributed_problem, engine_loop, follow,
-                      join_world, world)
+from ..bridge import Bridge, engine_loop, follow
 from ..config import ServerConfig
+from ..engine.preflight import (checkpoint_problem, distributed_problem, join_world,
+                                mlx_lm_problem, world)
 from .request import grammar_fields as server_grammar
 from .http import hypercorn_internals
 from .app import MAX_HEAD_BYTES, create_app
+from .process import warn_open_cors, watch_signals
 
 log = logging.getLogger("mlxcel.server")
 
@@ -69,13 +71,6 @@ class Lifecycle:
         print(line, flush=True)
         if self.to_file:
             log.info("%s", line)
-
-
-async def _signals(signals, shutdown: trio.Event) -> None:
-    async for signum in signals:
-        log.info("received %s, shutting down", signal.Signals(signum).name)
-        shutdown.set()
-        return
 
 
 PARENT_POLL_S = 1.0
@@ -137,13 +132,6 @@ def _note_ui(config: ServerConfig) -> None:
         log.info("the web UI is disabled (--no-ui); / answers 404, the API is unchanged")
 
 
-def _warn_open_cors(config: ServerConfig) -> None:
-    if config.cors_origins == "*" and not config.api_keys:
-        log.warning("CORS allows every origin ('*') and no API key is set: any web page a "
-                    "browser on this network opens can call this server; set --api-key, or "
-                    "--cors-origins localhost")
-
-
 async def _main(config: ServerConfig, sock, lifecycle: Lifecycle,
                 distributed: tuple | None = None) -> int:
     status = {"code": 0}
@@ -163,7 +151,7 @@ async def _serve(config, bridge, app, shutdown, signals, status, sock,
 
     hc = _hypercorn_config(config)
     async with trio.open_nursery() as root:
-        root.start_soon(_signals, signals, shutdown)
+        root.start_soon(watch_signals, signals, shutdown)
         if bridge.distributed:
             root.start_soon(_watch_launcher, os.getppid(), shutdown)
         await root.start(bridge.run)
@@ -179,7 +167,7 @@ async def _serve(config, bridge, app, shutdown, signals, status, sock,
                                      shutdown_trigger=shutdown.wait))
             address = listen.listening_address(sock, hc.ssl_enabled)
             lifecycle.say(f"main: server is listening on {address}")
-            _warn_open_cors(config)
+            warn_open_cors(config)
             _note_ui(config)
             root.start_soon(_watch_load, bridge, shutdown, status, lifecycle)
         root.cancel_scope.cancel()
@@ -191,6 +179,10 @@ def run(config: ServerConfig) -> int:
         hypercorn_internals.check()
     except hypercorn_internals.HypercornUnsupported as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    problem = None if config.router else mlx_lm_problem()  # a router loads no model itself
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr, flush=True)
         return 1
     from .http import listen  # its hypercorn imports are covered by the check
 

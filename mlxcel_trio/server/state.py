@@ -26,7 +26,7 @@ from ..chat import settings as chat_settings
 from ..config import ServerConfig
 from ..media import MediaPolicy
 from .adapters import AdapterTable
-from .sessions import store_url
+from .. import store_url
 from .sessions.control import ControlRegistry
 from .sessions.detached import Detached
 from .sessions.response_store import ResponseStore

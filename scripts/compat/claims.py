@@ -14,7 +14,7 @@ manifest and the code together in both directions:
   mounted, an unclaimed upstream route is not, a mounted route without a
   claim (in an upstream shard, or as an mlxcel-only route in the extensions
   file) is an error;
-* native request fields, against ``mlxcel_trio.server.request.fields.NATIVE_FIELDS``
+* native request fields, against ``mlxcel_trio.protocol.fields.NATIVE_FIELDS``
   the same way, plus the field's status against the entry's state.
 
 Every check takes the table it checks as a parameter, so a test can hand
@@ -291,7 +291,7 @@ FIELD_STATUS = {
 
 def field_problems(entries: Sequence[dict], fields: Sequence[Any] | None = None) -> list[str]:
     if fields is None:
-        from mlxcel_trio.server.request.fields import NATIVE_FIELDS as fields  # noqa: N811
+        from mlxcel_trio.protocol.fields import NATIVE_FIELDS as fields  # noqa: N811
     # a field upstream reads outside its schema table (id_slot) has no field entry
     table = {field_path(f): f for f in fields if getattr(f, "schema", True)}
     problems: list[str] = []

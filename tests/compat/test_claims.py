@@ -12,7 +12,7 @@ import attrs
 import pytest
 
 from mlxcel_trio.cli.options import OPTIONS
-from mlxcel_trio.server.request.fields import NATIVE_FIELDS
+from mlxcel_trio.protocol.fields import NATIVE_FIELDS
 from mlxcel_trio.server.routes import ROUTES, Route
 
 from ._support import claims, copy_manifest, edit_entry, find_entry, lib, run_validator
@@ -164,7 +164,7 @@ def test_unmounting_a_claimed_route_fails_the_route_check() -> None:
 
 
 def test_accepting_an_unclaimed_field_fails_the_field_check() -> None:
-    from mlxcel_trio.server.request.fields import F
+    from mlxcel_trio.protocol.fields import F
 
     problems = claims.field_problems(entries(), fields=(*NATIVE_FIELDS, F("id_slot", "int32")))
     assert problems == ["NATIVE_FIELDS accepts id_slot but no manifest entry claims it"]

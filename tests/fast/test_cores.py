@@ -1,5 +1,5 @@
 """The pure server cores, without an app: the native field table
-(server/request/fields.py), the sampling handlers (sampler_fields.py),
+(protocol/fields.py), the sampling handlers (sampler_fields.py),
 prompt tokenization (jobs.py) and the native renderers (surfaces/completion.py,
 http/sse.py)."""
 
@@ -17,7 +17,8 @@ from mlxcel_trio.server.http.errors import ApiError
 from mlxcel_trio.server.http.sse import frame
 from mlxcel_trio.server.request import sampler_fields
 from mlxcel_trio.server.request.schema import TABLE_DEFAULTS, NativeRequest, parse_fields
-from mlxcel_trio.server.request.jobs import Served, server_defaults, tokenize_prompts
+from mlxcel_trio.server.request.jobs import server_defaults, tokenize_prompts
+from mlxcel_trio.server.request.served import Served
 from mlxcel_trio.server.request.settings import (
     REDUCED_DROPS,
     generation_settings,

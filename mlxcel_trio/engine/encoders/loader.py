@@ -110,7 +110,7 @@ def _read_weights(root: Path, dtype) -> dict[str, mx.array]:
     return weights
 
 
-def _pick_class(config: dict) -> type[nn.Module]:
+def pick_class(config: dict) -> type[nn.Module]:
     model_type = str(config.get("model_type"))
     if model_type not in FAMILIES:
         raise EncoderLoadError(f"unsupported encoder model_type {model_type!r}; "
@@ -140,7 +140,7 @@ def _pooling(classifier: bool,
 
 def _build(body_root: Path, config: dict, target) -> tuple[nn.Module, ModelArgs]:
     """The model class for `config`, with the checkpoint's weights loaded strictly."""
-    cls = _pick_class(config)
+    cls = pick_class(config)
     try:
         args = ModelArgs.from_dict(config)
     except (TypeError, ValueError) as exc:

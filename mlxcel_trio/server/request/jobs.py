@@ -11,16 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import time
-from functools import partial
-from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Sequence
 
 import attrs
-import cattrs
-import trio
 
-from ...bridge import Bridge
 from ...protocol.records import Failed, Finished, Job, PromptTooLong
-from ...protocol.speculative import SpecRequest, SpecSettings
+from ...protocol.speculative import SpecRequest
 from ..http.errors import ApiError, json_type_name
 from . import (
     budget_fields as reasoning_budget,
@@ -31,34 +27,11 @@ from . import (
 from . import (
     sampler_fields as sampling,
 )
-from .schema import TABLE_DEFAULTS, NativeRequest, request_converter
+from .schema import TABLE_DEFAULTS, NativeRequest
+from .served import Served
 
 if TYPE_CHECKING:
     from ..state import AppState
-
-
-@attrs.frozen
-class Served:
-    """What the completion routes need from the running server."""
-
-    bridge: Bridge
-    model_name: str
-    defaults: NativeRequest           # an empty request under the server's flags / checkpoint
-    build_info: str
-    n_predict_cap: int = -1           # -n: a positive value caps every request
-    n_slots: int = 1                  # n_cmpl's upper limit, as upstream's n_parallel
-    batch_size: int = 2048            # -b: /infill keeps its context within one batch
-    spm_infill: bool = False          # --spm-infill: suffix block first
-    # the speculative settings in force (the request's speculative.* fields
-    # are inert, as upstream compiles them out)
-    speculative: SpecSettings = attrs.field(factory=SpecSettings)
-    # structures a body over `defaults`, with the server's limits (built once)
-    converter: cattrs.Converter = attrs.field(
-        init=False, eq=False, repr=False,
-        default=attrs.Factory(lambda self: request_converter(
-            self.defaults, {"n_cmpl": (1, self.n_slots)}), takes_self=True))
-    # the app's sessions and chat settings (server/state.py)
-    state: "AppState" = attrs.field(kw_only=True)
 
 
 def server_defaults(config, vocab) -> NativeRequest:
@@ -71,20 +44,6 @@ def server_defaults(config, vocab) -> NativeRequest:
                         grammar_spec=grammar.default_spec(config),
                         cache_prompt=config.cache_prompt, n_keep=config.n_keep,
                         verbose=config.verbose or config.log_verbosity > 9)
-
-
-# -- work off the event loop ------------------------------------------------------
-
-T = TypeVar("T")
-
-
-async def off_loop(served: Served, fn: Callable[..., T], *args: Any) -> T:
-    """CPU-heavy request work (tokenizing, chat template rendering) on a
-    worker thread, a few at once per app (AppState.heavy_work): a 15 MB
-    prompt takes seconds to tokenize, and meanwhile the event loop keeps
-    answering /health and feeding every other stream.  (engine/vocab.py
-    tokenizes long texts with the GIL released, so the loop really runs.)"""
-    return await trio.to_thread.run_sync(partial(fn, *args), limiter=served.state.heavy_work)
 
 
 # -- prompts --------------------------------------------------------------------

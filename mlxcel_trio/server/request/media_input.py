@@ -23,7 +23,7 @@ from ...media import decode_image as decode_bounded
 from ...media.data_url import decode_base64 as decode_base64_within
 from ...protocol.records import AudioInfo, AudioInput, ImageInput, VisionInfo
 from ..http.errors import ApiError
-from .jobs import off_loop
+from .served import off_loop
 
 # content part types that carry media, and the kind upstream's refusal names
 MEDIA_PARTS = {"image_url": "image", "input_audio": "audio", "input_video": "video"}

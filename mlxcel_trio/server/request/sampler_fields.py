@@ -32,7 +32,7 @@ import numpy as np
 from ...protocol.records import DEFAULT_DRY_BREAKERS, SamplingParams
 from ...protocol import sampler_names as names
 from ..http.errors import ApiError, json_type_name
-from .fields import NATIVE_FIELDS, default
+from ...protocol.fields import NATIVE_FIELDS, default
 from .schema import NativeRequest
 
 INT32 = 2**32

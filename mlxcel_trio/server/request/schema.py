@@ -38,7 +38,7 @@ import numpy as np
 
 from ...grammar.compile import GrammarSpec
 from ..http.errors import ApiError, json_type_name
-from .fields import NATIVE_FIELDS, Field
+from ...protocol.fields import NATIVE_FIELDS, Field
 
 # -- kinds: one structure hook each ------------------------------------------------
 

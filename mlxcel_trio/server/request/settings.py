@@ -21,7 +21,7 @@ import math
 from typing import Any, Callable
 
 from ..adapters import report
-from .fields import FIELDS_BY_NAME
+from ...protocol.fields import FIELDS_BY_NAME
 from .schema import NativeRequest
 
 GENERATION_SETTINGS: tuple[str, ...] = (

@@ -2,7 +2,7 @@
 
     trio.run(main)
     └── root nursery
-        ├── _signals        SIGINT / SIGTERM -> graceful shutdown
+        ├── watch_signals   SIGINT / SIGTERM -> graceful shutdown
         ├── pool.run        every model's child process (stopped on the way out)
         └── listen.serve    hypercorn, one task per connection/request
 """
@@ -28,7 +28,7 @@ logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per forwarded r
 
 async def main(config: ServerConfig, sock, lifecycle, hc) -> int:
     from ..http import listen
-    from ..runner import _signals, _warn_open_cors
+    from ..process import warn_open_cors, watch_signals
     from ...cli.passthrough import child_env
 
     env = child_env(os.environ)
@@ -40,7 +40,7 @@ async def main(config: ServerConfig, sock, lifecycle, hc) -> int:
     shutdown = trio.Event()
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as root:
-            root.start_soon(_signals, signals, shutdown)
+            root.start_soon(watch_signals, signals, shutdown)
             await root.start(pool.run)
             for inst in pool.instances.values():
                 if inst.entry.load_on_startup:  # a preset's load-on-startup
@@ -56,7 +56,7 @@ async def main(config: ServerConfig, sock, lifecycle, hc) -> int:
                 address = listen.listening_address(sock, hc.ssl_enabled)
                 lifecycle.say(f"main: router is listening on {address}, "
                               f"{len(entries)} model(s) available")
-                _warn_open_cors(config)
+                warn_open_cors(config)
             await app.mlxcel_http.aclose()
             root.cancel_scope.cancel()
     return 0

@@ -32,7 +32,8 @@ from quart import Response
 from ...bridge import Bridge, JobHandle
 from ..http.errors import ApiError, json_response
 from ..http.resources import RequestResources
-from .shared import SharedStore, StoreDown
+from .session_store import SessionStore
+from .store_transport import StoreDown
 
 
 @attrs.frozen
@@ -52,7 +53,7 @@ class ControlRegistry:
     one per app (server/state.py).  A control action is a command on the
     engine's queue, posted through `bridge`."""
 
-    def __init__(self, bridge: Bridge, shared: SharedStore | None = None) -> None:
+    def __init__(self, bridge: Bridge, shared: SessionStore | None = None) -> None:
         self._bridge = bridge
         self._live: dict[str, LiveCompletion] = {}
         # With a shared store, a control request may reach any replica: the

@@ -35,7 +35,8 @@ from typing import Any, Callable
 import attrs
 
 from ..http.errors import dumps
-from .shared import SharedStore, StoreDown, unavailable
+from .session_store import SessionStore
+from .store_transport import StoreDown, unavailable
 
 log = logging.getLogger("mlxcel.responses")
 
@@ -60,7 +61,7 @@ class Stored:
 
 class ResponseStore:
     def __init__(self, max_responses: int = MAX_RESPONSES, max_bytes: int = MAX_BYTES,
-                 shared: SharedStore | None = None) -> None:
+                 shared: SessionStore | None = None) -> None:
         self.shared = shared
         if shared is not None:
             shared.on_control("response_cancel", self._cancel_message)

@@ -50,7 +50,9 @@ from ..http.errors import ApiError, json_response, not_found
 from ..http.key_scope import key_scope
 from ..http.resources import RequestResources
 from .detached import Detached
-from .shared import RemoteSession, SharedStore, StoreDown, unavailable
+from .session_store import SessionStore
+from .store_streams import RemoteSession
+from .store_transport import StoreDown, unavailable
 
 log = logging.getLogger("mlxcel.streams")
 
@@ -164,7 +166,7 @@ class StreamRegistry:
 
     def __init__(self, detached: Detached, *, max_bytes: int = MAX_BYTES, ttl_s: float = TTL_S,
                  gc_interval_s: float = GC_INTERVAL_S, max_completed: int = MAX_COMPLETED,
-                 max_live: int = MAX_LIVE, shared: SharedStore | None = None) -> None:
+                 max_live: int = MAX_LIVE, shared: SessionStore | None = None) -> None:
         self.max_bytes, self.ttl_s, self.gc_interval_s = max_bytes, ttl_s, gc_interval_s
         self.shared = shared
         if shared is not None:
@@ -182,7 +184,7 @@ class StreamRegistry:
 
     @classmethod
     def from_env(cls, detached: Detached,
-                 shared: SharedStore | None = None) -> "StreamRegistry":
+                 shared: SessionStore | None = None) -> "StreamRegistry":
         """Upstream's constants, unless a test shortened TTL / sweep."""
         raw = os.environ.get(STREAM_GC_ENV)
         return cls(detached, ttl_s=cls.ttl_from_env(),

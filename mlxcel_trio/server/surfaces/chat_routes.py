@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from . import anthropic, openai_chat as chat_completions, responses
 from ..http.key_scope import caller_scope as scope
-from ..request.jobs import Served
+from ..request.served import Served
 from ..state import AppState
 
 

@@ -17,13 +17,12 @@ from quart import Response
 from ...protocol.records import Finished, PromptProgress, TokenPiece
 from ..request.media_input import audio_of, vision_of
 from ..request.jobs import (
-    Served,
     make_jobs,
-    off_loop,
     resolve,
     run_all,
     tokenize_prompts,
 )
+from ..request.served import Served, off_loop
 from ..request import grammar_fields as grammar
 from ..request.schema import NativeRequest
 from ..request.settings import generation_settings

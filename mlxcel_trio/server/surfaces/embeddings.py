@@ -15,7 +15,7 @@ come in the order upstream inserts them.
 
 The body is read only once the route knows it serves (a server without
 the model answers the 501 whatever the body, as upstream).  Inputs are
-tokenized off the event loop (jobs.off_loop) with the encoder's
+tokenized off the event loop (request/served.py off_loop) with the encoder's
 own tokenizer; each input is one `EmbedJob`, and the engine batches them.
 """
 
@@ -29,7 +29,8 @@ import numpy as np
 
 from ...protocol.records import Embedded, EmbedJob
 from ..http.errors import ApiError, json_response, json_type_name, not_supported
-from ..request.jobs import Served, off_loop, run_all, tokenize_prompts
+from ..request.jobs import run_all, tokenize_prompts
+from ..request.served import Served, off_loop
 
 
 def _json_value(body: dict, key: str, default: Any, ok) -> Any:

@@ -19,7 +19,7 @@ from typing import Any
 from quart import Response
 
 from . import completion as native
-from ..request.jobs import Served, off_loop
+from ..request.served import Served, off_loop
 from ..http.errors import ApiError, json_type_name
 
 SNIPPET_SEPARATOR = "\n\n--- snippet ---\n\n"

@@ -19,7 +19,7 @@ from ...bridge import Bridge
 from ...monitor import SlotView
 from ...protocol.speculative import SpecSettings
 from ..request.media_input import audio_of, vision_of
-from ..request.jobs import Served
+from ..request.served import Served
 from ..request.schema import NativeRequest
 from ..request.settings import generation_settings, reduced_settings
 from ..http.errors import ApiError, json_response, not_supported

@@ -28,7 +28,8 @@ from ..request import grammar_fields as grammar, budget_fields as reasoning_budg
 from ..request.chat import ChatPlan, plan
 from ..request.media_input import audio_of, chat_images, place, vision_of
 from ..request.schema import NativeRequest
-from ..request.jobs import Served, make_jobs, now_s, off_loop, resolve, run_all
+from ..request.jobs import make_jobs, now_s, resolve, run_all
+from ..request.served import Served, off_loop
 from ..http.errors import json_response
 from .completion import ProbsRenderer, final_object, final_probs
 from ..http.resources import request_resources

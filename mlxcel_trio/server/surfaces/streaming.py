@@ -17,7 +17,7 @@ from quart import Response
 from ...bridge import JobHandle
 from ..http.resources import request_resources
 from ..http.sse import event_stream, first_event
-from ..request.jobs import Served
+from ..request.served import Served
 from ..sessions.streams import sse_response
 
 Frames = AsyncIterator[bytes]

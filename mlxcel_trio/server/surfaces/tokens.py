@@ -6,7 +6,7 @@ from functools import partial
 from typing import Any
 
 from ..http.errors import json_response, type_error
-from ..request.jobs import Served, off_loop
+from ..request.served import Served, off_loop
 
 
 def _flag(body: dict, key: str, default: bool) -> bool:

@@ -48,7 +48,7 @@ from ...protocol.records import (Failed, Finished, TokenPiece, TranscribeJob, Tr
                                  TranscriptPiece)
 from ..http.errors import ApiError, error_response, json_response
 from ..http.sse import DONE, frame
-from ..request.jobs import Served, off_loop
+from ..request.served import Served, off_loop
 from ..request.media_input import audio_of
 from .streaming import stream_jobs
 

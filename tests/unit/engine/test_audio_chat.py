@@ -1,4 +1,4 @@
-"""engine/audio_chat.py against its references: the numpy log-mel front
+"""engine/audio_chat.py and towers/gemma3n_audio.py against its references: the numpy log-mel front
 end equals transformers' Gemma3nAudioFeatureExtractor, and the ids of the
 audio range reach mlx-lm's per-layer inputs as mlx-vlm's Gemma 3n sends
 them (as id 0)."""
@@ -10,7 +10,8 @@ import json
 import numpy as np
 import pytest
 
-from mlxcel_trio.engine.audio_chat import MelFrontEnd, flat_config, is_audio_chat
+from mlxcel_trio.engine.audio_chat import flat_config, is_audio_chat
+from mlxcel_trio.engine.towers.gemma3n_audio import MelFrontEnd
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +60,7 @@ def test_mlx_vlm_tensor_layout_loads_the_same_model(gemma3n, tmp_path):
     import mlx.core as mx
 
     from mlxcel_trio.engine import rope
-    from mlxcel_trio.engine.audio_chat import AudioEncoder
+    from mlxcel_trio.engine.towers.gemma3n_audio import Gemma3nAudioTower
 
     for f in gemma3n.iterdir():
         if f.name != "model.safetensors":
@@ -77,6 +78,6 @@ def test_mlx_vlm_tensor_layout_loads_the_same_model(gemma3n, tmp_path):
     for path in (Path(gemma3n), tmp_path):
         model, config = rope.load(path, rope.RopeOverrides())
         outs.append(model(ids))
-        encoder = AudioEncoder.load(path, config, mx.float32)
+        encoder = Gemma3nAudioTower.load(path, config, mx.float32)
         assert encoder.embed_vision is not None
     assert mx.allclose(outs[0], outs[1]).item()

@@ -10,6 +10,8 @@ import threading
 from tokenizers import Tokenizer
 
 from mlxcel_trio.engine.loop import EngineLoop
+from mlxcel_trio.engine.preflight import model_problem
+from mlxcel_trio.engine.spec import EngineSpec
 from mlxcel_trio.protocol.records import (
     Cancel,
     EmbedJob,
@@ -45,8 +47,8 @@ class Run:
             for ev in batch.events:
                 self.events.put(ev)
 
-        self.loop = EngineLoop(str(model), n_slots=2, ctx_size=512, warmup=False, emit=emit,
-                               cache_ram_mib=0, **kw)
+        self.loop = EngineLoop(EngineSpec(str(model), n_slots=2, ctx_size=512, warmup=False,
+                                          cache_ram_mib=0, **kw), emit)
         for cmd in commands:  # queued before the thread reads any
             self.loop.post(cmd)
         self.thread = threading.Thread(target=self.loop.run, daemon=True)
@@ -134,14 +136,14 @@ def test_embedding_chunks_interleave_with_decode_steps():
 def test_checkpoint_problem_names_the_flag(tmp_path):
     chat = str(_ensure("tiny"))
     # a causal checkpoint embeds (mlx-lm's hidden states) but cannot rerank
-    assert EngineLoop.checkpoint_problem(chat, encoder_flag="--embeddings") is None
-    problem = EngineLoop.checkpoint_problem(chat, encoder_flag="--reranking", rank=True)
+    assert model_problem(chat, encoder_flag="--embeddings") is None
+    problem = model_problem(chat, encoder_flag="--reranking", rank=True)
     assert problem is not None and problem.startswith("--reranking needs a reranker")
     (tmp_path / "config.json").write_text('{"model_type": "no-such-family"}')
-    problem = EngineLoop.checkpoint_problem(str(tmp_path), encoder_flag="--embedding-model")
+    problem = model_problem(str(tmp_path), encoder_flag="--embedding-model")
     assert problem is not None and problem.startswith("--embedding-model needs an encoder")
-    assert EngineLoop.checkpoint_problem(str(_ensure("tiny-bert-reranker")),
-                                         encoder_flag="--reranking", rank=True) is None
+    assert model_problem(str(_ensure("tiny-bert-reranker")),
+                         encoder_flag="--reranking", rank=True) is None
 
 
 def test_embeddings_are_served_while_the_chat_model_sleeps():

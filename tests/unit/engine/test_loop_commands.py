@@ -11,6 +11,7 @@ import threading
 import numpy as np
 
 from mlxcel_trio.engine.loop import EngineLoop
+from mlxcel_trio.engine.spec import EngineSpec
 from mlxcel_trio.protocol.records import (
     EngineStats,
     Failed,
@@ -71,8 +72,8 @@ def test_a_throwing_command_fails_its_job_not_the_engine(tiny_model, monkeypatch
     monkeypatch.setattr(Scheduler, "slot_action", slot_action)
     events = _Events()
     until = events.until
-    engine = EngineLoop(str(tiny_model), n_slots=1, ctx_size=256, batch_size=64,
-                        warmup=False, emit=events.emit)
+    engine = EngineLoop(EngineSpec(str(tiny_model), n_slots=1, ctx_size=256, batch_size=64,
+                                   warmup=False), events.emit)
     thread = threading.Thread(target=engine.run, daemon=True)
     thread.start()
     try:
@@ -116,8 +117,8 @@ class _Switch:
 def test_force_end_reaches_the_running_jobs_constraint_and_stats_follow_the_steps(tiny_model):
     events = _Events()
     until = events.until
-    engine = EngineLoop(str(tiny_model), n_slots=1, ctx_size=512, batch_size=64,
-                        warmup=False, emit=events.emit)
+    engine = EngineLoop(EngineSpec(str(tiny_model), n_slots=1, ctx_size=512, batch_size=64,
+                                   warmup=False), events.emit)
     thread = threading.Thread(target=engine.run, daemon=True)
     thread.start()
     try:
@@ -154,8 +155,8 @@ def test_a_burst_reaching_an_idle_engine_is_prefilled_together(tiny_model, monke
     monkeypatch.setattr(loop, "BURST_GAP_S", 0.5)
     monkeypatch.setattr(loop, "BURST_MAX_S", 5.0)
     events = _Events()
-    engine = EngineLoop(str(tiny_model), n_slots=4, ctx_size=1024, batch_size=64,
-                        warmup=False, emit=events.emit)
+    engine = EngineLoop(EngineSpec(str(tiny_model), n_slots=4, ctx_size=1024, batch_size=64,
+                                   warmup=False), events.emit)
     thread = threading.Thread(target=engine.run, daemon=True)
     thread.start()
     try:

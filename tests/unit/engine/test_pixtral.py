@@ -1,4 +1,4 @@
-"""The Pixtral tower (engine/pixtral.py) on the tiny-pixtral fixture: the
+"""The Pixtral tower (engine/towers/pixtral.py) on the tiny-pixtral fixture: the
 forward run here matches mlx-vlm's own within its position table and goes
 past it; mistral3's 2 x 2 merge matches mlx-vlm's projector; a token
 budget is checked against the checkpoint before load."""
@@ -65,7 +65,7 @@ def test_a_budget_is_checked_against_the_checkpoint(tiny_pixtral_model, tiny_vlm
 
 
 def test_config_layouts_name_their_family():
-    from mlxcel_trio.engine.vision import family, text_config
+    from mlxcel_trio.engine.towers.vlm_config import family, text_config
 
     pix = {"vision_config": {"model_type": "pixtral"}, "text_config": {"hidden_size": 8}}
     assert family({**pix, "model_type": "llava"}) == "pixtral"      # HF's pixtral-12b
@@ -137,14 +137,15 @@ def test_mistral3_merges_each_2x2_block_as_mlx_vlm_does(tmp_path):
 
 
 def test_the_worker_checks_each_run_against_its_images_size():
-    from mlxcel_trio.engine.vision import image_span, spans_ok
+    from mlxcel_trio.engine.towers.base import ImageTower
     from mlxcel_trio.protocol.image_layout import ImageGeometry
     from mlxcel_trio.protocol.records import VisionInfo
 
-    info = VisionInfo(image_token=7, family="pixtral", geometry=ImageGeometry(4, 16),
-                      break_token=8, end_token=9)
+    tower = ImageTower()
+    tower.info = VisionInfo(image_token=7, family="pixtral", geometry=ImageGeometry(4, 16),
+                            break_token=8, end_token=9)
     im = ImageInput(b"", 8, 8, "d", 1)                      # 2 x 2: 7 7 8 7 7 9
-    assert image_span(info, im) == 6
-    assert spans_ok([1, 7, 7, 8, 7, 7, 9, 2], [im], info)
-    assert not spans_ok([1, 7, 7, 7, 7, 7, 7, 2], [im], info)   # llava-style run
-    assert not spans_ok([1, 7, 7, 8, 7, 7], [im], info)         # cut short
+    assert tower.span(im) == 6
+    assert tower.spans_ok([1, 7, 7, 8, 7, 7, 9, 2], [im])
+    assert not tower.spans_ok([1, 7, 7, 7, 7, 7, 7, 2], [im])   # llava-style run
+    assert not tower.spans_ok([1, 7, 7, 8, 7, 7], [im])         # cut short

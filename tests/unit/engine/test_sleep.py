@@ -8,6 +8,7 @@ import queue
 import threading
 
 from mlxcel_trio.engine.loop import EngineLoop
+from mlxcel_trio.engine.spec import EngineSpec
 from mlxcel_trio.protocol.records import (
     Finished,
     Job,
@@ -61,8 +62,8 @@ def test_sleep_drops_the_model_and_a_submit_wakes_it(tiny_model):
             if isinstance(ev, kind):
                 return ev
 
-    engine = EngineLoop(str(tiny_model), n_slots=1, ctx_size=512, batch_size=64, warmup=True,
-                        emit=emit, sleep_idle_s=0.2, cache_ram_mib=64)
+    engine = EngineLoop(EngineSpec(str(tiny_model), n_slots=1, ctx_size=512, batch_size=64,
+                                   warmup=True, sleep_idle_s=0.2, cache_ram_mib=64), emit)
     thread = threading.Thread(target=engine.run, daemon=True)
     thread.start()
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from mlxcel_trio.engine.loop import n_ctx_train_of, slot_context
+from mlxcel_trio.engine.loading import n_ctx_train_of, slot_context
 
 WARNING = "the slot context (%d) exceeds the training context of the model (%d) - capping"
 

@@ -31,10 +31,11 @@ def vlm(tiny_vlm_model):
     from mlx_lm.utils import load_model
 
     from mlxcel_trio.engine import vision
+    from mlxcel_trio.engine.towers.llava import LlavaTower
     from mlxcel_trio.engine.vocab import Vocab
 
     model, config = load_model(tiny_vlm_model, get_model_classes=vision.model_classes)
-    encoder = vision.VisionEncoder.load(tiny_vlm_model, config, mx.float32)
+    encoder = LlavaTower.load(tiny_vlm_model, config, mx.float32)
     facts = json.loads((tiny_vlm_model / "fixture_facts.json").read_text())
     return model, Vocab(tiny_vlm_model), encoder, facts
 

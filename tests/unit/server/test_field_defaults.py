@@ -1,5 +1,5 @@
 """Each default a native request field shares with the configuration, the
-command line or the engine is its table row's (server/request/fields.py)."""
+command line or the engine is its table row's (protocol/fields.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from mlxcel_trio.cli.options import BY_DEST
 from mlxcel_trio.config import SamplingDefaults, ServerConfig
 from mlxcel_trio.protocol.records import SamplingParams
-from mlxcel_trio.server.request.fields import FIELDS_BY_NAME, NATIVE_FIELDS
+from mlxcel_trio.protocol.fields import FIELDS_BY_NAME, NATIVE_FIELDS
 from mlxcel_trio.server.request.jobs import server_defaults
 
 # SamplingDefaults / ServerConfig attribute -> its field, where the names differ

@@ -14,7 +14,8 @@ from mlxcel_trio.protocol.records import SamplingParams
 from mlxcel_trio.grammar.compile import GrammarSpec
 from mlxcel_trio.server.http.errors import ApiError
 from mlxcel_trio.server.request import grammar_fields, jobs, sampler_fields
-from mlxcel_trio.server.request.fields import FIELDS_BY_NAME
+from mlxcel_trio.server.request.served import Served
+from mlxcel_trio.protocol.fields import FIELDS_BY_NAME
 from mlxcel_trio.server.request.schema import NativeRequest
 from mlxcel_trio.server.request.settings import (
     GENERATION_SETTINGS,
@@ -49,10 +50,10 @@ class _Bridge:
         return self.n
 
 
-def _served(**sampling) -> jobs.Served:
+def _served(**sampling) -> Served:
     config = ServerConfig(model="x", sampling=SamplingDefaults(**sampling))
-    return jobs.Served(_Bridge(), "m", jobs.server_defaults(config, _Vocab()), "b", n_slots=4,
-                       state=_State())
+    return Served(_Bridge(), "m", jobs.server_defaults(config, _Vocab()), "b", n_slots=4,
+                  state=_State())
 
 
 class _State:

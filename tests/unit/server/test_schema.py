@@ -16,7 +16,7 @@ import pytest
 
 from mlxcel_trio.protocol.records import SamplingParams
 from mlxcel_trio.server.http.errors import ApiError, json_type_name
-from mlxcel_trio.server.request.fields import FIELDS_BY_NAME, NATIVE_FIELDS, Field
+from mlxcel_trio.protocol.fields import FIELDS_BY_NAME, NATIVE_FIELDS, Field
 from mlxcel_trio.server.request.schema import (
     DERIVED,
     TABLE_DEFAULTS,

@@ -2,7 +2,7 @@
 (tests/store_server.py): stream chunks and their byte offsets, front-drop,
 the end entry, a replaced session's late writes, an owner that is gone,
 control messages, stored responses, the store's loss and return; and
-server/sessions/store_url.py's URL checks."""
+store_url.py's URL checks."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import pytest
 import trio
 
 from mlxcel_trio.server.sessions import shared as shared_mod
-from mlxcel_trio.server.sessions import store_url
-from mlxcel_trio.server.sessions.shared import SharedStore, StoreDown
+from mlxcel_trio import store_url
+from mlxcel_trio.server.sessions.shared import SharedStore
+from mlxcel_trio.server.sessions.store_transport import StoreDown
 from tests.store_server import StoreServer, store_server  # noqa: F401  (fixture)
 
 BOUND_S = 10.0
@@ -248,3 +249,21 @@ async def test_a_reader_of_a_replaced_session_never_reads_its_successor(
     assert got == [b"56789"]                                   # then it ended, nothing else
     keys = store_server.client().keys("mlxcel:s:0:swap:*")
     assert keys == [f"mlxcel:s:0:swap:{new}".encode()]         # the old stream is gone
+
+
+def test_the_redis_store_speaks_the_whole_session_store_protocol():
+    """Every member the session rooms may call (sessions/session_store.py)
+    is there on SharedStore, with the same parameters."""
+    import inspect
+
+    from mlxcel_trio.server.sessions.session_store import SessionStore
+
+    members = [n for n in vars(SessionStore) if not n.startswith("_")]
+    assert {"open_stream", "follow", "send_control", "put_response"} <= set(members)
+    for name in members:
+        ours = getattr(SharedStore, name, None)
+        assert ours is not None, name
+        want = getattr(SessionStore, name)
+        if callable(want) and callable(ours):
+            assert list(inspect.signature(ours).parameters) == \
+                list(inspect.signature(want).parameters), name

@@ -1,4 +1,5 @@
-"""Pixtral's image tower: each image encoded at its own resolution.
+"""Pixtral's image tower (Pixtral, Mistral 3): each image encoded at its own
+resolution.
 
 mlx-vlm's pixtral modules supply the layers (patch convolution, RMSNorm,
 the transformer blocks) and the two-layer projector (mistral3's: RMSNorm,
@@ -25,18 +26,15 @@ from typing import Sequence
 import mlx.core as mx
 import numpy as np
 
-from ..protocol.image_layout import ImageGeometry, budget_pixels, resized
-from ..protocol.records import ImageInput, VisionInfo
-from .vision import (
-    _DEFAULT_RESAMPLE,
-    _PIXTRAL_TOKENS,
-    family,
-    install_tower,
-    read_json,
-    text_config,
-)
+from ...protocol.image_layout import ImageGeometry, budget_pixels, resized
+from ...protocol.records import ImageInput, VisionInfo
+from .base import DEFAULT_RESAMPLE, ImageTower, install_tower, read_json
+from .vlm_config import family, text_config
 
 _DEFAULT_IMAGE_TOKEN = 10  # pixtral-12b's [IMG]
+# HF PixtralProcessor's token names (processor_config.json may rename them)
+TOKEN_NAMES = {"image_token": "[IMG]", "image_break_token": "[IMG_BREAK]",
+               "image_end_token": "[IMG_END]"}
 
 
 def merge_size(config: dict) -> int:
@@ -69,7 +67,7 @@ def token_ids(path: Path, config: dict) -> tuple[int, int, int]:
     the other two looked up by name (processor_config.json's, else HF's)
     among the tokenizer's added tokens."""
     proc = read_json(path / "processor_config.json")
-    names = {k: proc.get(k) or v for k, v in _PIXTRAL_TOKENS.items()}
+    names = {k: proc.get(k) or v for k, v in TOKEN_NAMES.items()}
     added: dict[str, int] = {}
     for tok in read_json(path / "tokenizer.json").get("added_tokens", []):
         added[tok.get("content")] = int(tok.get("id"))
@@ -92,9 +90,11 @@ def _vision_model_key(key: str) -> str:
     return key if key.startswith("vision_model.") else "vision_model." + key
 
 
-class PixtralEncoder:
+class PixtralTower(ImageTower):
     """A Pixtral tower + projector and the checkpoint's preprocessing at
     each image's own size."""
+
+    geometry = staticmethod(geometry)  # the resize rule, for the pre-load budget check
 
     def __init__(self, tower, projector, info: VisionInfo, pre: dict, layer: int,
                  merge: int = 1) -> None:
@@ -103,7 +103,7 @@ class PixtralEncoder:
         self.layer = layer
         self.merge = merge
         self.patch = tower.vision_model.patch_size
-        self.resample = int(pre.get("resample", _DEFAULT_RESAMPLE))
+        self.resample = int(pre.get("resample", DEFAULT_RESAMPLE))
         self.scale = float(pre.get("rescale_factor", 1 / 255)) if pre.get("do_rescale", True) \
             else 1.0
         norm = pre.get("do_normalize", True)
@@ -114,7 +114,7 @@ class PixtralEncoder:
 
     @classmethod
     def load(cls, path: Path, config: dict, dtype,
-             budget: tuple[int, int] = (0, 0)) -> "PixtralEncoder":
+             budget: tuple[int, int] = (0, 0)) -> "PixtralTower":
         from mlx_vlm.models.pixtral.config import VisionConfig
         from mlx_vlm.models.pixtral.vision import VisionModel
 

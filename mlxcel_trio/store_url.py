@@ -1,16 +1,17 @@
 """--session-store: which session store a replica shares with its peers.
 
 `memory` (the default) keeps stream sessions, stored responses and control
-entries in this process (sessions/streams.py, response_store.py,
+entries in this process (server/sessions/streams.py, response_store.py,
 control.py).  A `redis://` / `rediss://` URL (Valkey speaks the same
 protocol; `valkey://` / `valkeys://` are accepted as spellings of the same)
 shares them with every replica pointed at the same server
-(sessions/shared.py).  The URL may carry a password
+(server/sessions/shared.py).  The URL may carry a password
 (`redis://:secret@host:6379/0`); it is never printed: `redacted` is what
 logs and errors show.
 
-This module imports no client library: the command line checks a URL
-before anything heavy loads.
+This module imports no client library (the standard library only): the
+command line checks a URL before anything heavy loads, and reads it here
+rather than in the server.
 """
 
 from __future__ import annotations

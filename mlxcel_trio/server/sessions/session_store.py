@@ -1,0 +1,67 @@
+"""What the session rooms ask of a session store: `SessionStore`.
+
+streams.py, control.py and response_store.py speak to a store through this
+interface alone; shared.py's `SharedStore` (Valkey / Redis) implements it.
+Without --session-store there is no store and the rooms keep everything in
+this process (they still test `shared is None` for that case; an in-memory
+implementation of this protocol, and the file store, would take its place).
+Every call may raise store_transport.StoreDown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Protocol
+
+from .store_streams import RemoteSession
+
+
+class SessionStore(Protocol):
+    replica: str     # this replica's id in the store
+    shown: str       # the store's address as logs and errors show it (no password)
+
+    @property
+    def up(self) -> bool: ...
+
+    async def run(self, *, task_status=...) -> None: ...
+
+    # heartbeat: pacing and liveness
+    def on_tick(self, fn: Callable[[], None]) -> None: ...
+
+    def defer(self, fn: Callable[[], Awaitable[None]]) -> None: ...
+
+    async def owner_alive(self, replica: str) -> bool: ...
+
+    # the control bus
+    def on_control(self, op: str, fn: Callable[[dict[str, str]], None]) -> None: ...
+
+    async def send_control(self, replica: str, op: str, **fields: str) -> None: ...
+
+    # the stream log
+    async def open_stream(self, scope: int, cid: str) -> tuple[str, tuple[str, str] | None]: ...
+
+    def queue(self, gen: str, scope: int, cid: str, start: int, data: bytes, *,
+              end: bool = False, drop: bool = False,
+              then: Callable[[bool], None] | None = None) -> None: ...
+
+    async def describe(self, scope: int, cid: str) -> RemoteSession | None: ...
+
+    async def lookup(self, scope: int, ids: list[str]) -> list[RemoteSession]: ...
+
+    async def first_offset(self, scope: int, session: RemoteSession) -> int: ...
+
+    def follow(self, session: RemoteSession, scope: int, offset: int) -> AsyncIterator[bytes]: ...
+
+    async def delete_stream(self, scope: int, cid: str) -> tuple[str, str] | None: ...
+
+    # controllable completions
+    async def register_completion(self, cid: str, scope: str, armed: bool) -> None: ...
+
+    async def drop_completion(self, cid: str) -> None: ...
+
+    async def find_completion(self, cid: str) -> dict | None: ...
+
+    # stored responses
+    async def put_response(self, scope: str, rid: str, record: dict) -> None: ...
+
+    async def get_response(self, scope: str, rid: str) -> dict | None: ...

@@ -1,0 +1,279 @@
+"""The session store's stream log: the owner claims a session and its batched
+writer appends chunks; any replica describes, looks up and follows one
+(the keys and the Lua scripts' rules are sessions/shared.py's docstring).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+
+import attrs
+import trio
+
+from .store_transport import BLOCK_MS, P, StoreDown
+
+log = logging.getLogger("mlxcel.session_store")
+
+# Writes check the session's gen first: a replaced (or deleted) session's
+# late chunks never land in its successor.
+APPEND = """
+if redis.call('HGET', KEYS[1], 'gen') ~= ARGV[1] then return 0 end
+local ttl = tonumber(ARGV[2])
+if ARGV[3] == 'd' then
+  redis.call('XADD', KEYS[2], ARGV[4] .. '-1', 'd', ARGV[5])
+  redis.call('HSET', KEYS[1], 'total', ARGV[6])
+  if ARGV[7] ~= '' then redis.call('XTRIM', KEYS[2], 'MINID', ARGV[7]) end
+elseif ARGV[3] == 'e' then
+  redis.call('XADD', KEYS[2], ARGV[4] .. '-2', 'e', '1')
+  redis.call('HSET', KEYS[1], 'done', '1', 'completed_at', ARGV[5])
+else
+  redis.call('DEL', KEYS[1], KEYS[2])
+  return 1
+end
+redis.call('PEXPIRE', KEYS[1], ttl)
+redis.call('PEXPIRE', KEYS[2], ttl)
+return 1
+"""
+# Claim a session id (KEYS[1]: its hash), dropping the stream of the session
+# it replaces (ARGV[5]: the stream keys' prefix; with the gen it names one).
+CLAIM = """
+local old = redis.call('HMGET', KEYS[1], 'replica', 'gen')
+if old[2] then redis.call('DEL', ARGV[5] .. old[2]) end
+redis.call('HSET', KEYS[1], 'gen', ARGV[1], 'replica', ARGV[2], 'started_at', ARGV[3],
+           'completed_at', '0', 'total', '0', 'done', '0')
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+return old
+"""
+REMOVE = """
+local old = redis.call('HMGET', KEYS[1], 'replica', 'gen')
+if old[2] then redis.call('DEL', KEYS[1], ARGV[1] .. old[2]) end
+return old
+"""
+
+
+@attrs.frozen
+class RemoteSession:
+    """A session as the store describes it (owned by any replica)."""
+    conversation_id: str
+    gen: str
+    replica: str
+    started_at: int
+    completed_at: int
+    total_bytes: int
+    done: bool
+
+
+@attrs.define(eq=False)
+class Pending:
+    gen: str
+    scope: int
+    cid: str
+    start: int                       # the absolute offset of data[0]
+    data: bytearray = attrs.field(factory=bytearray)
+    end: bool = False
+    drop: bool = False
+    then: list[Callable[[bool], None]] = attrs.field(factory=list)   # applied after the flush
+
+
+class StreamLog:
+    """The stream methods of `SharedStore`."""
+
+    @staticmethod
+    def _meta(scope: int, cid: str) -> str:
+        return f"{P}m:{scope}:{cid}"
+
+    @staticmethod
+    def _stream(scope: int, cid: str, gen: str = "") -> str:
+        return f"{P}s:{scope}:{cid}:{gen}"
+
+    async def open_stream(self, scope: int, cid: str) -> tuple[str, tuple[str, str] | None]:
+        """Claim (scope, cid) for this replica; (the new gen, (owner, gen) of
+        the session it replaces when another replica owns that one)."""
+        gen = uuid.uuid4().hex
+        args = [gen, self.replica, str(int(time.time())), self.stream_ttl_ms,
+                self._stream(scope, cid)]
+        owner, old = await self.call(lambda r: self._claim([self._meta(scope, cid)], args))
+        if owner is None or old is None or owner.decode() == self.replica:
+            return gen, None
+        return gen, (owner.decode(), old.decode())
+
+    def queue(self, gen: str, scope: int, cid: str, start: int, data: bytes, *,
+              end: bool = False, drop: bool = False,
+              then: Callable[[bool], None] | None = None) -> None:
+        """Queue a chunk (or the end, or the removal) for the writer; `then`
+        runs after the flush with whether it reached the store."""
+        pending = self._pending.get(gen)
+        if pending is None:
+            pending = self._pending[gen] = Pending(gen, scope, cid, start)
+        pending.data += data
+        pending.end |= end
+        pending.drop |= drop
+        if then is not None:
+            pending.then.append(then)
+        self._wake.set()
+
+    async def _writer(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            # publications first: one queued before a chunk lands before it
+            while True:
+                try:
+                    fn = self._deferred.receive_nowait()
+                except trio.WouldBlock:
+                    break
+                try:
+                    await fn()
+                except StoreDown:
+                    pass
+                except Exception:  # a bad publication never stops the writer
+                    log.exception("session store: a queued publication failed")
+            batch, self._pending = list(self._pending.values()), OrderedDict()
+            if not batch:
+                continue
+            ok = True
+            try:
+                await self.call(self._flush, batch)
+            except StoreDown:
+                ok = False
+            for pending in batch:
+                for then in pending.then:
+                    try:
+                        then(ok)
+                    except Exception:  # one session's bug never stops the writer
+                        log.exception("session store: applying a flushed chunk failed")
+
+    def _flush(self, r, batch: list[Pending]) -> None:
+        pipe = r.pipeline(transaction=False)
+        now = str(int(time.time()))
+        for p in batch:
+            keys = [self._meta(p.scope, p.cid), self._stream(p.scope, p.cid, p.gen)]
+            if p.drop:
+                self._append(keys, [p.gen, self.stream_ttl_ms, "x"], client=pipe)
+                continue
+            total = p.start + len(p.data)
+            if p.data:
+                minid = f"{total - self.max_bytes}-0" if total > self.max_bytes else ""
+                self._append(keys, [p.gen, self.stream_ttl_ms, "d", p.start, bytes(p.data),
+                                    total, minid], client=pipe)
+            if p.end:
+                self._append(keys, [p.gen, self.stream_ttl_ms, "e", total, now], client=pipe)
+        pipe.execute()
+
+    # -- streams: any replica's side ---------------------------------------------------------
+
+    async def describe(self, scope: int, cid: str) -> RemoteSession | None:
+        meta = self._meta(scope, cid)
+        raw = await self.call(lambda r: r.hgetall(meta))
+        return await self._session(cid, raw) if raw else None
+
+    async def _session(self, cid: str, raw: dict) -> RemoteSession | None:
+        f = {k.decode(): v.decode() for k, v in raw.items()}
+        if "gen" not in f:
+            return None
+        done = f.get("done") == "1" or not await self.owner_alive(f["replica"])
+        return RemoteSession(cid, f["gen"], f["replica"], int(f.get("started_at", 0)),
+                             int(f.get("completed_at", 0)), int(f.get("total", 0)), done)
+
+    async def lookup(self, scope: int, ids: list[str]) -> list[RemoteSession]:
+        """For each asked id in order: its session and every `<id>::<model>`
+        variant (as StreamRegistry.lookup).  One SCAN of the scope's
+        sessions whatever the number of ids asked."""
+        prefix = f"{P}m:{scope}:"
+        wanted = list(dict.fromkeys(ids))
+
+        def matching(r) -> list[tuple[str, dict]]:
+            cids = [k[len(prefix):].decode() for k in r.scan_iter(match=prefix + "*", count=1000)]
+            by_prefix: dict[str, list[str]] = {}
+            for cid in sorted(cids):
+                by_prefix.setdefault(cid, []).append(cid)
+                parts = cid.split("::")
+                for i in range(1, len(parts)):
+                    by_prefix.setdefault("::".join(parts[:i]), []).append(cid)
+            found = list(dict.fromkeys(c for rid in wanted for c in by_prefix.get(rid, ())))
+            pipe = r.pipeline(transaction=False)
+            for cid in found:
+                pipe.hgetall(prefix + cid)
+            return list(zip(found, pipe.execute()))
+        out = []
+        for cid, raw in await self.call(matching):
+            session = await self._session(cid, raw) if raw else None
+            if session is not None:
+                out.append(session)
+        return out
+
+    async def first_offset(self, scope: int, session: RemoteSession) -> int:
+        """The first byte still retained (front-drop), or 0."""
+        stream = self._stream(scope, session.conversation_id, session.gen)
+        first = await self.call(lambda r: r.xrange(stream, count=1))
+        return int(first[0][0].split(b"-")[0]) if first else 0
+
+    async def follow(self, session: RemoteSession, scope: int, offset: int) -> AsyncIterator[bytes]:
+        """Bytes from `offset`, then live ones until the session ends, its
+        owner is gone, or it was replaced or deleted."""
+        try:
+            async for chunk in self._follow(session, scope, offset):
+                yield chunk
+        except StoreDown:
+            return   # the client reconnects once the store is back
+
+    async def _follow(self, session: RemoteSession, scope: int,
+                      offset: int) -> AsyncIterator[bytes]:
+        meta = self._meta(scope, session.conversation_id)
+        stream = self._stream(scope, session.conversation_id, session.gen)
+        before = await self.call(lambda r: r.xrevrange(stream, max=f"{offset}-1", count=1))
+        last = f"{int(before[0][0].split(b'-')[0])}-0" if before else "0-0"
+        while True:
+            got = await self.call(lambda r, at: r.xread({stream: at}, count=256, block=BLOCK_MS),
+                                  last)
+            if not got:
+                raw = await self.call(lambda r: r.hgetall(meta))
+                now = await self._session(session.conversation_id, raw) if raw else None
+                if now is not None and now.gen == session.gen and not now.done:
+                    continue
+                if now is not None and now.gen == session.gen:
+                    # ended (or its owner is gone): what is left, then stop
+                    tail = await self.call(lambda r, at: r.xrange(stream, min=f"({at}"), last)
+                    for chunk in self._chunks(tail, offset):
+                        if chunk is None:
+                            return
+                        offset += len(chunk)
+                        yield chunk
+                return   # replaced or deleted
+            for _name, entries in got:
+                last = entries[-1][0].decode()
+                for chunk in self._chunks(entries, offset):
+                    if chunk is None:
+                        return
+                    offset += len(chunk)
+                    yield chunk
+
+    @staticmethod
+    def _chunks(entries, offset: int):
+        """The new bytes of each entry past `offset`; None at the end (or at
+        a gap: the reader fell behind the front-drop, as upstream's ends)."""
+        for entry_id, fields in entries:
+            start, kind = (int(x) for x in entry_id.split(b"-"))
+            if kind == 2 or b"e" in fields:
+                yield None
+                return
+            data = fields[b"d"]
+            if start > offset:
+                yield None
+                return
+            if start + len(data) > offset:
+                yield data[offset - start:]
+                offset = start + len(data)
+
+    async def delete_stream(self, scope: int, cid: str) -> tuple[str, str] | None:
+        """Remove the session from the store; (its owner, its gen) when the
+        owner is another replica, which must then be asked to stop it."""
+        owner, gen = await self.call(lambda r: self._remove(
+            [self._meta(scope, cid)], [self._stream(scope, cid)]))
+        if owner is None or gen is None or owner.decode() == self.replica:
+            return None
+        return owner.decode(), gen.decode()
