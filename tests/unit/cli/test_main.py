@@ -31,7 +31,6 @@ REFUSALS = [
     (["--port", "abc"], "invalid value 'abc' for --port"),
     (["-np", "0", "-m", "x"], "--parallel '0': invalid value for n_parallel"),
     (["--ctx", "10"], "invalid argument: --ctx"),
-    ([], "no model given"),
 ]
 
 
@@ -50,6 +49,12 @@ def test_console_scripts_exit_with_the_returned_code(script: list[str]) -> None:
     run = run_cli([*script[1:], "-m", "x.gguf"], script=script[0])
     assert run.rc == 1 and len(run.stderr_lines) == 1 and "GGUF" in run.stderr
     assert run.seconds < 1.0
+
+
+def test_no_model_is_router_mode_over_the_model_cache() -> None:
+    # upstream: neither -m nor --models-dir starts the router over the cache
+    config = main.prepare([], env={})
+    assert config.router and config.models_dir is None and config.model == ""
 
 
 def test_env_refusal_names_the_variable() -> None:
