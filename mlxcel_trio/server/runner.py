@@ -40,6 +40,7 @@ from ..config import ServerConfig
 from .request import grammar_fields as server_grammar
 from .http import hypercorn_internals
 from .app import MAX_HEAD_BYTES, create_app
+from .load_choices import choices_line
 
 log = logging.getLogger("mlxcel.server")
 
@@ -112,6 +113,7 @@ async def _watch_load(bridge: Bridge, shutdown: trio.Event, status: dict,
                  "effect), cont_batching = %s, context_shift = %s", info.n_ctx_slot,
                  cfg.batch_size, cfg.ubatch_size, str(cfg.cont_batching).lower(),
                  str(cfg.context_shift).lower())
+        log.info("%s", choices_line(cfg))
 
 
 def _hypercorn_config(config: ServerConfig) -> HypercornConfig:
