@@ -41,6 +41,7 @@ from .request import grammar_fields as server_grammar
 from .http import hypercorn_internals
 from .app import MAX_HEAD_BYTES, create_app
 from .load_choices import choices_line
+from . import drain
 
 log = logging.getLogger("mlxcel.server")
 
@@ -166,6 +167,7 @@ async def _serve(config, bridge, app, shutdown, signals, status, sock,
     hc = _hypercorn_config(config)
     async with trio.open_nursery() as root:
         root.start_soon(_signals, signals, shutdown)
+        root.start_soon(drain.drain, app.mlxcel_state, shutdown, GRACE_S)
         if bridge.distributed:
             root.start_soon(_watch_launcher, os.getppid(), shutdown)
         await root.start(bridge.run)
