@@ -266,6 +266,20 @@ class Bridge:
         if self._engine is not None:
             self._engine.post(ClearPromptCache())
 
+    def fail_all(self, kind: str, message: str) -> int:
+        """Shutdown's last word (server/drain.py): every running job's stream
+        gets Failed(kind, message) as its final event and the job is
+        cancelled; returns how many there were."""
+        ended = 0
+        for job_id, group in list(self._streams.items()):
+            try:
+                group.send.send_nowait(Failed(job_id, kind, message))
+            except (trio.WouldBlock, trio.BrokenResourceError):
+                pass
+            self._forget(job_id)
+            ended += 1
+        return ended
+
     def _forget(self, job_id: int) -> None:
         group = self._streams.pop(job_id, None)
         self.monitor.dropped(job_id)

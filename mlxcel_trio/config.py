@@ -161,7 +161,7 @@ class ServerConfig:
     # --session-store: memory, or a redis:// URL shared by replicas (server/sessions/shared.py)
     session_store: str = attrs.field(default="memory", repr=False)
     # -- router mode (server/router/): no -m, models discovered and served by children --
-    models_dir: str | None = None    # --models-dir, canonical; None = not router mode
+    models_dir: str | None = None    # --models-dir, canonical (router mode: `router`)
     models_preset: str | None = None
     models_max: int = 4              # loaded at once; 0 = unlimited
     models_autoload: bool = True

@@ -20,12 +20,14 @@ from __future__ import annotations
 import fnmatch
 import os
 import shutil
+import socket
 import sys
 import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Callable, TextIO
+from urllib.parse import urlsplit
 
 import attrs
 
@@ -39,6 +41,7 @@ ALLOW_PATTERNS = (
 )
 STAGING = ".mlxcel-staging"
 POLL_S = 0.25
+REACH_TIMEOUT_S = 5.0   # the one connection attempt that tells an offline machine
 
 
 class DownloadError(Exception):
@@ -87,6 +90,12 @@ def fetch(repo_id: str, *, token: str | None = None, cache: Path | None = None,
                             "(HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE or --offline is set); download "
                             "it once where the "
                             "Hub is reachable, or pass a local checkpoint directory")
+    unreachable = _unreachable(constants.ENDPOINT)
+    if unreachable:  # before huggingface_hub's retries (about 24 s of them)
+        raise DownloadError(f"not in the local Hugging Face cache, and the Hub cannot be "
+                            f"reached ({unreachable}); connect to the network, or set "
+                            "HF_HUB_OFFLINE=1 (or pass --offline) to serve from the cache "
+                            "only, or pass a local checkpoint directory")
     try:
         total = sum(f.size or 0 for f in HfApi(token=token).list_repo_tree(repo_id, recursive=True)
                     if getattr(f, "size", None) is not None and _wanted(f.path))
@@ -124,6 +133,20 @@ def fetch(repo_id: str, *, token: str | None = None, cache: Path | None = None,
         elapsed = time.monotonic() - t0
         on_progress(Progress(total, total, total / elapsed if elapsed > 0 else 0.0, 0.0))
     return final
+
+
+def _unreachable(endpoint: str) -> str | None:
+    """Why a TCP connection to the Hub's endpoint fails right now (no
+    network, no DNS, refused), or None when it connects.  One bounded try:
+    an offline machine learns it at once instead of through retries."""
+    parts = urlsplit(endpoint)
+    host = parts.hostname or ""
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        with socket.create_connection((host, port), timeout=REACH_TIMEOUT_S):
+            return None
+    except OSError as exc:
+        return f"{host}:{port}: {exc.strerror or type(exc).__name__}"
 
 
 def probe(repo_id: str, token: str | None = None) -> None:

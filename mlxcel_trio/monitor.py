@@ -137,6 +137,10 @@ class Monitor:
         self.slots = [SlotView(i) for i in range(n_slots)]
         self.counters = Counters()
         self.sleeping = False
+        # the counters as they stood when the engine fell asleep: /metrics
+        # answers our families from them while asleep, as upstream serves its
+        # metrics from the snapshot taken on entering sleep
+        self.before_sleep: Counters | None = None
         self.debug = slots_debug()
         self._slot_of: dict[int, SlotView] = {}
         self._internal: dict[int, SlotView] = {}   # internal jobs' slots
@@ -187,6 +191,7 @@ class Monitor:
             self.counters.embedded += 1
             self.counters.embedded_tokens += ev.n_tokens
         elif isinstance(ev, Sleeping):
+            self.before_sleep = attrs.evolve(self.counters)
             self.sleeping = True
             self.counters.sleeps += 1
             self.counters.released_bytes = ev.released_bytes

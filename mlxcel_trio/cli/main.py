@@ -145,7 +145,7 @@ def configure(parsed: Parsed, env: Mapping[str, str] | None = None) -> ServerCon
         if ref and given:
             raise CliError(f"{describe(BY_DEST[dest], parsed)}: {BY_DEST[dest].name} configures "
                            "router mode, which has no -m/--model; drop one of them")
-    if not ref and (models_dir or preset_file):
+    if not ref:  # upstream: no model is router mode, over the model cache at least
         from mlxcel_trio.cli import presets
         from mlxcel_trio.cli.passthrough import child_argv
 
@@ -158,11 +158,6 @@ def configure(parsed: Parsed, env: Mapping[str, str] | None = None) -> ServerCon
         return attrs.evolve(build_config(parsed, ""), router=True, no_effect=without_effect(parsed),
                             child_args=child_argv(parsed.argv), preset_global=glob,
                             presets=sections, **io)
-    if not ref:
-        raise CliError(
-            "no model given: pass -m/--model (or set LLAMA_ARG_MODEL) with "
-            f"{model_ref.INSTEAD.removeprefix('use ')}"
-        )
     try:
         resolved = model_ref.resolve(ref, token=parsed.values.get("hf_token") or None)
     except model_ref.ModelRefError as exc:

@@ -27,6 +27,7 @@ from mlxcel_trio.cli.options import OPTIONS, SECTIONS, Option, check_table
 from mlxcel_trio.cli.values import BOOL_DOMAIN, BadValue, is_truthy, parse_bool
 
 HELP_WIDTH = 100
+NO_EFFECT_MARK = "[accepted; no effect on MLX]"
 HELP_COLUMN = 40
 
 
@@ -152,6 +153,8 @@ def help_text(opt: Option) -> str:
     if opt.status == "deferred":
         accepts = f"accepts only {opt.accepts}" if opt.accepts else "refused if given"
         text += f"\n[not implemented yet: {accepts}]"
+    if opt.quiet is not None:  # a tuning option: accepted, as upstream, with no effect
+        text += f"\n{NO_EFFECT_MARK}"
     if opt.env:
         text += f"\n(env: {opt.env})"
     return text.replace("%", "%%")

@@ -138,14 +138,15 @@ def not_applicable(
 
 def tuning(
     spellings: tuple[str, ...], dest: str, help: str, *, quiet: Inert = NEVER,
-    owner: int = 3, hidden: bool = True, **kw: Any,
+    owner: int = 3, hidden: bool = False, **kw: Any,
 ) -> Option:
     """A setting whose only effect upstream is on speed, memory or placement
     inside GGML (threads, CPU placement, memory locking and mapping, layer
     offload, device splits, flash attention).  Outputs do not depend on it, so
     refusing it would only stop copied command lines from starting: its value
     is checked against its domain, accepted, and named once at startup as
-    having no effect on MLX unless `quiet` says it asks for nothing."""
+    having no effect on MLX unless `quiet` says it asks for nothing.  Listed
+    in --help, as upstream lists it, marked as having no effect on MLX."""
     return Option(spellings, dest, help, status="not_applicable", owner=owner,
                   quiet=quiet, hidden=hidden, **kw)
 

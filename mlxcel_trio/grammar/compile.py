@@ -76,6 +76,32 @@ def gbnf_source_check(text: str) -> None:
                            f"{MAX_GBNF_BYTES} bytes (256 KiB)")
 
 
+# schema keywords whose values are data, not subschemas
+_DATA_KEYS = frozenset({"const", "enum", "default", "examples", "required"})
+# keywords mapping names (which may be any word, "const" too) to subschemas
+_NAMED = frozenset({"properties", "patternProperties", "$defs", "definitions"})
+
+
+def _tuples(schema):
+    """Arrays read as upstream's converter reads them: an `items` that is a
+    list (draft 4) is a tuple of exactly those items (the `prefixItems` of
+    later drafts, which llguidance knows), and a schema with items and no
+    type is an array (JSON Schema itself would admit any other value)."""
+    if isinstance(schema, list):
+        return [_tuples(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: (v if k in _DATA_KEYS else
+               {n: _tuples(sub) for n, sub in v.items()} if k in _NAMED and isinstance(v, dict)
+               else _tuples(v)) for k, v in schema.items()}
+    items = out.get("items")
+    if isinstance(items, list) and "prefixItems" not in out:
+        out.update(prefixItems=items, items=False, minItems=len(items))
+    if ("items" in out or "prefixItems" in out) and "type" not in out:
+        out["type"] = "array"  # upstream: items without a type is an array
+    return out
+
+
 def schema_grammar(schema_text: str) -> str:
     """llguidance's grammar for a JSON schema (no tokenizer needed), with
     upstream's whitespace rule unless the schema sets its own.  An empty
@@ -94,6 +120,8 @@ def schema_grammar(schema_text: str) -> str:
         schema = {}
     elif schema is False:
         schema = {"not": {}}
+    else:
+        schema = _tuples(schema)
     try:
         grammar = llg.LLMatcher.grammar_from_json_schema(
             schema, defaults={"whitespace_pattern": JSON_WHITESPACE})

@@ -36,6 +36,7 @@ from .surfaces import (info, infill, completion as native, embeddings, openai_co
 from .http import limits
 from .sessions import slot_files, streams
 from .state import AppState
+from . import drain
 from .surfaces.vertex import Predictor
 from .surfaces.metrics import Metrics
 from .surfaces import chat_routes, lora, webui
@@ -59,6 +60,7 @@ from .http.errors import (
     not_supported,
     payload_too_large,
     request_timeout,
+    shutting_down,
 )
 from .routes import QUIET_PATHS, ROUTES, UI_ROUTES, Route, quart_rule
 from .http.key_scope import caller_scope
@@ -264,6 +266,8 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
             return None
         if not bridge.ready:
             return loading()
+        if state.draining:
+            return shutting_down(drain.MESSAGE)
         if keys and request.path not in public:
             which = _authorized(keys)
             if which < 0:

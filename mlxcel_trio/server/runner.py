@@ -42,6 +42,8 @@ from .request import grammar_fields as server_grammar
 from .http import hypercorn_internals
 from .app import MAX_HEAD_BYTES, create_app
 from .process import warn_open_cors, watch_signals
+from .load_choices import choices_line
+from . import drain
 
 log = logging.getLogger("mlxcel.server")
 
@@ -107,6 +109,7 @@ async def _watch_load(bridge: Bridge, shutdown: trio.Event, status: dict,
                  "effect), cont_batching = %s, context_shift = %s", info.n_ctx_slot,
                  cfg.batch_size, cfg.ubatch_size, str(cfg.cont_batching).lower(),
                  str(cfg.context_shift).lower())
+        log.info("%s", choices_line(cfg))
 
 
 def _hypercorn_config(config: ServerConfig) -> HypercornConfig:
@@ -152,6 +155,7 @@ async def _serve(config, bridge, app, shutdown, signals, status, sock,
     hc = _hypercorn_config(config)
     async with trio.open_nursery() as root:
         root.start_soon(watch_signals, signals, shutdown)
+        root.start_soon(drain.drain, app.mlxcel_state, shutdown, GRACE_S)
         if bridge.distributed:
             root.start_soon(_watch_launcher, os.getppid(), shutdown)
         await root.start(bridge.run)

@@ -52,6 +52,7 @@ class AppState:
     heavy_work: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(2))
     media: MediaPolicy = attrs.field(factory=MediaPolicy)
     _chat: chat_settings.ChatSettings | None = None
+    draining: bool = False   # SIGTERM received: new requests answer 503 (server/drain.py)
 
     @classmethod
     def create(cls, config: ServerConfig, bridge: Bridge) -> "AppState":

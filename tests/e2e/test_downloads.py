@@ -5,8 +5,10 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
@@ -124,3 +126,22 @@ def models_root(tmp_path):
     root = tmp_path / "models"
     root.mkdir()
     return root
+
+
+def test_an_unreachable_hub_fails_fast_naming_the_offline_switch(tmp_path):
+    # a closed loopback port stands for a machine with no network: one refused
+    # connection, not huggingface_hub's five retries (about 24 s)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    env = {**os.environ, "HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "0",
+           "LLAMA_ARG_OFFLINE": "0", "HF_ENDPOINT": f"http://127.0.0.1:{closed}",
+           "HF_HUB_CACHE": str(tmp_path / "hub")}
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "mlxcel_trio", "-m", "owner/name", "--port",
+                           "0"], capture_output=True, text=True, timeout=60, env=env,
+                          stdin=subprocess.DEVNULL)
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "the Hub cannot be reached" in proc.stderr and "HF_HUB_OFFLINE=1" in proc.stderr
+    assert "Retrying" not in proc.stderr and elapsed < 10, (elapsed, proc.stderr)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 
+import httpx
 import jsonschema
 import pytest
 
@@ -172,3 +173,20 @@ def test_a_broken_server_grammar_is_logged_and_refused_per_request(broken_server
         broken_server, prompt="x", n_predict=2)
     ok = complete(broken_server, prompt="x", n_predict=5, grammar='root ::= "ok"')
     assert ok["content"] == "ok"
+
+
+def test_a_list_of_items_is_a_tuple_array_as_upstream_reads_it(server):
+    # upstream's converter reads `items: [...]` (draft 4) as a tuple of exactly
+    # those items; the chat route's json_object schema takes it as upstream's test sends it
+    fmt = {"type": "json_object", "schema": {"items": [{"type": "integer"},
+                                                       {"type": "boolean"}]}}
+    for seed in range(4):
+        r = httpx.post(server.url + "/v1/chat/completions", timeout=120, json={
+            "messages": [{"role": "user", "content": "Write an example"}], "max_tokens": 40,
+            "response_format": fmt, "seed": seed, **HOT})
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        assert choice["finish_reason"] == "stop", choice
+        value = json.loads(choice["message"]["content"])
+        assert isinstance(value, list) and len(value) == 2, value
+        assert type(value[0]) is int and type(value[1]) is bool, value

@@ -36,6 +36,7 @@ def _text(frames) -> str:
 
 def test_quantized_cache_serves_concurrent_streams_and_reuses_prefixes(q8_server):
     q8_server.wait_for_text("KV cache: K as q8_0 (8-bit groups of 32), V as q8_0")
+    assert "KV cache K q8_0, V q8_0" in q8_server.wait_for_text("main: choices: ")
     prompts = ["the quantized cache keeps every slot " * 6, "a second stream beside it"]
     results: dict[int, str] = {}
 

@@ -79,14 +79,19 @@ def test_no_jinja_output_is_content_streamed_or_not(no_jinja):
 
 
 def test_no_jinja_refuses_tools_with_upstreams_words(no_jinja):
+    # upstream's words, as a 4xx (upstream: 500): the request cannot succeed here
     r = post(no_jinja.url, {"messages": [CONVERSATION[0]], "tools": TOOLS}, path=CHAT)
-    assert r.status_code == 500
-    assert r.json() == {"error": {"code": 500, "message": "tools param requires --jinja flag",
-                                  "type": "server_error"}}
+    assert r.status_code == 400
+    assert r.json() == {"error": {"code": 400, "message": "tools param requires --jinja flag",
+                                  "type": "invalid_request_error"}}
     r = post(no_jinja.url, {"messages": [CONVERSATION[0]], "tool_choice": "required"},
              path=CHAT)
     assert (r.status_code, r.json()["error"]["message"]) == \
-        (500, "tool_choice param requires --jinja flag")
+        (400, "tool_choice param requires --jinja flag")
+    # the OpenAI SDK retries a 5xx; a 4xx reaches the caller on the first answer
+    sdk = openai.OpenAI(base_url=no_jinja.url + "/v1", api_key="none", max_retries=2)
+    with pytest.raises(openai.BadRequestError, match="tools param requires --jinja flag"):
+        sdk.chat.completions.create(model="m", messages=[CONVERSATION[0]], tools=TOOLS)
     assert httpx.get(no_jinja.url + "/health").status_code == 200  # and keeps serving
 
 

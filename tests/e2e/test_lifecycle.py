@@ -33,13 +33,17 @@ def test_sigterm_with_a_stream_in_flight_exits_in_bounded_time(tiny_model, start
     srv = start_server(tiny_model, "-np", "1", "-c", "131072")
     started = threading.Event()
     ended: dict = {}
+    lines: list[str] = []
+    kept = httpx.Client(base_url=srv.url, timeout=10)  # a connection open before the signal
+    assert kept.get("/health").status_code == 200
 
     def reader():
         try:
             with httpx.stream("POST", srv.url + "/completion",
                               json={"prompt": "x", "n_predict": -1, "ignore_eos": True,
                                     "stream": True}, timeout=60) as r:
-                for _ in r.iter_lines():
+                for line in r.iter_lines():
+                    lines.append(line)
                     started.set()
         except httpx.HTTPError as exc:
             ended["error"] = exc
@@ -49,9 +53,23 @@ def test_sigterm_with_a_stream_in_flight_exits_in_bounded_time(tiny_model, start
     t.start()
     assert started.wait(30), "the stream never started"
     srv.signal(signal.SIGTERM)
+    srv.wait_for_text("received SIGTERM, shutting down", 10)
+    # a request on a connection that was already open is refused while draining
+    try:
+        late = kept.get("/props")
+        assert late.status_code == 503, late.text
+        assert late.json()["error"]["message"] == "the server is shutting down"
+    except httpx.TransportError:
+        pass  # the server closed the idle connection first: nothing was served either
+    kept.close()
     assert srv.wait(EXIT_BOUND_S) == 0
     t.join(10)
     assert ended.get("done"), "the client was left hanging after the server exited"
+    # the stream cut after the grace ends with a final error frame, not a bare cut
+    data = [ln for ln in lines if ln.startswith("data: ")]
+    last = json.loads(data[-1][6:])
+    assert last["error"]["message"] == "the server is shutting down", data[-3:]
+    assert last["error"]["type"] == "unavailable_error" and "error" not in ended, ended
 
 
 def test_signal_during_model_load_is_graceful(tiny_model, start_server):

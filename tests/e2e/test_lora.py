@@ -4,6 +4,8 @@ in flight, the prompt cache keyed by scales, and the refusals."""
 
 from __future__ import annotations
 
+import os
+
 import httpx
 import pytest
 
@@ -51,6 +53,9 @@ def test_get_reports_each_adapter_in_upstreams_shape(lora_server, adapters):
     props = httpx.get(lora_server.url + "/props").json()
     assert props["default_generation_settings"]["params"]["lora"] == [
         {"id": 0, "scale": 1.0}, {"id": 1, "scale": 0.5}]
+    names = [os.path.basename(a.rstrip("/")) for a in adapters]
+    line = lora_server.wait_for_text("main: choices: ")
+    assert f"LoRA {names[0]} x1, {names[1]} x0.5" in line, line
 
 
 def test_the_request_field_overrides_the_global_scales(lora_server, server):

@@ -332,3 +332,19 @@ def test_a_model_that_cannot_load_answers_503_and_nothing_else_suffers(router):
                   if m["id"] == "broken")["status"]
     assert broken["value"] == "unloaded" and broken["failed"] is True and broken["exit_code"] == 1
     assert _complete(router, "alpha")["model"] == "alpha"
+
+
+def test_no_model_and_no_models_dir_routes_over_the_model_cache(tiny_model, tmp_path):
+    # upstream: a server given no model starts its router over the model cache
+    hub = tmp_path / "hub"
+    shutil.copytree(tiny_model, hub / "models--test--tiny" / "snapshots" / "0123abcd")
+    r = Router(tmp_path, "-np", "1", "-c", "1024", env={"HF_HUB_CACHE": str(hub)})
+    r.argv = [a for a in r.argv if a not in ("--models-dir", str(tmp_path))]
+    assert "--models-dir" not in r.argv and "-m" not in r.argv[3:]
+    r.start()
+    try:
+        listed = {m["id"]: m for m in httpx.get(r.url + "/models").json()["data"]}
+        assert set(listed) == {"test/tiny"} and listed["test/tiny"]["source"] == "cache"
+        assert _complete(r, "test/tiny")["tokens_predicted"] == 8
+    finally:
+        r.stop()

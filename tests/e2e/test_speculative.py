@@ -143,3 +143,13 @@ def test_grammar_and_probability_rows_decode_beside_drafting_rows(draft_server, 
         [[t["id"] for t in w["top_logprobs"]] for w in want]
     assert all(abs(g["logprob"] - w["logprob"]) < 1e-3 for g, w in zip(got, want))
     assert any("draft_n" in out[i]["timings"] for i in (2, 3))
+
+
+def test_the_load_summary_names_the_speculative_kv_and_blas_choices(ngram_server, draft_server,
+                                                                    tiny_draft_model):
+    line = ngram_server.wait_for_text("main: choices: ")
+    assert "speculative ngram-simple (draft 0..3 tokens)" in line, line
+    assert "LoRA none" in line and "KV cache K f16, V f16" in line and "| BLAS " in line
+    line = draft_server.wait_for_text("main: choices: ")
+    assert (f"speculative draft-simple (draft 0..4 tokens, draft model "
+            f"{tiny_draft_model.name})") in line, line

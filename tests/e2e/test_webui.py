@@ -174,6 +174,9 @@ def servers(tiny_model, start_server) -> dict:
                               "/llm", "--ui-config",
                               json.dumps({"temperature": 0, "max_tokens": 8}), wait_ready=False)
     out["no_ui"] = start_server(tiny_model, "-np", "1", "--no-ui", wait_ready=False)
+    # the server's own sampling defaults and no --ui-config: the page must not override them
+    out["defaults"] = start_server(tiny_model, "-np", "1", "--temp", "0.1", "--top-k", "5",
+                                   "-n", "8", wait_ready=False)
     yield out
     for srv in out.values():
         srv.stop()
@@ -608,3 +611,38 @@ def test_no_ui_gives_upstreams_answer_at_root(servers, open_page):
     assert json.loads(p.page.text_content("body")) == {
         "error": {"message": "File Not Found", "type": "not_found_error", "code": 404}}
     assert httpx.get(srv.url + "/props").json()["ui"] is False
+
+
+SAMPLING = {"temperature", "top_p", "top_k", "min_p", "max_tokens", "n_predict", "typical_p",
+            "repeat_penalty", "presence_penalty", "frequency_penalty", "seed"}
+
+
+def test_the_page_sends_no_sampling_field_the_user_did_not_set(servers, open_page):
+    """The server's --temp / --top-k apply to the page's chats until the user
+    sets a value; the settings dialog shows the server's values from /props."""
+    srv = servers["defaults"]
+    srv.wait_ready()
+    p = open_page(srv.url)
+    p.ready()
+    p.send("What is the default?")
+    p.wait_state("done")
+    (body,) = p.chat_bodies()
+    assert not SAMPLING & set(body), body
+    assert set(body) == {"messages", "stream"}, body
+    p.page.click("#settings-open")
+    assert p.page.input_value("#set-temperature") == ""
+    assert p.page.get_attribute("#set-temperature", "placeholder") == "server: 0.1"
+    assert p.page.get_attribute("#set-top_k", "placeholder") == "server: 5"
+    p.page.click("#settings-close")
+    p.settings(top_k="7")            # the one field the user changes is the one sent
+    p.send("And now?")
+    p.wait_state("done")
+    body = p.chat_bodies()[-1]
+    assert SAMPLING & set(body) == {"top_k"} and body["top_k"] == 7, body
+    p.page.click("#settings-open")
+    p.page.click("#settings-reset")  # back to the server's defaults: nothing sent again
+    p.page.click("#settings-close")
+    p.send("Once more")
+    p.wait_state("done")
+    assert not SAMPLING & set(p.chat_bodies()[-1])
+    assert not p.errors, p.errors

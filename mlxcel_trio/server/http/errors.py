@@ -99,6 +99,11 @@ def loading() -> Response:
     return _middleware_error("Loading model", "unavailable_error", 503)
 
 
+def shutting_down(message: str) -> Response:
+    """A request reaching the app during SIGTERM's drain (server/drain.py)."""
+    return _middleware_error(message, "unavailable_error", 503)
+
+
 def feature_disabled() -> Response:
     """upstream's res_403 stub body: no `code` key."""
     return json_response({"error": {"message": "this feature is disabled",

@@ -30,14 +30,15 @@ from .chat import (
 
 
 def _needs_jinja(param: str, settings: ChatSettings) -> ApiError:
-    """upstream's refusal on its legacy path (a 500 server_error there, and
-    here: the server's configuration, not the body, is what falls short)."""
+    """upstream's refusal on its legacy path, with its wording, as a 400
+    (upstream: 500 server_error; a 5xx makes the OpenAI SDK retry a request
+    that can never succeed on this server)."""
     if settings.named:  # --jinja is on; the built-in name is what has no tools
         return ApiError(f"{param} param requires a Jinja chat template: --chat-template "
                         f"{settings.legacy} selects llama-server's built-in format, which "
                         f"renders no tools; pass the template's Jinja text with "
-                        f"--chat-template-file to use {param}", type="server_error")
-    return ApiError(f"{param} param requires --jinja flag", type="server_error")
+                        f"--chat-template-file to use {param}")
+    return ApiError(f"{param} param requires --jinja flag")
 
 
 def legacy_plan(body: dict, settings: ChatSettings, vocab, limit: int | None = None) -> ChatPlan:

@@ -21,8 +21,11 @@
     key: 'mlxcel.apiKey', convs: 'mlxcel.conversations',
     settings: 'mlxcel.settings', current: 'mlxcel.current',
   };
+  // An empty sampling setting is the server's own default: it is not sent, so
+  // the server's --temp, --top-k ... apply until the user sets a value (the
+  // settings dialog shows the server's values from /props as placeholders).
   const DEFAULTS = {
-    temperature: 0.8, top_p: 0.95, top_k: 40, min_p: 0.05, max_tokens: -1,
+    temperature: '', top_p: '', top_k: '', min_p: '', max_tokens: '',
     systemMessage: '', customJson: '',
   };
   const NUMERIC = ['temperature', 'top_p', 'top_k', 'min_p', 'max_tokens'];
@@ -33,6 +36,7 @@
   if (!Array.isArray(convs)) convs = [];
   let currentId = localStorage.getItem(STORE.current);
   let serverDefaults = {};
+  let serverParams = {};            // /props default_generation_settings.params
   let ready = false;
   let editing = null;               // {convId, msgId} while the composer edits a message
   const live = new Map();           // assistant msg id -> AbortController of its stream
@@ -131,6 +135,7 @@
     const gen = props.default_generation_settings || {};
     $('model-ctx').textContent = gen.n_ctx ? 'context ' + gen.n_ctx : '';
     serverDefaults = props.ui_settings;
+    serverParams = gen.params || {};
     ready = true;
     setStatus('');
     resumeAll();
@@ -605,6 +610,12 @@
   function openSettings() {
     const s = settings();
     for (const k of Object.keys(DEFAULTS)) $('set-' + k).value = s[k] === undefined ? '' : s[k];
+    for (const k of NUMERIC) {
+      const v = k === 'max_tokens' ? serverParams.n_predict : serverParams[k];
+      // /props reports float32 values (0.10000000149011612): shown to 6 digits
+      const shown = typeof v === 'number' ? Number(v.toPrecision(6)) : v;
+      $('set-' + k).placeholder = v === undefined ? 'server default' : 'server: ' + shown;
+    }
     $('settings-error').hidden = true;
     $('settings').hidden = false;
   }

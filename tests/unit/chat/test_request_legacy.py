@@ -57,10 +57,10 @@ def test_a_named_format(llama3, vocab):
 
 def test_tools_are_refused_with_upstreams_words_and_status(no_jinja, vocab):
     assert refused({"messages": [USER], "tools": TOOLS}, no_jinja, vocab) == \
-        (500, "server_error", "tools param requires --jinja flag")
+        (400, "invalid_request_error", "tools param requires --jinja flag")
     for choice in ("none", "required", "bogus"):
         assert refused({"messages": [USER], "tool_choice": choice}, no_jinja, vocab) == \
-            (500, "server_error", "tool_choice param requires --jinja flag")
+            (400, "invalid_request_error", "tool_choice param requires --jinja flag")
     # checked before anything else in the body, as upstream
     assert refused({"tools": TOOLS}, no_jinja, vocab)[2] == "tools param requires --jinja flag"
     # what upstream lets through: no tools, "auto", or a tool_choice that is not a string
@@ -71,7 +71,7 @@ def test_tools_are_refused_with_upstreams_words_and_status(no_jinja, vocab):
 
 def test_tools_under_a_named_format_name_what_to_do(llama3, vocab):
     status, kind, message = refused({"messages": [USER], "tools": TOOLS}, llama3, vocab)
-    assert (status, kind) == (500, "server_error")
+    assert (status, kind) == (400, "invalid_request_error")
     assert message.startswith("tools param requires a Jinja chat template")
     assert "--chat-template-file" in message
 

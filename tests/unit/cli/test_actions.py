@@ -46,7 +46,8 @@ def test_completion_lists_visible_options_only() -> None:
     opts = set(re.search(r'opts="([^"]*)"', script).group(1).split())  # type: ignore[union-attr]
     visible = {s for o in OPTIONS if not o.hidden for s in o.all_spellings}
     assert opts == visible
-    for hidden in ("-ngl", "--n-gpu-layers", "--mlock", "--control-vector",
+    assert {"-ngl", "--n-gpu-layers", "--mlock"} <= opts  # accepted, no effect on MLX
+    for hidden in ("--control-vector",
                    "--log-prompts-dir", "--fim-qwen-7b-default", "--dump-flag-surface"):
         assert hidden not in opts
 

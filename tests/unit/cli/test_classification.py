@@ -281,11 +281,13 @@ def test_log_prompts_dir_is_refused_without_creating_it(tmp_path: Path, ckpt: Pa
 
 # ---- table-wide invariants --------------------------------------------------
 
-def test_not_applicable_options_are_hidden_and_classified() -> None:
+def test_not_applicable_options_are_classified_and_only_tuning_ones_shown() -> None:
     for opt in OPTIONS:
         if opt.status == "not_applicable":
-            # classified: refused unless inert, or a tuning option (never refused)
-            assert opt.hidden and (opt.refuse is None) == (opt.quiet is not None), opt.name
+            # classified: refused unless inert (hidden), or a tuning option
+            # (never refused; listed in --help as upstream, marked no effect)
+            assert (opt.refuse is None) == (opt.quiet is not None), opt.name
+            assert opt.hidden == (opt.quiet is None), opt.name
         if opt.status == "deferred":
             assert not opt.hidden and opt.refuse is not None, opt.name
             assert opt.owner in OWNERS, opt.name

@@ -31,7 +31,6 @@ REFUSALS = [
     (["--port", "abc"], "invalid value 'abc' for --port"),
     (["-np", "0", "-m", "x"], "--parallel '0': invalid value for n_parallel"),
     (["--ctx", "10"], "invalid argument: --ctx"),
-    ([], "no model given"),
 ]
 
 
@@ -50,6 +49,12 @@ def test_console_scripts_exit_with_the_returned_code(script: list[str]) -> None:
     run = run_cli([*script[1:], "-m", "x.gguf"], script=script[0])
     assert run.rc == 1 and len(run.stderr_lines) == 1 and "GGUF" in run.stderr
     assert run.seconds < 1.0
+
+
+def test_no_model_is_router_mode_over_the_model_cache() -> None:
+    # upstream: neither -m nor --models-dir starts the router over the cache
+    config = main.prepare([], env={})
+    assert config.router and config.models_dir is None and config.model == ""
 
 
 def test_env_refusal_names_the_variable() -> None:
@@ -137,6 +142,23 @@ def test_help_lists_each_visible_option_once_and_no_hidden_one() -> None:
                 assert f"(default: {opt.shown_default()})" in flat, opt.name
 
 
+@pytest.mark.parametrize("spelling", ["-t", "-ngl", "-fa", "--mlock", "--numa", "-kvu"])
+def test_help_lists_the_accepted_no_effect_options_marked_as_such(spelling: str) -> None:
+    # upstream lists them; `--help | grep ngl` must not suggest they are refused
+    run = run_cli(["--help"])
+    (opt,) = [o for o in OPTIONS if spelling in o.all_spellings]
+    block = run.stdout.split(_invocation(opt), 1)[1].split("\n  -", 1)[0]
+    assert "[accepted; no effect on MLX]" in block, block
+
+
+def test_every_tuning_option_is_listed_and_marked() -> None:
+    tuning = [o for o in OPTIONS if o.quiet is not None]
+    assert len(tuning) > 10
+    for opt in tuning:
+        assert not opt.hidden, opt.name
+        assert help_text(opt).count("[accepted; no effect on MLX]") == 1, opt.name
+
+
 def test_help_text_carries_default_and_env() -> None:
     (port,) = [o for o in OPTIONS if o.dest == "port"]
     assert help_text(port) == "TCP port to listen on (default: 8080)\n(env: LLAMA_ARG_PORT)"
@@ -205,7 +227,7 @@ def test_dump_flag_surface_record_shape() -> None:
     ngl = by_name["--gpu-layers"]
     assert ngl["spellings"] == ["-ngl", "--gpu-layers", "--n-gpu-layers"]
     assert ngl["status"] == "not_applicable" and ngl["owner_issue"] == 3
-    assert ngl["hidden"] and ngl["checked_after_model"] and ngl["default"] == "auto"
+    assert not ngl["hidden"] and ngl["checked_after_model"] and ngl["default"] == "auto"
     kv = by_name["--kv-offload"]
     assert kv["env"] == ["LLAMA_ARG_KV_OFFLOAD", "LLAMA_ARG_NO_KV_OFFLOAD"]
     assert kv["env_negated"] == "LLAMA_ARG_NO_KV_OFFLOAD"
