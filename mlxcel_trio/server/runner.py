@@ -7,6 +7,7 @@
         ├── detached work       what outlives its request: stream producers, background
         │                       Responses (server/sessions/detached.py)
         ├── stream sessions     X-Conversation-Id TTL sweep (server/sessions/streams.py)
+        ├── request watchdog    reports a request without progress (server/http/watchdog.py)
         ├── session store       --session-store: heartbeat, writer, control (sessions/shared.py)
         ├── _signals            SIGINT / SIGTERM -> graceful shutdown
         ├── _watch_load         logs readiness, or stops the server on a load failure
@@ -169,6 +170,8 @@ async def _serve(config, bridge, app, shutdown, signals, status, sock,
         await root.start(bridge.run)
         await root.start(app.mlxcel_state.detached.run)
         await root.start(app.mlxcel_state.streams.run)
+        if app.mlxcel_state.watchdog is not None:
+            await root.start(app.mlxcel_state.watchdog.run)
         if app.mlxcel_state.shared is not None:
             await root.start(app.mlxcel_state.shared.run)
         async with trio.open_nursery() as http:
