@@ -87,13 +87,28 @@ class Tally:
 class Mix:
     """The operations, each a method returning (status, ok, note, tokens)."""
 
-    def __init__(self, url: str, prompt: str, lora: bool, seed: int) -> None:
+    def __init__(self, url: str, prompt: str, lora: bool, seed: int,
+                 fresh: float = 0.5) -> None:
         self.url = url
         self.prompt = prompt
         self.lora = lora
         self.rng = random.Random(seed)
+        self.fresh = fresh
+        self.pooled = self._new_client()
+        self.client = self.pooled
+
+    def _new_client(self) -> httpx.Client:
         # long enough for a stuck request to be dumped while stuck, not forever
-        self.client = httpx.Client(base_url=url, timeout=httpx.Timeout(300.0))
+        return httpx.Client(base_url=self.url, timeout=httpx.Timeout(300.0))
+
+    def run(self, op: str):
+        """One operation, on the kept-alive connection or (with probability
+        `fresh`, as the end-to-end tests do) on a connection of its own."""
+        if self.rng.random() >= self.fresh:
+            self.client = self.pooled
+            return getattr(self, op)()
+        with self._new_client() as self.client:
+            return getattr(self, op)()
 
     def _n(self) -> int:
         return self.rng.randint(*N_PREDICT)
@@ -329,7 +344,7 @@ def client_loop(mix: Mix, deadline: float, t_tok: float, clients: int, tally: Ta
         # the bound before the size is known: the largest this op can draw
         watch.begin(op, bound_for(2 * N_PREDICT[1], t_tok, clients))
         try:
-            status, ok, note, tokens = getattr(mix, op)()
+            status, ok, note, tokens = mix.run(op)
         except (httpx.HTTPError, json.JSONDecodeError, ValueError) as exc:
             status, ok, note, tokens = type(exc).__name__, False, str(exc)[:200], N_PREDICT[1]
         dumped = watch.end()
@@ -352,7 +367,7 @@ def start_own_server(kind: str, args: list[str], lora: bool, draft: bool):
     model = ensure(kind)
     extra = list(args)
     if lora:
-        extra += ["--lora", str(ensure("tiny-lora") / "adapters.safetensors")]
+        extra += ["--lora", str(ensure("tiny-lora"))]
     if draft:
         extra += ["-md", str(derive_draft(model, Path(os.environ.get(
             "TMPDIR", "/tmp")) / f"stress-draft-{os.getpid()}"))]
@@ -389,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds of load before the bounds count (first batches compile)")
     p.add_argument("--rate", type=float, help="requests per second per client (default: flat out)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fresh", type=float, default=0.5,
+                   help="share of requests sent on a new connection (the rest keep-alive)")
     p.add_argument("--out", type=Path, default=Path("stress-out"))
     p.add_argument("--keep-going", action="store_true", help="do not stop at the first breach")
     a = p.parse_args(argv)
@@ -416,7 +433,7 @@ def run(a, url: str, srv) -> int:
     stop = threading.Event()
     started = time.monotonic()
     deadline = started + a.warmup + a.duration
-    mixes = [Mix(url, prompt, a.lora, a.seed * 1000 + i) for i in range(a.clients)]
+    mixes = [Mix(url, prompt, a.lora, a.seed * 1000 + i, a.fresh) for i in range(a.clients)]
     threads = [threading.Thread(target=client_loop, daemon=True, args=(
         m, deadline, t_tok, a.clients, tally, watch, stop, a.rate, started + a.warmup))
         for m in mixes]

@@ -34,7 +34,7 @@ from functools import partial
 import trio
 from hypercorn.config import Config as HypercornConfig
 
-from .. import logging_setup
+from .. import logging_setup, memory_fit
 from ..bridge import (Bridge, checkpoint_problem, distributed_problem, engine_loop, follow,
                       join_world, world)
 from ..config import ServerConfig
@@ -110,9 +110,11 @@ async def _watch_load(bridge: Bridge, shutdown: trio.Event, status: dict,
         cfg = bridge.config
         # where upstream reports them too: its context setup logs the batch sizes
         log.info("n_ctx_slot = %d, n_batch = %d (prefill chunk), n_ubatch = %d (no MLX "
-                 "effect), cont_batching = %s, context_shift = %s", info.n_ctx_slot,
-                 cfg.batch_size, cfg.ubatch_size, str(cfg.cont_batching).lower(),
-                 str(cfg.context_shift).lower())
+                 "effect), cont_batching = %s, context_shift = %s, cache_ram = %d MiB%s",
+                 info.n_ctx_slot, cfg.batch_size, cfg.ubatch_size,
+                 str(cfg.cont_batching).lower(), str(cfg.context_shift).lower(), cfg.cache_ram,
+                 " (sized to this machine)" if cfg.cache_ram_auto else "")
+
 
 
 def _hypercorn_config(config: ServerConfig) -> HypercornConfig:
@@ -213,6 +215,12 @@ def run(config: ServerConfig) -> int:
         log.warning("has no effect on MLX: %s", ", ".join(config.no_effect))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     problem = None if config.router else checkpoint_problem(config)
+    fit = memory_fit.size(config)  # an unset --cache-ram follows the machine
+    config, problem = fit.config, problem or fit.problem
+    if problem is None and fit.summary:
+        log.info("%s", fit.summary)
+    if problem is None and fit.warning:
+        log.warning("%s", fit.warning)
     if problem is not None:  # before the socket listens and before any weight is read
         print(f"error: failed to load model '{config.model}': {problem}", file=sys.stderr,
               flush=True)
