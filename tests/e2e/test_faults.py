@@ -145,3 +145,37 @@ def test_a_store_that_stops_answering_mid_stream(tiny_model, start_server, store
         assert srv.proc.poll() is None
     finally:
         srv.stop()
+
+
+def test_router_restarts_a_stopped_child_and_leaves_the_others_alone(tmp_path, tiny_model):
+    import shutil
+
+    from .test_router import BODY, Router
+
+    root = tmp_path / "models"
+    root.mkdir()
+    for name in ("alpha", "beta"):
+        shutil.copytree(tiny_model, root / name)
+    router = Router(root, "-np", "1", "-c", "1024", "--no-warmup",
+                    env={"MLXCEL_INTERNAL_ROUTER_HEALTH_S": "0.5"}).start()
+    try:
+        for name in ("alpha", "beta"):
+            assert post(router.url, {**BODY, "model": name}).status_code == 200
+        stopped = router.child_pid("alpha")
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            router.wait_for_text("alpha: its server failed 3 health checks in a row", BOUND_S)
+            # meanwhile and after, the other model is unaffected
+            assert post(router.url, {**BODY, "model": "beta"}).status_code == 200
+            wait_until(router.statuses, "alpha loaded again", BOUND_S,
+                       until=lambda st: st.get("alpha") == "loaded", pause=0.2)
+            assert router.child_pid("alpha") != stopped
+            assert post(router.url, {**BODY, "model": "alpha"}).status_code == 200
+            assert router.statuses()["beta"] == "loaded"
+        finally:
+            try:
+                os.kill(stopped, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    finally:
+        router.stop()
