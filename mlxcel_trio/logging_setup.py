@@ -272,6 +272,39 @@ class Installed:
                 pass
 
 
+class FileSinkHandler(logging.StreamHandler):
+    """The --log-file handler: a write that fails (a full disk: ENOSPC, a
+    removed mount) is said once on stderr, with the file and the reason, and
+    the lines are dropped until a write succeeds again (then that is said
+    too), instead of logging's traceback for every record; the server goes
+    on serving either way."""
+
+    def __init__(self, stream, path: str) -> None:
+        super().__init__(stream)
+        self.path = path
+        self.failing = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        super().emit(record)
+        if self.failing and not self._errored:
+            self.failing = False
+            sys.stderr.write(f"warning: --log-file {self.path}: writable again; "
+                             "the lines in between were dropped\n")
+        self._errored = False
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        self._errored = True
+        if self.failing:
+            return
+        self.failing = True
+        exc = sys.exc_info()[1]
+        reason = getattr(exc, "strerror", None) or exc
+        sys.stderr.write(f"error: --log-file {self.path}: cannot write ({reason}); log "
+                         "lines are dropped until it can; the server goes on serving\n")
+
+    _errored = False
+
+
 def install(plan: LogPlan) -> Installed:
     """Wrap stdout/stderr in redaction, then install the one log handler."""
     redactor = Redactor(plan.secrets)
@@ -291,7 +324,8 @@ def install(plan: LogPlan) -> Installed:
     else:
         sink = out
     colors = plan.colors == "on" or (plan.colors == "auto" and can_use_colors(sink))
-    handler = logging.StreamHandler(sink)
+    handler = (logging.StreamHandler(sink) if plan.file is None
+               else FileSinkHandler(sink, plan.file))
     handler.setFormatter(UpstreamFormatter(prefix=plan.prefix, timestamps=plan.timestamps,
                                            colors=colors, t_start=time.time()))
     level = level_for(plan.threshold, plan.verbose)

@@ -30,6 +30,7 @@ Nothing here imports trio or MLX.
 
 from __future__ import annotations
 
+import contextvars
 import os
 import re
 import time
@@ -132,6 +133,11 @@ class Counters:
     embedded_tokens: int = 0
 
 
+# The request a job is submitted from (server/http/watchdog.py sets it for the
+# request's task): `submitted` appends the job id to its `job_ids`.
+REQUEST: contextvars.ContextVar = contextvars.ContextVar("mlxcel_request", default=None)
+
+
 class Monitor:
     def __init__(self, n_slots: int) -> None:
         self.slots = [SlotView(i) for i in range(n_slots)]
@@ -150,6 +156,17 @@ class Monitor:
 
     def submitted(self, job: Job) -> None:
         self.queued[job.id] = job
+        request = REQUEST.get()
+        if request is not None:
+            request.job_ids.append(job.id)
+
+    def job_progress(self, job_id: int) -> tuple:
+        """What changes while a job moves: queued, then its slot's prompt and
+        decode counts (read by the request watchdog, once per tick)."""
+        view = self._slot_of.get(job_id)
+        if view is None:
+            return (job_id in self.queued,)
+        return view.n_processed, view.n_decoded
 
     def dropped(self, job_id: int) -> None:
         """The request let go of a job (ended or cancelled)."""

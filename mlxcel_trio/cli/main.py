@@ -176,7 +176,7 @@ def configure(parsed: Parsed, env: Mapping[str, str] | None = None) -> ServerCon
                 raise CliError(f"{option} {side!r}: {exc}") from None
     sides.update(_draft(parsed, resolved.path))
     return attrs.evolve(build_config(parsed, resolved.path), no_effect=without_effect(parsed),
-                        **io, **sides)
+                        cache_ram_auto="cache_ram" not in parsed.given, **io, **sides)
 
 
 def _vertex(parsed: Parsed, env: Mapping[str, str]) -> dict[str, Any]:

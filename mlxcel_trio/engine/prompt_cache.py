@@ -81,6 +81,7 @@ class PromptCache:
         self.peak_nbytes = 0
         self.hits = 0
         self.misses = 0
+        self.evictions = 0   # entries dropped for the budget (/metrics)
 
     def __len__(self) -> int:
         return len(self._lru)
@@ -163,12 +164,13 @@ class PromptCache:
             log.debug("prompt cache: evicting %d tokens (%d bytes) over the %d-byte budget",
                       len(self._lru[key].tokens), self._lru[key].nbytes, self.budget)
             self._remove(key)
+            self.evictions += 1
 
     def stats(self) -> dict[str, int]:
         return {"entries": len(self._lru), "bytes": self.nbytes,
                 "peak_bytes": self.peak_nbytes,
                 "budget_bytes": -1 if self.budget is None else self.budget,
-                "hits": self.hits, "misses": self.misses}
+                "hits": self.hits, "misses": self.misses, "evictions": self.evictions}
 
 
 def adopt(layers: list, n: int) -> list:

@@ -743,7 +743,7 @@ class Scheduler:
     def _cache_stats(self, out: list) -> None:
         st = self._cache.stats()
         out.append(CacheStats(st["entries"], st["bytes"], st["peak_bytes"],
-                              st["budget_bytes"], st["hits"], st["misses"]))
+                              st["budget_bytes"], st["hits"], st["misses"], st["evictions"]))
 
 
 def _has_media(job: Job) -> bool:

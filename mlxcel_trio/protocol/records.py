@@ -544,6 +544,7 @@ class CacheStats:
     budget_bytes: int     # -1 = no limit
     hits: int
     misses: int
+    evictions: int = 0    # entries dropped for the budget, since start
 
 
 @attrs.frozen

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hmac
 import inspect
 import logging
+from contextlib import nullcontext
 from typing import Any, Callable
 
 from quart import Response, g, request
@@ -45,6 +46,7 @@ from .request.served import Served
 from .http.body import read_json_body
 from .http.body_limits import media_body_limits, sized_request_class
 from .http.resources import SCOPE_KEY, RequestResources
+from .http.watchdog import RequestWatchdog
 from .http.cors import CorsMiddleware, CorsPolicy
 from .http.errors import (
     JSON_TYPE,
@@ -96,10 +98,14 @@ class _PerRequest:
     It also closes the connection after an answer given before the request
     body was read to its end (the gate's 401 or 503, a 404, a stub route):
     the unread rest would otherwise stay on the kept-alive connection and
-    hang the client's next request on it."""
+    hang the client's next request on it.
 
-    def __init__(self, app) -> None:
+    With a watchdog (http/watchdog.py) the request is watched while it runs:
+    each body message received and each response message sent is progress."""
+
+    def __init__(self, app, watchdog: RequestWatchdog | None = None) -> None:
         self.app = app
+        self.watchdog = watchdog
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -109,10 +115,13 @@ class _PerRequest:
         if head > MAX_HEAD_BYTES:
             return await _send_error(send, header_too_large(MAX_HEAD_BYTES))
         body_done = not _has_body(scope.get("headers", ()))
+        tracked = None
 
         async def receive_tracked():
             nonlocal body_done
             message = await receive()
+            if tracked is not None:
+                tracked.mark()
             if message["type"] != "http.request" or not message.get("more_body", False):
                 body_done = True
             return message
@@ -123,12 +132,16 @@ class _PerRequest:
                            if k.lower() != b"connection"]
                 message = {**message, "headers": headers + [(b"connection", b"close")]}
             await send(message)
+            if tracked is not None:
+                tracked.mark()
 
         resources = RequestResources()
-        try:  # a fresh scope: an in-process sub-request (Vertex) gets its own
-            await self.app({**scope, SCOPE_KEY: resources}, receive_tracked, send_closing)
-        finally:
-            resources.close()
+        with (self.watchdog.track(scope.get("method", ""), scope.get("path", ""))
+              if self.watchdog is not None else nullcontext()) as tracked:
+            try:  # a fresh scope: an in-process sub-request (Vertex) gets its own
+                await self.app({**scope, SCOPE_KEY: resources}, receive_tracked, send_closing)
+            finally:
+                resources.close()
 
 
 def answer_errors(app: QuartTrio, config: ServerConfig) -> None:
@@ -178,7 +191,7 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
     state = app.mlxcel_state = AppState.create(config, bridge)
     public = {r.path for r in ROUTES if r.public}
     served: Served | None = None
-    metrics = Metrics(bridge)
+    metrics = Metrics(bridge, state.watchdog)
 
     def ctx() -> Served:
         nonlocal served
@@ -281,7 +294,7 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
 
     policy = CorsPolicy(config.cors_origins, config.cors_methods, config.cors_headers,
                         config.cors_credentials)
-    inner = _PerRequest(app.asgi_app)
+    inner = _PerRequest(app.asgi_app, state.watchdog)
     if predictor is not None:  # instances are dispatched below CORS, through the gate
         predictor.asgi = inner
     app.asgi_app = CorsMiddleware(inner, policy, [("Server", "llama.cpp")])

@@ -7,6 +7,7 @@
         ├── detached work       what outlives its request: stream producers, background
         │                       Responses (server/sessions/detached.py)
         ├── stream sessions     X-Conversation-Id TTL sweep (server/sessions/streams.py)
+        ├── request watchdog    reports a request without progress (server/http/watchdog.py)
         ├── session store       --session-store: heartbeat, writer, control (sessions/shared.py)
         ├── watch_signals       SIGINT / SIGTERM -> graceful shutdown
         ├── _watch_load         logs readiness, or stops the server on a load failure
@@ -33,7 +34,7 @@ from functools import partial
 import trio
 from hypercorn.config import Config as HypercornConfig
 
-from .. import logging_setup
+from .. import logging_setup, memory_fit
 from ..bridge import Bridge, engine_loop, follow
 from ..config import ServerConfig
 from ..engine.preflight import (checkpoint_problem, distributed_problem, join_world,
@@ -106,9 +107,10 @@ async def _watch_load(bridge: Bridge, shutdown: trio.Event, status: dict,
         cfg = bridge.config
         # where upstream reports them too: its context setup logs the batch sizes
         log.info("n_ctx_slot = %d, n_batch = %d (prefill chunk), n_ubatch = %d (no MLX "
-                 "effect), cont_batching = %s, context_shift = %s", info.n_ctx_slot,
-                 cfg.batch_size, cfg.ubatch_size, str(cfg.cont_batching).lower(),
-                 str(cfg.context_shift).lower())
+                 "effect), cont_batching = %s, context_shift = %s, cache_ram = %d MiB%s",
+                 info.n_ctx_slot, cfg.batch_size, cfg.ubatch_size,
+                 str(cfg.cont_batching).lower(), str(cfg.context_shift).lower(), cfg.cache_ram,
+                 " (sized to this machine)" if cfg.cache_ram_auto else "")
         log.info("%s", choices_line(cfg))
 
 
@@ -161,6 +163,8 @@ async def _serve(config, bridge, app, shutdown, signals, status, sock,
         await root.start(bridge.run)
         await root.start(app.mlxcel_state.detached.run)
         await root.start(app.mlxcel_state.streams.run)
+        if app.mlxcel_state.watchdog is not None:
+            await root.start(app.mlxcel_state.watchdog.run)
         if app.mlxcel_state.shared is not None:
             await root.start(app.mlxcel_state.shared.run)
         async with trio.open_nursery() as http:
@@ -206,6 +210,12 @@ def run(config: ServerConfig) -> int:
         log.warning("has no effect on MLX: %s", ", ".join(config.no_effect))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     problem = None if config.router else checkpoint_problem(config)
+    fit = memory_fit.size(config)  # an unset --cache-ram follows the machine
+    config, problem = fit.config, problem or fit.problem
+    if problem is None and fit.summary:
+        log.info("%s", fit.summary)
+    if problem is None and fit.warning:
+        log.warning("%s", fit.warning)
     if problem is not None:  # before the socket listens and before any weight is read
         print(f"error: failed to load model '{config.model}': {problem}", file=sys.stderr,
               flush=True)

@@ -14,6 +14,7 @@ through `app.mlxcel_state` (it runs the two tasks below in its root nursery).
     slot_identities   slot-file identity digests, by model path
     heavy_work  bounds the worker threads tokenizing and rendering requests
     media       what a request's media reference may read (media/policy.py)
+    watchdog    reports a request that stopped making progress (http/watchdog.py)
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from ..config import ServerConfig
 from ..media import MediaPolicy
 from .adapters import AdapterTable
 from .. import store_url
+from .http.watchdog import RequestWatchdog
 from .sessions.control import ControlRegistry
 from .sessions.detached import Detached
 from .sessions.response_store import ResponseStore
@@ -51,6 +53,7 @@ class AppState:
     # taking every core from the engine thread.
     heavy_work: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(2))
     media: MediaPolicy = attrs.field(factory=MediaPolicy)
+    watchdog: RequestWatchdog | None = None
     _chat: chat_settings.ChatSettings | None = None
     draining: bool = False   # SIGTERM received: new requests answer 503 (server/drain.py)
 
@@ -69,7 +72,9 @@ class AppState:
                                  max_bytes=STREAM_MAX_BYTES)
         return cls(config, bridge, detached, StreamRegistry.from_env(detached, shared),
                    ControlRegistry(bridge, shared), adapters=AdapterTable.from_config(config),
-                   responses=ResponseStore(shared=shared), shared=shared, media=media)
+                   responses=ResponseStore(shared=shared), shared=shared, media=media,
+                   watchdog=(RequestWatchdog(bridge.monitor) if hasattr(bridge, "monitor")
+                             else None))
 
     def chat_settings(self) -> chat_settings.ChatSettings:
         """The server's chat settings, built on first use: they need the

@@ -234,6 +234,7 @@ async def _start(nursery, checkpoint: Path, vocab: Vocab, hits: list,
     await nursery.start(bridge.run)
     await nursery.start(app.mlxcel_state.detached.run)   # as the runner's root nursery does
     await nursery.start(app.mlxcel_state.streams.run)
+    await nursery.start(app.mlxcel_state.watchdog.run)
     await nursery.start(_lifespan, app)
     if wait_loaded:
         with trio.fail_after(READY_S):

@@ -15,6 +15,12 @@ Rules:
   refuses with upstream's "model limit reached, try again later".
 - The router's shutdown cancels every supervising task, and each stops its
   child (SIGTERM, then SIGKILL after the grace) before it returns.
+- A loaded child is health-checked (GET /health every HEALTH_S, each bounded
+  by HEALTH_S): after HEALTH_FAILS failures in a row (a stopped or wedged
+  process that still holds its port) it is killed, reported "unloaded" with
+  its exit code (failed), and started again; the other children are not
+  touched.  HEALTH_ENV (an internal variable, not an option) shortens the
+  period for tests.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Mapping
 
+import httpx
 import trio
 
 from ..http.errors import ApiError
@@ -39,6 +46,9 @@ log = logging.getLogger("mlxcel.router")
 
 LOADED_LINE = b"main: model loaded"
 STOP_GRACE_S = 10.0
+HEALTH_ENV = "MLXCEL_INTERNAL_ROUTER_HEALTH_S"
+HEALTH_S = float(os.environ.get(HEALTH_ENV) or 5.0)
+HEALTH_FAILS = 3
 
 
 def free_port() -> int:
@@ -91,6 +101,7 @@ class Pool:
         # process, because a model stopped and started again at once has an
         # old child still exiting beside its new one.
         self._stopping: set[int] = set()
+        self._unhealthy: set[int] = set()   # children killed by the health check
 
     # -- events (GET /models/sse) ---------------------------------------------
 
@@ -268,8 +279,11 @@ class Pool:
             return
         inst.process = proc
         try:
-            await self._relay(inst, proc)
-            await proc.wait()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._health, inst, proc)
+                await self._relay(inst, proc)
+                await proc.wait()
+                nursery.cancel_scope.cancel()
         finally:
             if proc.returncode is None:  # the router is shutting down
                 self._stopping.add(proc.pid)
@@ -284,6 +298,35 @@ class Pool:
                 inst.exit_code = None if asked else proc.returncode
                 self._status(inst, "unloaded")
                 inst.ready.set()
+                if proc.pid in self._unhealthy:
+                    self._unhealthy.discard(proc.pid)
+                    self.start(inst)   # it was serving: bring it back
+
+    async def _health(self, inst: Instance, proc: trio.Process) -> None:
+        """Kill `proc` once its /health failed HEALTH_FAILS times in a row
+        while it was loaded (its supervisor then restarts it)."""
+        fails = 0
+        async with httpx.AsyncClient(timeout=HEALTH_S) as client:
+            while proc.returncode is None:
+                await trio.sleep(HEALTH_S)
+                if inst.process is not proc or inst.status != "loaded":
+                    fails = 0
+                    continue
+                try:
+                    ok = (await client.get(inst.base_url + "/health")).status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                fails = 0 if ok else fails + 1
+                if fails >= HEALTH_FAILS:
+                    log.warning("%s: its server failed %d health checks in a row (no answer "
+                                "to /health within %g s): restarting it", inst.name, fails,
+                                HEALTH_S)
+                    self._unhealthy.add(proc.pid)
+                    try:
+                        os.killpg(proc.pid, signal.SIGKILL)  # a stopped process too
+                    except (ProcessLookupError, PermissionError):
+                        proc.kill()
+                    return
 
     async def _relay(self, inst: Instance, proc: trio.Process) -> None:
         """The child's output, line by line, into the router's log; its

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import stat
 import tempfile
@@ -36,6 +37,8 @@ from ...protocol.records import Failed, SlotTokens
 from ..http.body import read_json_body
 from ..request.jobs import namespace, namespace_kind
 from ..http.errors import ApiError, json_response, json_type_name
+
+log = logging.getLogger("mlxcel.slots")
 
 FORMAT = "mlxcel-trio-slot"
 VERSION = 1
@@ -226,7 +229,8 @@ async def handle(bridge: Bridge, root: str, raw_id: str,
                            "tokens": list(ev.tokens)}, separators=(",", ":")).encode()
         try:
             await trio.to_thread.run_sync(write_atomic, root, path, data)
-        except OSError:
+        except OSError as exc:  # upstream's answer; the reason (a full disk) goes to the log
+            log.error("slot %d: saving %s failed: %s", id_slot, name, exc.strerror or exc)
             raise ApiError("Unable to save slot", "server_error") from None
         return json_response({"id_slot": id_slot, "filename": name, "n_saved": len(ev.tokens),
                               "n_written": len(data),

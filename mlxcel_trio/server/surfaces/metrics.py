@@ -27,6 +27,8 @@ from prometheus_client.utils import floatToGoString
 from quart import Response
 
 from ...bridge import Bridge
+from ...protocol.records import CacheStats
+from ..http.watchdog import RequestWatchdog
 from ..http.errors import not_supported
 
 CONTENT_TYPE = "text/plain; version=0.0.4"
@@ -93,8 +95,9 @@ def _upstream_block(values: dict[str, float]) -> str:
 class _Ours:
     """prometheus-client collector for the mlxcel_ families."""
 
-    def __init__(self, bridge: Bridge) -> None:
+    def __init__(self, bridge: Bridge, watchdog: RequestWatchdog | None = None) -> None:
         self.bridge = bridge
+        self.watchdog = watchdog
 
     def collect(self):
         monitor = self.bridge.monitor
@@ -124,13 +127,36 @@ class _Ours:
         yield CounterMetricFamily("mlxcel_embedding_tokens",
                                   "Tokens of the embedding and rerank inputs computed",
                                   value=c.embedded_tokens)
+        yield from _prompt_cache(self.bridge.cache_stats)
+        if self.watchdog is not None:
+            yield CounterMetricFamily(
+                "mlxcel_requests_stalled", "Requests seen without progress (no engine event, "
+                "no byte written) for longer than the watchdog's bound",
+                value=self.watchdog.stalled_total)
+            yield GaugeMetricFamily("mlxcel_requests_stalled_now",
+                                    "Requests without progress past the bound right now",
+                                    value=self.watchdog.stalled_now)
+
+
+def _prompt_cache(st: CacheStats | None):
+    """The prompt cache's occupancy, as the engine last reported it (zeros
+    before its first report and while asleep: the cache went with the model)."""
+    st = st or CacheStats(0, 0, 0, 0, 0, 0)
+    yield GaugeMetricFamily("mlxcel_prompt_cache_bytes", "Bytes of KV the prompt cache holds",
+                            value=st.bytes)
+    yield GaugeMetricFamily("mlxcel_prompt_cache_budget_bytes",
+                            "The prompt cache's byte budget (-1: no limit)", value=st.budget_bytes)
+    yield GaugeMetricFamily("mlxcel_prompt_cache_entries", "Prompts the prompt cache holds",
+                            value=st.entries)
+    yield CounterMetricFamily("mlxcel_prompt_cache_evictions",
+                              "Prompt cache entries dropped for the budget", value=st.evictions)
 
 
 class Metrics:
-    def __init__(self, bridge: Bridge) -> None:
+    def __init__(self, bridge: Bridge, watchdog: RequestWatchdog | None = None) -> None:
         self.bridge = bridge
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_Ours(bridge))
+        self.registry.register(_Ours(bridge, watchdog))
 
     def scrape(self) -> Response:
         bridge = self.bridge

@@ -1,0 +1,226 @@
+"""Soak: the stress mix at a steady rate for a long time, resources sampled.
+
+    python bench/soak.py                                # 60 minutes, bench fixture, default flags
+    python bench/soak.py --minutes 5 --fixture tiny     # a short proof run
+    python bench/soak.py --store                        # with a session store (redis/valkey)
+
+A server with default flags (plus --metrics, and --session-store with
+--store) serves bench/stress.py's mix from --clients clients, each at
+--rate requests per second.  Every --sample-s seconds (60) the server's RSS,
+open file descriptors, threads and trio tasks (counted from its SIGUSR2
+task dump: tests/diag/sitecustomize.py), the store's keys, and the latency
+percentiles of the small requests finished in that window (non-streamed
+completions of at most SMALL tokens) are recorded.  At the end each
+series' least-squares slope per hour is printed, with the ratio of the
+last window's small-request p99 to the first's, and everything is written
+to --out: soak.json and soak.png (one panel per series; drawn here with
+zlib, no plotting library).  A breach of a request's bound (stress.py's
+rule) is reported, with the stacks, as in stress.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import struct
+import sys
+import threading
+import time
+import zlib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench import stress  # noqa: E402
+
+SMALL = 16   # a "small request": a non-streamed completion of at most this many tokens
+SERIES = ("rss_mib", "fds", "threads", "trio_tasks", "store_keys", "p50_small_s", "p99_small_s")
+
+
+def task_count(server) -> int | None:
+    """Trio tasks in the server's SIGUSR2 dump (None when it gave none)."""
+    from tests.diag.sitecustomize import TASKS_HEADER
+
+    before = len(server.stderr)
+    server.stacks()
+    lines = server.stderr[before:]
+    try:
+        start = next(i for i, ln in enumerate(lines) if TASKS_HEADER in ln)
+    except StopIteration:
+        return None
+    return sum(1 for ln in lines[start + 1:] if ln.lstrip().startswith("- "))
+
+
+def proc_sample(pid: int) -> dict:
+    status = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("VmRSS", "Threads"):
+            status[key] = int(rest.split()[0])
+    return {"rss_mib": status["VmRSS"] / 1024, "threads": status["Threads"],
+            "fds": len(os.listdir(f"/proc/{pid}/fd"))}
+
+
+def percentile(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def slope_per_hour(points: list[tuple[float, float]]) -> float | None:
+    """Least-squares slope of (seconds, value), per hour."""
+    pts = [(t, v) for t, v in points if v is not None]
+    if len(pts) < 2:
+        return None
+    n = len(pts)
+    mt = sum(t for t, _ in pts) / n
+    mv = sum(v for _, v in pts) / n
+    var = sum((t - mt) ** 2 for t, _ in pts)
+    if var == 0:
+        return None
+    return sum((t - mt) * (v - mv) for t, v in pts) / var * 3600
+
+
+# -- a PNG without a plotting library ------------------------------------------------
+
+def _png(width: int, height: int, rows: list[bytearray]) -> bytes:
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(
+            ">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+    raw = b"".join(b"\0" + bytes(r) for r in rows)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2,
+                                                               0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
+
+
+def plot(samples: list[dict], path: Path, width: int = 640, panel: int = 90) -> None:
+    """One panel per series, each scaled to its own range (its title and range
+    are in soak.json; the panels are in SERIES order, top to bottom)."""
+    series = [s for s in SERIES if any(x.get(s) is not None for x in samples)]
+    height = panel * max(1, len(series))
+    rows = [bytearray(b"\xff" * (3 * width)) for _ in range(height)]
+
+    def put(x: int, y: int, rgb: tuple[int, int, int]) -> None:
+        if 0 <= x < width and 0 <= y < height:
+            rows[y][3 * x:3 * x + 3] = bytes(rgb)
+
+    t_end = max((x["t_s"] for x in samples), default=1) or 1
+    for k, name in enumerate(series):
+        top = k * panel
+        for x in range(width):           # the panel's frame
+            put(x, top, (200, 200, 200))
+        values = [(x["t_s"], x[name]) for x in samples if x.get(name) is not None]
+        lo = min(v for _, v in values)
+        hi = max(v for _, v in values)
+        span = (hi - lo) or 1.0
+        prev = None
+        for t, v in values:
+            px = int(t / t_end * (width - 1))
+            py = top + panel - 6 - int((v - lo) / span * (panel - 12))
+            if prev is not None:        # a line from the previous point
+                steps = max(abs(px - prev[0]), abs(py - prev[1]), 1)
+                for i in range(steps + 1):
+                    put(prev[0] + (px - prev[0]) * i // steps,
+                        prev[1] + (py - prev[1]) * i // steps, (30, 90, 200))
+            for dx in (-1, 0, 1):
+                for dy in (-1, 0, 1):
+                    put(px + dx, py + dy, (200, 40, 40))
+            prev = (px, py)
+    path.write_bytes(_png(width, height, rows))
+
+
+# -- the run ------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--minutes", type=float, default=60.0)
+    p.add_argument("--sample-s", type=float, default=60.0)
+    p.add_argument("--fixture", default="bench")
+    p.add_argument("--clients", type=int, default=4)
+    p.add_argument("--rate", type=float, default=0.5, help="requests per second per client")
+    p.add_argument("--store", action="store_true", help="serve with a session store")
+    p.add_argument("--out", type=Path, default=Path("soak-out"))
+    a = p.parse_args(argv)
+    a.out.mkdir(parents=True, exist_ok=True)
+    from fixtures.build import ensure
+    from tests.conftest import ServerProcess
+
+    store = None
+    args = ["--metrics"]
+    if a.store:
+        from tests.store_server import StoreServer
+        store = StoreServer().start()
+        args += ["--session-store", store.url]
+    srv = ServerProcess(ensure(a.fixture), *args).start()
+    try:
+        return run(a, srv, store)
+    finally:
+        srv.stop()
+        if store is not None:
+            store.stop()
+
+
+def run(a, srv, store) -> int:
+    t_tok = stress.token_time(srv.url, stress.PROMPT)
+    print(f"soak: {srv.url}, {a.clients} clients at {a.rate}/s each, {a.minutes} min; "
+          f"lone token time {t_tok * 1000:.1f} ms", flush=True)
+    tally = stress.Tally()
+    watch = stress.InFlight(stress.Dumper(a.out, None, srv))
+    stop = threading.Event()
+    started = time.monotonic()
+    deadline = started + a.minutes * 60
+    mixes = [stress.Mix(srv.url, stress.PROMPT, False, 7000 + i) for i in range(a.clients)]
+    threads = [threading.Thread(target=stress.client_loop, daemon=True, args=(
+        m, deadline, t_tok, a.clients, tally, watch, stop, a.rate, started)) for m in mixes]
+    for t in threads:
+        t.start()
+    threading.Thread(target=watch.watch, args=(stop,), daemon=True).start()
+    samples: list[dict] = []
+    seen = 0
+
+    def sample() -> None:
+        nonlocal seen
+        with tally.lock:
+            window = tally.outcomes[seen:]
+            seen = len(tally.outcomes)
+        small = [o.elapsed_s for o in window if o.op == "completion" and o.ok
+                 and o.bound_s <= stress.bound_for(SMALL, t_tok, a.clients)]
+        row = {"t_s": round(time.monotonic() - started, 1), **proc_sample(srv.proc.pid),
+               "trio_tasks": task_count(srv),
+               "store_keys": store.client().dbsize() if store is not None else None,
+               "requests": len(window),
+               "p50_small_s": percentile(small, 0.5), "p99_small_s": percentile(small, 0.99)}
+        samples.append(row)
+        print(json.dumps(row), flush=True)
+
+    sample()
+    try:
+        while time.monotonic() < deadline:
+            time.sleep(min(a.sample_s, max(0.0, deadline - time.monotonic())))
+            sample()
+    except KeyboardInterrupt:
+        pass
+    stop.set()
+    for t in threads:
+        t.join(30)
+    slopes = {name: slope_per_hour([(x["t_s"], x.get(name)) for x in samples])
+              for name in SERIES}
+    p99 = [x["p99_small_s"] for x in samples if x["p99_small_s"] is not None]
+    report = {"minutes": a.minutes, "fixture": a.fixture, "clients": a.clients,
+              "rate_per_client": a.rate, "requests": len(tally.outcomes),
+              "breaches": len(tally.breaches), "failures": len(tally.failures),
+              "slope_per_hour": slopes,
+              "p99_small_end_over_start": (p99[-1] / p99[0]) if len(p99) >= 2 and p99[0] else None,
+              "samples": samples}
+    (a.out / "soak.json").write_text(json.dumps(report, indent=1))
+    plot(samples, a.out / "soak.png")
+    print(json.dumps({k: v for k, v in report.items() if k != "samples"}, indent=1))
+    return 1 if tally.breaches or tally.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""Faults beyond a client's, against real processes: a full disk under the
+slot files and under the log file (a small tmpfs, mounted by the test; it
+skips where mounting needs a privilege this process lacks), and a session
+store that stops answering mid-stream (a SIGSTOPped redis-server / valkey-
+server: the connection stays open, nothing comes back).  The store's loss
+and return (the process gone, then back on its port) is tested in
+test_replicas.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import uuid
+
+import httpx
+import pytest
+
+from tests.conftest import wait_until
+from tests.store_server import StoreServer
+
+from .sse import post
+
+pytestmark = pytest.mark.e2e
+
+GREEDY = {"temperature": 0, "ignore_eos": True}
+PROMPT = "The engine builds a long answer"
+BOUND_S = 30.0
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 256 KiB tmpfs at a fresh directory, unmounted at the end."""
+    where = tmp_path / "disk"
+    where.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(where)],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip() or done.returncode}); "
+                    "the full-disk tests need root")
+    yield where
+    subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def fill(where) -> None:
+    """Write until the disk is full (ENOSPC)."""
+    with open(where / "filler", "wb", buffering=0) as f:   # unbuffered: close cannot fail
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError:
+            pass
+
+
+def test_a_full_disk_under_slot_files_is_a_clear_error_and_serving_goes_on(
+        tiny_model, start_server, small_disk):
+    srv = start_server(tiny_model, "-c", "2048", "-np", "1", "--slot-save-path", str(small_disk))
+    try:
+        assert post(srv.url, {"prompt": PROMPT, "n_predict": 8, **GREEDY}).status_code == 200
+        fill(small_disk)
+        r = post(srv.url, {"filename": "full.bin"}, path="/slots/0?action=save")
+        assert r.status_code == 500, r.text
+        assert r.json()["error"]["message"] == "Unable to save slot"   # upstream's wording
+        srv.wait_for_text("slot 0: saving full.bin failed: No space left on device", 10)
+        assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]  # no partial file
+        assert post(srv.url, {"prompt": PROMPT, "n_predict": 4, **GREEDY}).status_code == 200
+        (small_disk / "filler").unlink()                  # space again: saving works
+        r = post(srv.url, {"filename": "full.bin"}, path="/slots/0?action=save")
+        assert r.status_code == 200 and r.json()["n_saved"] > 0, r.text
+    finally:
+        srv.stop()
+
+
+def test_a_full_disk_under_the_log_file_is_said_once_and_serving_goes_on(
+        tiny_model, start_server, small_disk):
+    log_file = small_disk / "server.log"
+    srv = start_server(tiny_model, "-c", "2048", "-np", "1", "--log-file", str(log_file))
+    try:
+        fill(small_disk)
+        mark = f"error: --log-file {log_file}: cannot write (No space left on device)"
+
+        def refused() -> bool:
+            # each request logs a line; the log's last page takes a few before it is full
+            assert post(srv.url, {"prompt": PROMPT, "n_predict": 4, **GREEDY}).status_code == 200
+            return any(mark in ln for ln in srv.stderr)
+        wait_until(refused, "the full log file said on stderr", BOUND_S, pause=0)
+        for _ in range(5):   # more refused lines: said once
+            assert post(srv.url, {"prompt": PROMPT, "n_predict": 4, **GREEDY}).status_code == 200
+        said = srv.wait_for_text(mark, 10)
+        assert "the server goes on serving" in said
+        assert sum("cannot write" in ln for ln in srv.stderr) == 1, srv.stderr
+        assert not any("Logging error" in ln for ln in srv.stderr), srv.stderr
+        (small_disk / "filler").unlink()
+        assert post(srv.url, {"prompt": PROMPT, "n_predict": 4, **GREEDY}).status_code == 200
+        srv.wait_for_text(f"warning: --log-file {log_file}: writable again", 10)
+        assert httpx.get(srv.url + "/health", timeout=10).status_code == 200
+    finally:
+        srv.stop()
+
+
+@pytest.fixture
+def store():
+    server = StoreServer().start()
+    yield server
+    if server.proc is not None and server.proc.poll() is None:
+        server.proc.send_signal(signal.SIGCONT)
+    server.stop()
+
+
+def test_a_store_that_stops_answering_mid_stream(tiny_model, start_server, store):
+    srv = start_server(tiny_model, "-c", "4096", "-np", "2", "--session-store", store.url)
+    try:
+        body = {"prompt": PROMPT, "n_predict": 24, **GREEDY}
+        # long enough that most of its bytes are written after the store stopped
+        with httpx.Client(timeout=60) as c, c.stream(
+                "POST", srv.url + "/completion", json={**body, "n_predict": 1000,
+                                                      "stream": True},
+                headers={"X-Conversation-Id": f"stop-{uuid.uuid4()}"}) as r:
+            it = r.iter_raw()
+            got = next(it)
+            store.proc.send_signal(signal.SIGSTOP)            # half-open: nothing answers
+            for chunk in it:
+                got += chunk
+        # the session's client still gets every byte (once the store's writes time out)
+        assert b'"stop":true' in got
+        # a request without X-Conversation-Id never waits on the store
+        t = time.monotonic()
+        assert post(srv.url, body).status_code == 200
+        assert time.monotonic() - t < BOUND_S / 2
+        # a new resumable session is refused, clearly, within a bound
+        t = time.monotonic()
+        r = post(srv.url, {**body, "stream": True},
+                 headers={"X-Conversation-Id": f"refused-{uuid.uuid4()}"})
+        assert time.monotonic() - t < BOUND_S
+        assert r.status_code == 503, r.text
+        assert "session store" in r.json()["error"]["message"]
+        store.proc.send_signal(signal.SIGCONT)               # answering again: picked up
+
+        def resumable() -> int:
+            return post(srv.url, {**body, "n_predict": 2, "stream": True},
+                        headers={"X-Conversation-Id": f"back-{uuid.uuid4()}"}).status_code
+        wait_until(resumable, "a resumable session accepted once the store answers", BOUND_S,
+                   until=lambda status: status == 200, pause=0.2)
+        assert srv.proc.poll() is None
+    finally:
+        srv.stop()
+
+
+def test_router_restarts_a_stopped_child_and_leaves_the_others_alone(tmp_path, tiny_model):
+    import shutil
+
+    from .test_router import BODY, Router
+
+    root = tmp_path / "models"
+    root.mkdir()
+    for name in ("alpha", "beta"):
+        shutil.copytree(tiny_model, root / name)
+    router = Router(root, "-np", "1", "-c", "1024", "--no-warmup",
+                    env={"MLXCEL_INTERNAL_ROUTER_HEALTH_S": "0.5"}).start()
+    try:
+        for name in ("alpha", "beta"):
+            assert post(router.url, {**BODY, "model": name}).status_code == 200
+        stopped = router.child_pid("alpha")
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            router.wait_for_text("alpha: its server failed 3 health checks in a row", BOUND_S)
+            # meanwhile and after, the other model is unaffected
+            assert post(router.url, {**BODY, "model": "beta"}).status_code == 200
+            wait_until(router.statuses, "alpha loaded again", BOUND_S,
+                       until=lambda st: st.get("alpha") == "loaded", pause=0.2)
+            assert router.child_pid("alpha") != stopped
+            assert post(router.url, {**BODY, "model": "alpha"}).status_code == 200
+            assert router.statuses()["beta"] == "loaded"
+        finally:
+            try:
+                os.kill(stopped, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    finally:
+        router.stop()
