@@ -141,6 +141,7 @@ def engine_loop(cfg: ServerConfig, emit: Emit, distributed: tuple | None = None)
                       ctx_size=cfg.ctx_size,
                       batch_size=cfg.batch_size, warmup=cfg.warmup, emit=emit,
                       special=cfg.special, cache_ram_mib=cfg.cache_ram,
+                      cache_disk=(cfg.cache_disk, cfg.cache_disk_mib),
                       sleep_idle_s=(cfg.sleep_idle_seconds
                                     if cfg.sleep_idle_seconds >= 0 else None),
                       context_shift=cfg.context_shift,

@@ -55,7 +55,25 @@ class DiskEntry:
 
 
 def layout_of(layers: list) -> str:
-    return ",".join(cache_kinds.kind_of(c).name for c in layers)
+    """The cache kind of each layer (and a stored one's formats): a file
+    written under another layout cannot be restored into this model."""
+    def one(c) -> str:
+        kind = cache_kinds.kind_of(c)
+        if kind.name == "stored":
+            return "stored:" + "/".join(kind.arrays_meta_names(c))
+        return kind.name
+    return ",".join(one(c) for c in layers)
+
+
+def disk_tier(root: str | None, mib: int, lockstep=None) -> DiskTier | None:
+    """--cache-disk's tier, or None: not asked for, or ranks in lockstep
+    (each holds its own share of the KV; one directory cannot serve them)."""
+    if root is None:
+        return None
+    if lockstep is not None:
+        log.warning("--cache-disk: off while several ranks serve one model")
+        return None
+    return DiskTier(root, None if mib < 0 else mib * 1024 * 1024)
 
 
 def _sha256(path: Path) -> str:
@@ -70,13 +88,19 @@ class DiskTier:
     """Files of one model's prompt-cache entries under `root`, at most
     `budget_bytes` of them (None: no limit)."""
 
-    def __init__(self, root: str | Path, budget_bytes: int | None, layout: str) -> None:
+    def __init__(self, root: str | Path, budget_bytes: int | None) -> None:
         self.root = Path(root)
         self.budget = budget_bytes
-        self.layout = layout
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.layout = ""
         self._entries: dict[str, DiskEntry] = {}   # by file name, oldest first
         self.skipped = 0
+
+    def open(self, layout: str) -> None:
+        """Index the directory for a model whose layers are `layout`
+        (`layout_of`); the scheduler calls this once it knows them."""
+        self.layout = layout
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._entries.clear()
         self._index()
 
     # -- index ------------------------------------------------------------------

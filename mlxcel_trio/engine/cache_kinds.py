@@ -92,6 +92,9 @@ class _Stored(Kind):
                      "k_type": _FORMAT_NAMES[layer.k_codec.fmt],
                      "v_type": _FORMAT_NAMES[layer.v_codec.fmt]}
 
+    def arrays_meta_names(self, layer: StoredKVCache) -> tuple[str, str]:
+        return _FORMAT_NAMES[layer.k_codec.fmt], _FORMAT_NAMES[layer.v_codec.fmt]
+
     def restore(self, arrays, meta):
         c = StoredKVCache(Codec(KV_CACHE_TYPES[meta["k_type"]]),
                           Codec(KV_CACHE_TYPES[meta["v_type"]]))

@@ -227,8 +227,10 @@ class EngineLoop:
                  speculative: SpecSettings = SpecSettings(),
                  lora: tuple[str, ...] = (), images: bool = True,
                  image_budget: tuple[int, int] = (-1, -1), lockstep=None,
-                 split_kind: str | None = None) -> None:
+                 split_kind: str | None = None,
+                 cache_disk: tuple[str | None, int] = (None, -1)) -> None:
         self._path = Path(model_path)
+        self._cache_disk = cache_disk    # the prompt cache's disk tier (cache_disk.py): dir, MiB
         self._images = images            # False (--no-mmproj): no image or audio tower is loaded
         self._image_budget = image_budget  # --image-min-tokens, --image-max-tokens (<= 0: the model's)
         # several ranks, one model (engine/distributed.py): the per-step
@@ -583,6 +585,7 @@ class EngineLoop:
     def _new_scheduler(self, model):
         """A scheduler with a fresh prompt cache: the cache lives and dies with
         its scheduler, so an idle sleep frees both."""
+        from .cache_disk import disk_tier
         from .prompt_cache import PromptCache, budget_from_mib
         from .scheduler import Scheduler
         from .speculative import build_chain
@@ -599,7 +602,9 @@ class EngineLoop:
                          cont_batching=self._cont_batching,
                          kv_types=self._kv_types, n_adapters=len(self._lora),
                          vision=self._vision, audio=self._audio,
-                         prompt_cache=(PromptCache(budget_from_mib(self._cache_ram_mib))
+                         prompt_cache=(PromptCache(budget_from_mib(self._cache_ram_mib),
+                                                   disk=disk_tier(*self._cache_disk,
+                                                                  self._lockstep))
                                        if cache_on else None))
 
     @staticmethod

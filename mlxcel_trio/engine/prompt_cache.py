@@ -120,6 +120,13 @@ class PromptCache:
     def __len__(self) -> int:
         return len(self._lru)
 
+    def bind(self, layers: list) -> None:
+        """Open the disk tier for a model whose fresh caches are `layers`."""
+        if self.disk is not None:
+            from .cache_disk import layout_of
+
+            self.disk.open(layout_of(layers))
+
     def clear(self) -> None:
         """Drop every memory entry (the arrays go when the last adopter lets
         go); the disk tier keeps its files."""

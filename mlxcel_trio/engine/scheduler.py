@@ -214,6 +214,8 @@ class Scheduler:
         if prompt_cache is not None and not supported(self._new_caches.layers()):
             log.warning("prompt cache off: this model keeps a kind of cache it cannot store")
             self._cache = None
+        if self._cache is not None:
+            self._cache.bind(self._new_caches.layers())
         # snapshots at reuse points while prompts prefill (prompt_cache.py)
         self._snapshots = self._cache is not None and needs_snapshots(self._new_caches.layers())
         self._message_ends = frozenset(vocab.eos_ids)

@@ -122,6 +122,25 @@ class _Ours:
         yield CounterMetricFamily("mlxcel_embedding_tokens",
                                   "Tokens of the embedding and rerank inputs computed",
                                   value=c.embedded_tokens)
+        yield from _prompt_cache_tiers(self.bridge.cache_stats)
+
+
+def _prompt_cache_tiers(st):
+    """Prompt-cache lookups by the tier that answered (memory, disk, none)
+    and the prompt tokens each tier supplied."""
+    hits = CounterMetricFamily("mlxcel_prompt_cache_lookups", "Prompt-cache lookups at "
+                               "admission, by the tier that supplied a prefix (none: a miss)",
+                               labels=("tier",))
+    reused = CounterMetricFamily("mlxcel_prompt_cache_reused_tokens", "Prompt tokens the "
+                                 "prompt cache supplied, by tier", labels=("tier",))
+    disk = st.disk_hits if st else 0
+    hits.add_metric(("memory",), (st.hits - disk) if st else 0)
+    hits.add_metric(("disk",), disk)
+    hits.add_metric(("none",), st.misses if st else 0)
+    reused.add_metric(("memory",), st.reused_memory if st else 0)
+    reused.add_metric(("disk",), st.reused_disk if st else 0)
+    yield hits
+    yield reused
 
 
 class Metrics:
