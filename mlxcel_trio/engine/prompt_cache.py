@@ -149,12 +149,14 @@ class PromptCache:
                 n = usable(e.tokens, e.cuttable, p, limit)
                 if n >= best_n and n > 0:   # ties go to the most recently used
                     best, best_n = key, n
-            if self.disk is not None:
+            while self.disk is not None:
                 found = self.disk.best(ns, p, limit)
-                if found is not None and found[0] > best_n:
-                    key = self._from_disk(found[1])
-                    if key is not None:
-                        best, best_n, tier = key, found[0], "disk"
+                if found is None or found[0] <= best_n:
+                    break
+                key = self._from_disk(found[1])   # None: skipped, the next best is tried
+                if key is not None:
+                    best, best_n, tier = key, found[0], "disk"
+                    break
         if best is None:
             self.misses += 1
             self.last_tier = "none"
