@@ -2,10 +2,11 @@
 and the prompt cache's memory against --cache-ram while prefixes churn.
 A benchmark, not a test: it prints numbers and never fails on them.
 
-    python bench/prompt_cache.py [--fixture bench|tiny | --model DIR]
+    python bench/prompt_cache.py [--fixture bench|tiny|tiny-swa|tiny-hybrid | --model DIR]
                                  [--prefix 2000] [--suffix 16] [--hits 3]
                                  [--cache-ram 1024] [--churn 3] [--churn-tokens 300]
                                  [--blas auto|mkl|openblas|bundled|inherit] [--json OUT]
+                                 [--disk] [--no-cache-cold]
 
 One `mlxcel-server -np 1` runs the whole sequence, one request at a time:
 
@@ -15,6 +16,12 @@ One `mlxcel-server -np 1` runs the whole sequence, one request at a time:
   churn    `--churn` distinct prompts of `--churn-tokens` tokens, then the hits'
            own donations, all under `--cache-ram` MiB: after every request
            GET /props' prompt_cache extension must show bytes <= budget
+  disk     (--disk) the server ran with --cache-disk; a second server on the
+           same directory answers prefix + a new suffix: the prefix comes from
+           the disk tier (read, checksummed, loaded) after the restart
+  nocache  (--no-cache-cold) prefix + suffix 0 on a server with --cache-ram 0:
+           what the snapshots a sliding-window or hybrid model takes while it
+           prefills (every SNAPSHOT_EVERY tokens, each message end) cost cold
 
 Time to first token is measured on the client: request sent -> first
 streamed token frame.  `timings.cache_n` / `prompt_n` / `prompt_ms` from the
@@ -71,7 +78,8 @@ def cache_state(url: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--fixture", default="bench", choices=("bench", "tiny"))
+    ap.add_argument("--fixture", default="bench",
+                    choices=("bench", "tiny", "tiny-swa", "tiny-hybrid"))
     ap.add_argument("--model", type=Path)
     ap.add_argument("--prefix", type=int, default=2000)
     ap.add_argument("--suffix", type=int, default=16)
@@ -81,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--churn-tokens", type=int, default=300)
     ap.add_argument("--blas", default="auto", choices=("auto", "mkl", "openblas", "bundled", "inherit"))
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--disk", action="store_true", help="also time a disk-tier hit after a restart")
+    ap.add_argument("--no-cache-cold", action="store_true",
+                    help="also time cold on a server without a prompt cache (snapshot cost)")
     a = ap.parse_args(argv)
 
     if a.model is None:
@@ -96,7 +107,12 @@ def main(argv: list[str] | None = None) -> int:
     port = C.free_port()
     url = f"http://127.0.0.1:{port}"
     ctx = 2 * (a.prefix + a.suffix) + 64
-    proc = C.start_server(a.model, port, ["-c", str(ctx), "--cache-ram", str(a.cache_ram)], env)
+    import tempfile
+
+    disk = Path(tempfile.mkdtemp(prefix="mlxcel-bench-disk-")) if a.disk else None
+    disk_args = ["--cache-disk", str(disk)] if disk else []
+    proc = C.start_server(a.model, port, ["-c", str(ctx), "--cache-ram", str(a.cache_ram),
+                                          *disk_args], env)
     out: dict = {"model": str(a.model), "blas": C.blas_in_use(proc.pid)["kind"],
                  "blas_env": C.blas_vars(env), "prefix": a.prefix, "suffix": a.suffix,
                  "cache_ram_mib": a.cache_ram, "runs": [], "cache": []}
@@ -131,14 +147,38 @@ def main(argv: list[str] | None = None) -> int:
         print(f"prompt cache: peak {peak / 2**20:.0f} MiB, max held {worst / 2**20:.0f} MiB, "
               f"budget {a.cache_ram} MiB -> {'within' if peak <= budget else 'OVER'} budget")
     finally:
-        proc.terminate()
+        _stop(proc)
+    for label, wanted, args in (("disk", a.disk, ["--cache-ram", str(a.cache_ram), *disk_args]),
+                                ("nocache", a.no_cache_cold, ["--cache-ram", "0"])):
+        if not wanted:
+            continue
+        proc = C.start_server(a.model, port, ["-c", str(ctx), *args], env)
         try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+            fresh = C.make_prompt(ids, a.suffix, 999)   # no donation ended with it
+            r = {"run": label, **ttft(url, prefix + (fresh if label == "disk"
+                                                     else suffixes[0]))}
+        finally:
+            _stop(proc)
+        out["runs"].append(r)
+        out[f"{label}_ttft_s"] = r["ttft_s"]
+        print(f"{label:>8}: ttft {r['ttft_s']:.3f} s  cache_n {r['cache_n']:>5}  "
+              f"prompt_n {r['prompt_n']:>5} -> {r['ttft_s'] / out['cold_ttft_s']:.1%} of cold",
+              flush=True)
+    if disk is not None:
+        import shutil
+
+        shutil.rmtree(disk, ignore_errors=True)
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))
     return 0
+
+
+def _stop(proc) -> None:
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 if __name__ == "__main__":

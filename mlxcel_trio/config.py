@@ -155,6 +155,8 @@ class ServerConfig:
     cache_prompt: bool = _row("cache_prompt")  # the per-request cache_prompt default
     cache_ram: int = 8192            # MiB; -1 = no limit, 0 = no prompt cache
     cache_ram_auto: bool = False     # --cache-ram not given: sized to the machine (memory_fit.py)
+    cache_disk: str | None = None    # --cache-disk: the disk tier's directory (cache_disk.py)
+    cache_disk_mib: int = 16384      # its budget; -1 = no limit
     cache_type_k: str = "f16"        # -ctk / -ctv: storage formats in kv_types.py
     cache_type_v: str = "f16"
     blas: str = "auto"               # --blas: auto | bundled | a library path (blas.py)

@@ -4,7 +4,9 @@
 (engine/scheduler.py, engine/rope.py); values no MLX rotation can express
 are refused here, before any model is resolved.
 
---cache-prompt and --cache-ram drive the prompt cache (engine/prompt_cache.py).
+--cache-prompt and --cache-ram drive the prompt cache (engine/prompt_cache.py);
+--cache-disk and --cache-disk-mib, mlxcel-trio's own, its disk tier
+(engine/cache_disk.py).
 The per-slot prompt machinery (--ctx-checkpoints, --checkpoint-min-step,
 --slot-prompt-similarity, --cache-idle-slots) is not applicable: it accepts
 only the value that turns it off (its upstream default asks for behaviour
@@ -23,9 +25,10 @@ import attrs
 from mlxcel_trio.cli.options_sampling import row_default, row_domain
 from mlxcel_trio.cli.record import Option
 from mlxcel_trio.cli.refusals import ALWAYS, equals, not_applicable, tuning
-from mlxcel_trio.cli.values import INT32_MAX, BadValue, Choice, Float, Int
+from mlxcel_trio.cli.values import INT32_MAX, BadValue, Choice, Float, Int, Text
 
 CONTEXT_ISSUE = 8
+CACHE_DISK_DEFAULT_MIB = 16384
 
 
 # --cache-ram's unset default, upstream's: a ceiling, not a reservation (the
@@ -79,6 +82,17 @@ CONTEXT: tuple[Option, ...] = (
            value=Int(-1, INT32_MAX), metavar="N", default=CACHE_RAM_DEFAULT_MIB,
            default_text=f"{CACHE_RAM_DEFAULT_MIB}, -1 - no limit, 0 - disable",
            env="LLAMA_ARG_CACHE_RAM", section="server", owner=CONTEXT_ISSUE),
+    Option(("--cache-disk",), "cache_disk",
+           "mlxcel-trio: directory of the prompt cache's disk tier: every cached prefix "
+           "is also kept there as a checksummed safetensors file, read back on a hit, "
+           "so cached prompts survive a restart",
+           value=Text(), metavar="DIR", default_text="disabled", env="MLXCEL_CACHE_DISK",
+           section="server", upstream=False, owner=CONTEXT_ISSUE),
+    Option(("--cache-disk-mib",), "cache_disk_mib",
+           "mlxcel-trio: byte budget of --cache-disk in MiB (oldest files deleted first)",
+           value=Int(-1, INT32_MAX), metavar="N", default=CACHE_DISK_DEFAULT_MIB,
+           default_text=f"{CACHE_DISK_DEFAULT_MIB}, -1 - no limit",
+           env="MLXCEL_CACHE_DISK_MIB", section="server", upstream=False, owner=CONTEXT_ISSUE),
     # memory layout only: each sequence gets its own KV cache from the batch generator
     tuning(("-kvu", "--kv-unified"), "kv_unified", "one KV buffer shared by every slot",
            kind="bool", negations=("-no-kvu", "--no-kv-unified"),

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import BatchKVCache, KVCache, _BaseCache, dynamic_roll
+from mlx_lm.models.cache import ArraysCache, BatchKVCache, KVCache, _BaseCache, dynamic_roll
 
 from ..protocol.kv_types import KV_CACHE_TYPES, KvFormat
 
@@ -294,10 +294,13 @@ class CacheFactory:
         self.names = (cache_type_k, cache_type_v)
 
     def check(self) -> str | None:
-        """Why this model's caches cannot take the formats, or None."""
+        """Why this model's caches cannot take the formats, or None.  The
+        attention layers of a hybrid model take them; its recurrent layers
+        (ArraysCache: no per-token K/V) stay as they are."""
         if self.default:
             return None
-        kinds = {type(c).__name__ for c in self._make(self._model)}
+        kinds = {type(c).__name__ for c in self._make(self._model)
+                 if not isinstance(c, ArraysCache)}
         if kinds != {"KVCache"}:
             return (f"-ctk {self.names[0]} -ctv {self.names[1]}: this model keeps "
                     f"{', '.join(sorted(kinds))} layers, which mlxcel-trio stores only "
@@ -308,7 +311,8 @@ class CacheFactory:
         """Fresh caches, or None to let mlx-lm build its default ones."""
         if self.default:
             return None
-        return [StoredKVCache(*self._codecs) for _ in self._make(self._model)]
+        return [StoredKVCache(*self._codecs) if type(c) is KVCache else c
+                for c in self._make(self._model)]
 
     def layers(self) -> list:
         """Fresh caches of the kind a new sequence gets (for inspection)."""

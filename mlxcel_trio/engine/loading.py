@@ -361,6 +361,7 @@ class Loading:
     def _new_scheduler(self, model):
         """A scheduler with a fresh prompt cache: the cache lives and dies with
         its scheduler, so an idle sleep frees both."""
+        from .cache_disk import disk_tier
         from .prompt_cache import PromptCache, budget_from_mib
         from .scheduler import Scheduler
         from .speculative import build_chain
@@ -377,7 +378,9 @@ class Loading:
                          cont_batching=self.spec.cont_batching,
                          kv_types=self.spec.kv_types, n_adapters=len(self.spec.lora),
                          vision=self._vision, audio=self._audio,
-                         prompt_cache=(PromptCache(budget_from_mib(self.spec.cache_ram_mib))
+                         prompt_cache=(PromptCache(budget_from_mib(self.spec.cache_ram_mib),
+                                                   disk=disk_tier(*self.spec.cache_disk,
+                                                                  self._lockstep))
                                        if cache_on else None))
 
     @staticmethod

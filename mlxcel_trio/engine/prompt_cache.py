@@ -1,26 +1,38 @@
-"""A process-wide prefix cache of prompt KV, shared by every slot.
+"""A process-wide prefix cache of prompt caches, shared by every slot.
 
 Theory of operation: when a sequence leaves the generator (finished or
-cancelled) its per-layer KV and the tokens it holds are *donated* here under a
-namespace (the model identity plus "raw" or the chat template's signature, so
-a raw prompt never adopts a chat-rendered prefix).  When a job is admitted the
-scheduler *looks up* the longest stored prefix of its prompt in its
-namespace and hands a trimmed copy of that KV to mlx-lm's
+cancelled) its per-layer caches and the tokens they hold are *donated* here
+under a namespace (the model identity plus "raw" or the chat template's
+signature, so a raw prompt never adopts a chat-rendered prefix).  When a
+job is admitted the scheduler *looks up* the longest usable stored prefix
+of its prompt in its namespace and hands a copy of it to mlx-lm's
 `BatchGenerator.insert(caches=...)`, which prefills only the rest.
 
-The store keeps only the leaves of the token trie: a donation that is a
-prefix of a stored entry is dropped (the entry already covers it, since
-trimming a KV cache is free), and stored entries that are prefixes of a
-donation are replaced by it.  Lookup therefore compares the prompt with each
-leaf of its namespace (vectorized; the leaf count is bounded by the byte
-budget), which finds what a walk down the trie would.  Eviction is LRU over
-leaves, by bytes, against the --cache-ram budget.
+Cache kinds (cache_kinds.py): an entry whose layers can all be cut (plain
+or stored KV, a sliding window not yet full) serves any prefix of its
+tokens.  One holding a full sliding window or a recurrent state serves only
+its whole token run: it is a *snapshot*, which the scheduler takes at reuse
+points while a prompt is prefilled (the end of each chat message, every
+SNAPSHOT_EVERY tokens, the end of the prompt) as well as at release.
 
-Aliasing: mlx-lm's KVCache writes new tokens with slice assignment into its
-`keys` / `values` arrays.  A stored entry therefore never hands out its own
-array objects: adoption builds fresh cache objects over *sliced* arrays,
-so a write into an adopted cache can never reach the store (and donated
-arrays come from `extract`, which makes new ones).
+The store keeps what no other entry covers: a donation that is a prefix of
+a stored entry that can be cut to it is dropped, and stored entries that
+are prefixes of a cuttable donation are replaced by it; snapshots of one
+prompt at several points coexist.  Lookup compares the prompt with each
+entry of its namespace (vectorized; the entry count is bounded by the byte
+budget).  Eviction is LRU, by bytes (snapshots counted whole), against the
+--cache-ram budget.
+
+Beneath the memory tier an optional disk tier (cache_disk.py, --cache-disk)
+keeps every stored entry as a file: a lookup that finds a longer prefix on
+disk than in memory loads that file (lazily, checksum verified) into memory
+first.  `last_tier` says where the last lookup's prefix came from.
+
+Aliasing: mlx-lm's caches write new tokens with slice assignment into
+their arrays.  A stored entry therefore never hands out its own array
+objects: adoption builds fresh cache objects over sliced arrays, so a write
+into an adopted cache can never reach the store (and donated arrays come
+from `extract`, which makes new ones).
 
 Engine thread only; nothing here runs per decode step.
 """
@@ -33,20 +45,27 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from . import cache_kinds
+
 log = logging.getLogger("mlxcel.engine.cache")
 
 MIB = 1024 * 1024
+# a long prompt of a model whose caches cannot be cut is snapshotted every
+# this many tokens (besides each message end and the prompt end): a later
+# prompt that shares only part of it re-prefills fewer than this many
+SNAPSHOT_EVERY = 512
+TIERS = ("memory", "disk", "none")
 
 
 def supported(layers: Sequence[Any]) -> bool:
-    """Only full-attention KV caches (plain, or stored in a -ctk / -ctv
-    format) can be stored and cut to a prefix; rotating and recurrent
-    caches are not cached."""
-    from mlx_lm.models.cache import KVCache
+    """Whether every layer is a kind the cache can store (cache_kinds.py)."""
+    return cache_kinds.supported(list(layers))
 
-    from .kv_cache import is_stored
 
-    return bool(layers) and all(type(c) is KVCache or is_stored(c) for c in layers)
+def needs_snapshots(layers: Sequence[Any]) -> bool:
+    """Whether some layer kind cannot be cut to any prefix once it has
+    filled (a sliding window) or at all (a recurrent state)."""
+    return any(cache_kinds.kind_of(c).name in ("rotating", "arrays") for c in layers)
 
 
 def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -57,24 +76,37 @@ def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return int(diff[0]) if diff.size else m
 
 
-class _Entry:
-    __slots__ = ("ns", "tokens", "layers", "nbytes")
+def usable(tokens: np.ndarray, cuttable: bool, prompt: np.ndarray, limit: int) -> int:
+    """How many of `prompt`'s first tokens an entry holding `tokens` can
+    supply, leaving at least one of the `limit + 1` to evaluate."""
+    k = min(_common_prefix(tokens, prompt), limit)
+    if cuttable or k == len(tokens):
+        return k
+    return 0
 
-    def __init__(self, ns: str, tokens: np.ndarray, layers: list, nbytes: int) -> None:
+
+class _Entry:
+    __slots__ = ("ns", "tokens", "layers", "nbytes", "cuttable")
+
+    def __init__(self, ns: str, tokens: np.ndarray, layers: list, nbytes: int,
+                 cuttable: bool) -> None:
         self.ns = ns
         self.tokens = tokens
         self.layers = layers
         self.nbytes = nbytes
+        self.cuttable = cuttable
 
 
 class PromptCache:
-    """Leaves of a token trie per namespace, LRU-evicted against a byte budget.
+    """Entries of a token trie per namespace, LRU-evicted against a byte
+    budget, over an optional disk tier.
 
     `budget_bytes` None means no limit (upstream's --cache-ram -1).
     """
 
-    def __init__(self, budget_bytes: int | None) -> None:
+    def __init__(self, budget_bytes: int | None, disk=None) -> None:
         self.budget = budget_bytes
+        self.disk = disk                 # cache_disk.DiskTier or None
         self._lru: OrderedDict[int, _Entry] = OrderedDict()   # oldest first
         self._ids = 0
         self.nbytes = 0
@@ -82,75 +114,112 @@ class PromptCache:
         self.hits = 0
         self.misses = 0
         self.evictions = 0   # entries dropped for the budget (/metrics)
+        self.disk_hits = 0
+        self.reused = {"memory": 0, "disk": 0}   # prompt tokens supplied, by tier
+        self.last_tier = "none"
 
     def __len__(self) -> int:
         return len(self._lru)
 
+    def bind(self, layers: list) -> None:
+        """Open the disk tier for a model whose fresh caches are `layers`."""
+        if self.disk is not None:
+            from .cache_disk import layout_of
+
+            self.disk.open(layout_of(layers))
+
     def clear(self) -> None:
-        """Drop every entry (the arrays go when the last adopter lets go)."""
+        """Drop every memory entry (the arrays go when the last adopter lets
+        go); the disk tier keeps its files."""
         self._lru.clear()
         self.nbytes = 0
 
     # -- lookup --------------------------------------------------------------------
 
     def lookup(self, ns: str, prompt: Sequence[int]) -> tuple[int, list | None]:
-        """The longest stored prefix of `prompt` in `ns`, as (n, fresh
+        """The longest usable stored prefix of `prompt` in `ns`, as (n, fresh
         per-layer caches holding its first n tokens).  At least one prompt
         token is always left to evaluate, so n <= len(prompt) - 1."""
         limit = len(prompt) - 1
-        best, best_n = None, 0
-        if limit > 0 and self._lru:
-            p = np.asarray(prompt, dtype=np.int64)
+        best, best_n, tier = None, 0, "memory"
+        p = np.asarray(prompt, dtype=np.int64)
+        if limit > 0:
             for key, e in self._lru.items():
                 if e.ns != ns:
                     continue
-                n = _common_prefix(e.tokens, p)
+                n = usable(e.tokens, e.cuttable, p, limit)
                 if n >= best_n and n > 0:   # ties go to the most recently used
                     best, best_n = key, n
+            while self.disk is not None:
+                found = self.disk.best(ns, p, limit)
+                if found is None or found[0] <= best_n:
+                    break
+                key = self._from_disk(found[1])   # None: skipped, the next best is tried
+                if key is not None:
+                    best, best_n, tier = key, found[0], "disk"
+                    break
         if best is None:
             self.misses += 1
+            self.last_tier = "none"
             return 0, None
-        n = min(best_n, limit)
         entry = self._lru[best]
         self._lru.move_to_end(best)
         self.hits += 1
-        log.debug("prompt cache hit: %d of %d prompt tokens", n, len(prompt))
-        return n, adopt(entry.layers, n)
+        self.last_tier = tier
+        self.reused[self.last_tier] += best_n
+        log.debug("prompt cache hit (%s): %d of %d prompt tokens", self.last_tier, best_n,
+                  len(prompt))
+        return best_n, cache_kinds.cut(entry.layers, best_n)
+
+    def _from_disk(self, item) -> int | None:
+        """Load a disk entry into memory (it stays on disk); its key, or None
+        when the file no longer reads back as written."""
+        layers = self.disk.load(item)
+        if layers is None:
+            return None
+        self.disk_hits += 1
+        return self._store(item.ns, item.tokens, layers, write=False)
 
     # -- donation ------------------------------------------------------------------
 
     def donate(self, ns: str, tokens: Sequence[int], layers: list) -> bool:
-        """Store `layers` (KV for exactly `tokens`) unless a stored entry
-        already covers it; returns whether it was stored."""
+        """Store `layers` (the caches of exactly `tokens`) unless a stored
+        entry already covers it; returns whether it was stored."""
+        n = len(tokens)
+        if n == 0 or not layers or any(k != n for k in cache_kinds.lengths(layers)):
+            return False
+        if self.budget is not None and sum(c.nbytes for c in layers) > self.budget:
+            return False
+        return self._store(ns, np.asarray(tokens, dtype=np.int64), layers) is not None
+
+    def _store(self, ns: str, t: np.ndarray, layers: list, write: bool = True) -> int | None:
         import mlx.core as mx
 
-        n = len(tokens)
-        if n == 0 or not layers or any(c.offset != n for c in layers):
-            return False
-        t = np.asarray(tokens, dtype=np.int64)
+        n = len(t)
+        cuttable = cache_kinds.cuttable(layers)
         drop = []
         for key, e in self._lru.items():
             if e.ns != ns:
                 continue
             k = _common_prefix(e.tokens, t)
-            if k == n:               # already covered by a longer (or equal) leaf
-                self._lru.move_to_end(key)
-                return False
-            if k == len(e.tokens):   # the stored leaf is a prefix of this one
+            if k == n and (e.cuttable or len(e.tokens) == n):
+                self._lru.move_to_end(key)   # already covered by a longer (or equal) one
+                return key if not write else None
+            if k == len(e.tokens) and cuttable:   # the stored one is a prefix of this one
                 drop.append(key)
-        nbytes = sum(c.nbytes for c in layers)
-        if self.budget is not None and nbytes > self.budget:
-            return False
         for key in drop:
             self._remove(key)
         # Materialize now: a lazy slice would keep the whole batch buffer alive.
-        mx.eval([a for c in layers for a in (c.keys, c.values)])
+        mx.eval(cache_kinds.arrays_of(layers))
+        nbytes = sum(c.nbytes for c in layers)
         self._ids += 1
-        self._lru[self._ids] = _Entry(ns, t, layers, nbytes)
+        self._lru[self._ids] = _Entry(ns, t, layers, nbytes, cuttable)
         self.nbytes += nbytes
+        if write and self.disk is not None:
+            self.disk.put(ns, t, layers, cuttable)
         self._evict()
         self.peak_nbytes = max(self.peak_nbytes, self.nbytes)
-        return True
+        return self._ids if self._ids in self._lru else None
 
     def _remove(self, key: int) -> None:
         e = self._lru.pop(key)
@@ -167,18 +236,20 @@ class PromptCache:
             self.evictions += 1
 
     def stats(self) -> dict[str, int]:
+        disk = self.disk.stats() if self.disk is not None else {"entries": 0, "bytes": 0}
         return {"entries": len(self._lru), "bytes": self.nbytes,
                 "peak_bytes": self.peak_nbytes,
                 "budget_bytes": -1 if self.budget is None else self.budget,
-                "hits": self.hits, "misses": self.misses, "evictions": self.evictions}
+                "hits": self.hits, "misses": self.misses, "evictions": self.evictions,
+                "disk_hits": self.disk_hits,
+                "reused_memory": self.reused["memory"], "reused_disk": self.reused["disk"],
+                "disk_entries": disk["entries"], "disk_bytes": disk["bytes"]}
 
 
 def adopt(layers: list, n: int) -> list:
     """Fresh cache objects over the first n positions of `layers`: new
     array objects (slices), so writes into them never reach the source."""
-    from .kv_cache import is_stored, plain_prefix
-
-    return [c.prefix(n) if is_stored(c) else plain_prefix(c, n) for c in layers]
+    return cache_kinds.cut(layers, n)
 
 
 def budget_from_mib(mib: int) -> int | None:

@@ -23,7 +23,10 @@ Rules:
   `step()` runs a forward pass, so it never costs another token.
 - A job holds its slot from admission until `SlotFreed` is emitted.
 - The prompt cache (prompt_cache.py) is consulted once at admission and fed
-  once at release; nothing of it runs per decode step.
+  once at release; nothing of it runs per decode step.  For a model whose
+  caches cannot be cut back (sliding window, recurrent state) the prompt is
+  also inserted in segments that end at reuse points (`reuse_points`), and
+  the state after each segment is stored as a snapshot.
 - With LoRA adapters loaded (lora.py), every sequence's cache list ends with
   its scale vector (`AdapterRows`), which mlx-lm's batch bookkeeping carries
   with the KV; the prompt cache keys entries by that vector too.
@@ -56,11 +59,11 @@ from ..protocol.records import (
     TokenPiece,
     TokenProbs,
 )
-from . import context_shift
+from . import cache_kinds, context_shift
 from .detokenizer import IncrementalDetokenizer
 from .kv_cache import CacheFactory
 from .lora import AdapterRows, split_rows
-from .prompt_cache import PromptCache, supported
+from .prompt_cache import SNAPSHOT_EVERY, PromptCache, needs_snapshots, supported
 from .samplers.batch import BatchSampler, dry_on
 from .samplers.history import breakers_for
 from .sampling import GREEDY, greedy_banning, plan
@@ -91,7 +94,7 @@ class _Sequence:
         "stop_type", "stopping_word", "truncated", "t_start", "t_first",
         "t_prompt_ms", "last_nl_pos", "done", "processed", "row", "probs", "n_cache",
         "kv", "sampler", "processors", "prefilled", "n_shifts", "cached", "plan", "scales",
-        "ns", "n_kv0", "t_first_decided",
+        "ns", "n_kv0", "t_first_decided", "cache_tier",
     )
 
     def __init__(self, job: Job, slot: int, vocab: Vocab, max_tokens: int,
@@ -123,6 +126,7 @@ class _Sequence:
         self.row = None                     # sampler state (samplers/batch.Row)
         self.probs: list[TokenProbs] = []   # completion_probabilities, when asked
         self.n_cache = 0                    # prompt tokens the prompt cache supplied
+        self.cache_tier = "none"            # where they came from: memory, disk, none
         self.n_kv0 = 0                      # tokens `cached` holds (cache or image prefill)
         self.cached = None                  # the prompt cache's KV until inserted
         self.kv: list[int] = list(job.prompt)  # the tokens the sequence's KV holds
@@ -208,8 +212,13 @@ class Scheduler:
         self._held: deque[_Sequence] = deque()  # -nocb: slotted, prompt not inserted
         self._cache = prompt_cache
         if prompt_cache is not None and not supported(self._new_caches.layers()):
-            log.warning("prompt cache off: this model's KV cache cannot be cut to a prefix")
+            log.warning("prompt cache off: this model keeps a kind of cache it cannot store")
             self._cache = None
+        if self._cache is not None:
+            self._cache.bind(self._new_caches.layers())
+        # snapshots at reuse points while prompts prefill (prompt_cache.py)
+        self._snapshots = self._cache is not None and needs_snapshots(self._new_caches.layers())
+        self._message_ends = frozenset(vocab.eos_ids)
         # each slot's retained token stream (what slot save writes)
         self._slot_tokens: list[tuple[int, ...]] = [() for _ in range(n_slots)]
         self._slot_ns: list[str | None] = [None] * n_slots
@@ -387,12 +396,15 @@ class Scheduler:
         prompt_resps, gen_resps = self._gen.next()
         now = time.perf_counter()
         finished: list = []
+        snapshots: list[_Sequence] = []
         for r in prompt_resps:
             seq = self._by_uid.get(r.uid)
             if seq is None:
                 continue
             if seq.job.return_progress and seq.t_first is None:
                 self._progress(seq, r.progress[0], now, out)
+            if r.end_of_segment and not r.end_of_prompt and self._snapshots:
+                snapshots.append(seq)
             if r.end_of_prompt:
                 seq.prefilled = True
                 self._maybe_shift(seq, now, out, finished)
@@ -406,6 +418,8 @@ class Scheduler:
                 finished.append((seq, r))
             else:
                 self._maybe_shift(seq, now, out, finished)
+        if snapshots:
+            self._snapshot(snapshots, out)
         for seq, r in finished:
             # mlx-lm drops a sequence at its max_tokens itself, handing its
             # KV over on the response
@@ -458,11 +472,13 @@ class Scheduler:
         if self._cache is not None and seq.ns is not None and n_prompt > 1:
             n_cache, caches = self._cache.lookup(seq.ns, job.prompt)
             seq.n_cache, seq.cached, seq.n_kv0 = n_cache, caches, n_cache
+            seq.cache_tier = self._cache.last_tier
             self._cache_stats(out)
         if _has_media(job) and n_prompt > 1 and n_cache < self._media_end(job):
             # the cached prefix (same pictures, by the namespace) stops short
             # of an image's features: encode and prefill the whole prompt
             n_cache = seq.n_cache = 0
+            seq.cache_tier = "none"
             seq.cached, seq.n_kv0 = self._image_prefill(seq), n_prompt - 1
         out.append(Started(job.id, slot, n_prompt, n_cache))
         if job.return_progress:
@@ -515,8 +531,10 @@ class Scheduler:
             # the scales ride at the end of the cache list (lora.py)
             layers = caches or fresh or make_prompt_cache(self._model)
             caches = fresh = [*layers, AdapterRows([seq.scales])]
-        (uid,) = self._gen.insert(
-            [list(seq.kv[n:])], max_tokens=[gen_max],
+        rest = list(seq.kv[n:])
+        cuts = reuse_points(seq.kv, n, self._message_ends) if self._snapshots else ()
+        (uid,) = self._gen.insert_segments(
+            [_segments(rest, [c - n for c in cuts])], max_tokens=[gen_max],
             caches=[caches or fresh] if caches or fresh else None,
             all_tokens=[list(seq.kv[:n])] if caches else None,
             samplers=[seq.sampler],
@@ -703,7 +721,8 @@ class Scheduler:
             n_prompt=len(seq.job.prompt), timings=timings, probs=tuple(seq.probs),
         ))
         if seq.job.id > 0:  # upstream's print_timings, once per client task, on one line
-            _log_task(seq.slot, seq.job.id, timings, seq.stop_type, seq.truncated)
+            _log_task(seq.slot, seq.job.id, timings, seq.stop_type, seq.truncated,
+                      seq.cache_tier)
         self._release(seq, out, cancelled=False, held=held)
 
     def _release(self, seq: _Sequence, out: list, cancelled: bool, held=None) -> None:
@@ -731,11 +750,24 @@ class Scheduler:
         self._free.sort()
         out.append(SlotFreed(seq.slot, seq.job.id, cancelled))
 
+    def _snapshot(self, seqs: list[_Sequence], out: list) -> None:
+        """Store the state each sequence's prompt reached at a reuse point
+        (it is still in the prompt batch: the segment was just prefilled)."""
+        if self._cache is None:
+            return
+        held = self._gen.extract_cache([s.uid for s in seqs if s.ns is not None])
+        for seq in seqs:
+            if seq.uid in held and seq.ns is not None:
+                layers, tokens = held[seq.uid]
+                # the generator keeps extending this list: copy it now
+                self._donate(seq.ns, (layers, list(tokens)), out)
+
     def _donate(self, ns: str, held, out: list) -> None:
         layers, tokens = held
         layers, _ = split_rows(layers)
-        n = layers[0].offset if layers else 0
-        if len(tokens) < n:
+        lengths = cache_kinds.lengths(layers)
+        n = max(lengths) if lengths else len(tokens)
+        if len(tokens) < n or len(lengths) > 1:
             return  # the token record does not cover the KV: nothing trustworthy
         if self._cache.donate(ns, tokens[:n], layers):
             self._cache_stats(out)
@@ -743,7 +775,10 @@ class Scheduler:
     def _cache_stats(self, out: list) -> None:
         st = self._cache.stats()
         out.append(CacheStats(st["entries"], st["bytes"], st["peak_bytes"],
-                              st["budget_bytes"], st["hits"], st["misses"], st["evictions"]))
+                              st["budget_bytes"], st["hits"], st["misses"], st["evictions"],
+                              disk_hits=st["disk_hits"], reused_memory=st["reused_memory"],
+                              reused_disk=st["reused_disk"], disk_entries=st["disk_entries"],
+                              disk_bytes=st["disk_bytes"]))
 
 
 def _has_media(job: Job) -> bool:
@@ -767,11 +802,39 @@ def _rate(n: int, ms: float) -> str:
     return f"{1e3 * n / ms:.2f} t/s" if ms > 0 else "- t/s"
 
 
-def _log_task(slot: int, task: int, t: Timings, stop: str, truncated: bool) -> None:
+def reuse_points(tokens, start: int, message_ends: frozenset[int]) -> list[int]:
+    """Where a prompt's prefill stops for a snapshot: after each message's
+    end token, every SNAPSHOT_EVERY tokens and at the prompt's end (minus
+    the token the first decode step feeds), all past `start` (what a cached
+    prefix already supplied)."""
+    end = len(tokens) - 1
+    points = {i + 1 for i in range(start, end) if tokens[i] in message_ends}
+    points.update(range(start + SNAPSHOT_EVERY, end, SNAPSHOT_EVERY))
+    points.add(end)
+    return sorted(p for p in points if start < p <= end)
+
+
+def _segments(rest: list[int], cuts: list[int]) -> list[list[int]]:
+    """`rest` split at the (relative, increasing) positions in `cuts`."""
+    out, prev = [], 0
+    for c in cuts:
+        if c > prev:
+            out.append(rest[prev:c])
+            prev = c
+    if prev < len(rest):
+        out.append(rest[prev:])
+    return out
+
+
+def _log_task(slot: int, task: int, t: Timings, stop: str, truncated: bool,
+              tier: str = "none") -> None:
     """The facts upstream prints when a task ends: prompt and generated
-    tokens with their time and rate, the slot, and why it stopped."""
-    log.info("slot %d | task %d | prompt %d tokens (%d cached) in %.2f ms, %s | "
+    tokens with their time and rate, the slot, and why it stopped; which
+    tier of the prompt cache supplied the cached tokens (memory, disk,
+    none) is ours."""
+    log.info("slot %d | task %d | prompt %d tokens (%d cached, cache %s) in %.2f ms, %s | "
              "generated %d tokens in %.2f ms, %s | total %.2f ms | stop: %s%s",
-             slot, task, t.prompt_n, t.cache_n, t.prompt_ms, _rate(t.prompt_n, t.prompt_ms),
+             slot, task, t.prompt_n, t.cache_n, tier, t.prompt_ms,
+             _rate(t.prompt_n, t.prompt_ms),
              t.predicted_n, t.predicted_ms, _rate(t.predicted_n, t.predicted_ms),
              t.prompt_ms + t.predicted_ms, stop, " (truncated)" if truncated else "")

@@ -24,6 +24,8 @@ class EngineSpec:
     warmup: bool = True
     special: bool = False
     cache_ram_mib: int = 0            # 0 = no prompt cache, -1 = no limit
+    # the prompt cache's disk tier (cache_disk.py): directory (None = off), MiB
+    cache_disk: tuple[str | None, int] = (None, -1)
     sleep_idle_s: float | None = None  # None = never sleep
     context_shift: bool = False
     cont_batching: bool = True
@@ -48,7 +50,7 @@ class EngineSpec:
         return cls(
             model_path=cfg.model, n_slots=cfg.slots, ctx_size=cfg.ctx_size,
             batch_size=cfg.batch_size, warmup=cfg.warmup, special=cfg.special,
-            cache_ram_mib=cfg.cache_ram,
+            cache_ram_mib=cfg.cache_ram, cache_disk=(cfg.cache_disk, cfg.cache_disk_mib),
             sleep_idle_s=cfg.sleep_idle_seconds if cfg.sleep_idle_seconds >= 0 else None,
             context_shift=cfg.context_shift, cont_batching=cfg.cont_batching, rope=cfg.rope,
             kv_types=(cfg.cache_type_k, cfg.cache_type_v), blas=cfg.blas, weights=cfg.weights,

@@ -542,9 +542,14 @@ class CacheStats:
     bytes: int
     peak_bytes: int
     budget_bytes: int     # -1 = no limit
-    hits: int
+    hits: int             # lookups that supplied a prefix, from either tier
     misses: int
     evictions: int = 0    # entries dropped for the budget, since start
+    disk_hits: int = 0    # of the hits, those the disk tier supplied
+    reused_memory: int = 0  # prompt tokens supplied, by tier
+    reused_disk: int = 0
+    disk_entries: int = 0
+    disk_bytes: int = 0
 
 
 @attrs.frozen

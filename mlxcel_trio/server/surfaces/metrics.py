@@ -128,6 +128,7 @@ class _Ours:
                                   "Tokens of the embedding and rerank inputs computed",
                                   value=c.embedded_tokens)
         yield from _prompt_cache(self.bridge.cache_stats)
+        yield from _prompt_cache_tiers(self.bridge.cache_stats)
         if self.watchdog is not None:
             yield CounterMetricFamily(
                 "mlxcel_requests_stalled", "Requests seen without progress (no engine event, "
@@ -150,6 +151,24 @@ def _prompt_cache(st: CacheStats | None):
                             value=st.entries)
     yield CounterMetricFamily("mlxcel_prompt_cache_evictions",
                               "Prompt cache entries dropped for the budget", value=st.evictions)
+
+
+def _prompt_cache_tiers(st):
+    """Prompt-cache lookups by the tier that answered (memory, disk, none)
+    and the prompt tokens each tier supplied."""
+    hits = CounterMetricFamily("mlxcel_prompt_cache_lookups", "Prompt-cache lookups at "
+                               "admission, by the tier that supplied a prefix (none: a miss)",
+                               labels=("tier",))
+    reused = CounterMetricFamily("mlxcel_prompt_cache_reused_tokens", "Prompt tokens the "
+                                 "prompt cache supplied, by tier", labels=("tier",))
+    disk = st.disk_hits if st else 0
+    hits.add_metric(("memory",), (st.hits - disk) if st else 0)
+    hits.add_metric(("disk",), disk)
+    hits.add_metric(("none",), st.misses if st else 0)
+    reused.add_metric(("memory",), st.reused_memory if st else 0)
+    reused.add_metric(("disk",), st.reused_disk if st else 0)
+    yield hits
+    yield reused
 
 
 class Metrics:
