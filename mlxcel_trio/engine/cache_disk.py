@@ -54,17 +54,6 @@ class DiskEntry:
         self.nbytes = nbytes
 
 
-def layout_of(layers: list) -> str:
-    """The cache kind of each layer (and a stored one's formats): a file
-    written under another layout cannot be restored into this model."""
-    def one(c) -> str:
-        kind = cache_kinds.kind_of(c)
-        if kind.name == "stored":
-            return "stored:" + "/".join(kind.arrays_meta_names(c))
-        return kind.name
-    return ",".join(one(c) for c in layers)
-
-
 def disk_tier(root: str | None, mib: int, lockstep=None) -> DiskTier | None:
     """--cache-disk's tier, or None: not asked for, or ranks in lockstep
     (each holds its own share of the KV; one directory cannot serve them)."""
@@ -97,7 +86,7 @@ class DiskTier:
 
     def open(self, layout: str) -> None:
         """Index the directory for a model whose layers are `layout`
-        (`layout_of`); the scheduler calls this once it knows them."""
+        (`cache_kinds.layout_of`); the scheduler calls this once it knows them."""
         self.layout = layout
         self.root.mkdir(parents=True, exist_ok=True)
         self._entries.clear()
@@ -200,7 +189,7 @@ class DiskTier:
             arrays, fields = kind.arrays(c)
             tensors.update({f"L{i}.{k}": v for k, v in arrays.items()})
             specs.append((kind.name, fields))
-        meta = {"format": FORMAT, "ns": ns, "layout": layout_of(layers),
+        meta = {"format": FORMAT, "ns": ns, "layout": cache_kinds.layout_of(layers),
                 "cuttable": "1" if cuttable else "0", "layers": json.dumps(specs)}
         fd, tmp = tempfile.mkstemp(prefix=".write-", suffix=".safetensors", dir=self.root)
         os.close(fd)

@@ -203,3 +203,14 @@ def arrays_of(layers: list) -> list[mx.array]:
     for c in layers:
         out += [a for a in kind_of(c).arrays(c)[0].values()]
     return out
+
+
+def layout_of(layers: list) -> str:
+    """The cache kind of each layer (and a stored one's formats): a file
+    written under another layout cannot be restored into this model."""
+    def one(c) -> str:
+        kind = kind_of(c)
+        if kind.name == "stored":
+            return "stored:" + "/".join(kind.arrays_meta_names(c))
+        return kind.name
+    return ",".join(one(c) for c in layers)

@@ -124,9 +124,7 @@ class PromptCache:
     def bind(self, layers: list) -> None:
         """Open the disk tier for a model whose fresh caches are `layers`."""
         if self.disk is not None:
-            from .cache_disk import layout_of
-
-            self.disk.open(layout_of(layers))
+            self.disk.open(cache_kinds.layout_of(layers))
 
     def clear(self) -> None:
         """Drop every memory entry (the arrays go when the last adopter lets

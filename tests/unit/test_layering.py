@@ -285,8 +285,8 @@ def test_the_engine_and_config_reach_no_server_code_even_transitively():
 
 # The server's rooms, lowest first: a module imports (at run time) only its
 # own room and the rooms before it.
-SERVER_ROOMS = ("routes", "http", "adapters", "request", "sessions", "state", "surfaces",
-                "app", "process", "router", "runner")
+SERVER_ROOMS = ("routes", "load_choices", "http", "adapters", "request", "sessions", "state",
+                "drain", "surfaces", "app", "process", "router", "runner")
 
 
 def _server_room(module: str) -> str | None:

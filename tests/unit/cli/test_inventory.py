@@ -49,9 +49,10 @@ def test_every_upstream_entry_is_in_the_table() -> None:
     # spec's native --reasoning-alias-field policy, the CPU runtime
     # choices (--blas, --weights), the side encoders (--embedding-model,
     # --reranker-model), the media budgets (--max-image-payload-size,
-    # --max-images) and the replicas' shared --session-store
+    # --max-images), the replicas' shared --session-store and the prompt
+    # cache's disk tier (--cache-disk, --cache-disk-mib)
     assert sorted(o.name for o in upstream_only) == [
-        "--blas", "--dump-flag-surface", "--embedding-model", "--max-image-payload-size",
+        "--blas", "--cache-disk", "--cache-disk-mib", "--dump-flag-surface", "--embedding-model", "--max-image-payload-size",
         "--max-images", "--model-store-root", "--reasoning-alias-field", "--reranker-model",
         "--session-store", "--weights"]
     assert all(not o.upstream for o in upstream_only)
@@ -65,7 +66,7 @@ def test_no_spelling_or_variable_upstream_lacks() -> None:
     assert mine - theirs == {"--dump-flag-surface", "--reasoning-alias-field",  # ours
                              "--blas", "--weights", "--embedding-model", "--reranker-model",
                              "--model-store-root", "--max-image-payload-size", "--max-images",
-                             "--session-store"}
+                             "--session-store", "--cache-disk", "--cache-disk-mib"}
     assert theirs - mine == set()
     envs = {e for o in OPTIONS for e in (o.env, o.env_negated) if e}
     want = (set(data["env_vars_named_in_help"]) | set(data["implicit_LLAMA_ARG_NO_env_aliases"])

@@ -8,7 +8,8 @@ import numpy as np
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 
 from mlxcel_trio.engine import cache_kinds
-from mlxcel_trio.engine.cache_disk import DiskTier, layout_of
+from mlxcel_trio.engine.cache_disk import DiskTier
+from mlxcel_trio.engine.cache_kinds import layout_of
 from mlxcel_trio.engine.prompt_cache import PromptCache
 
 
