@@ -72,7 +72,7 @@ def test_no_spelling_or_variable_upstream_lacks() -> None:
     want = (set(data["env_vars_named_in_help"]) | set(data["implicit_LLAMA_ARG_NO_env_aliases"])
             | {"LLAMA_ARG_RPC"})
     assert envs == want | {"MLXCEL_BLAS", "MLXCEL_WEIGHTS", "MLXCEL_MODELS_DIR",  # ours
-                           "MLXCEL_SESSION_STORE"}
+                           "MLXCEL_SESSION_STORE", "MLXCEL_CACHE_DISK", "MLXCEL_CACHE_DISK_MIB"}
 
 
 @pytest.mark.parametrize("rec", RECORDS, ids=record_id)
