@@ -200,7 +200,7 @@ class Pool {
     uint64_t seen = 0;
     for (;;) {
       uint64_t g = gen_.load(std::memory_order_acquire);
-      for (int spin = 0; g == seen && spin < 200000; ++spin) {
+      for (int spin = 0; g == seen && spin < 4000; ++spin) {
         g = gen_.load(std::memory_order_acquire);
       }
       if (g == seen) {

@@ -111,10 +111,12 @@ def install(model: nn.Module) -> int:
         if cls is not None:
             m.__class__ = cls
             served.add(name)
+    def kept(key: str) -> bool:   # a served layer's stored arrays
+        owner, _, leaf = key.rpartition(".")
+        return owner in served and leaf in ("weight", "scales", "biases")
+
     cast = [(k, v.astype(mx.float32)) for k, v in tree_flatten(model.parameters())
-            if mx.issubdtype(v.dtype, mx.floating) and v.dtype != mx.float32
-            and not (k.rsplit(".", 1)[0] in served
-                     and k.rsplit(".", 1)[-1] in ("weight", "scales", "biases"))]
+            if mx.issubdtype(v.dtype, mx.floating) and v.dtype != mx.float32 and not kept(k)]
     if cast:
         model.update(tree_unflatten(cast))
     return len(served)
