@@ -10,7 +10,7 @@ greedy tokens agree.  A benchmark, not a test: it prints, never fails.
 Each system runs in its own process (one after the other), with the BLAS the
 server would preload (bench/_common.blas_env("auto")):
 
-- native: the stored weights on mlxcel_trio/native (`--weights keep`);
+- native: the stored weights on mlxcel_trio/engine/native (`--weights keep`);
 - float32: the weight policy's float32 conversion (`--weights float32`),
   today's default path on a Linux CPU;
 - raw mlx-lm: the checkpoint as stored on MLX's own kernels (`--raw-tokens`

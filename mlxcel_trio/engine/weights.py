@@ -134,7 +134,7 @@ def float32_is_faster(model: nn.Module) -> tuple[bool, str]:
 
 def native_is_faster(model: nn.Module) -> tuple[bool, str]:
     """The same measure for the native kernels against float32."""
-    from ..native import ops
+    from .native import ops
 
     layer = _probe_layer(model)
     if layer is None:
@@ -155,8 +155,8 @@ def native_is_faster(model: nn.Module) -> tuple[bool, str]:
 def _native(model: nn.Module, form: str, setting: str) -> tuple[bool, str]:
     """Put the model on the native CPU kernels when they can serve it (and,
     for `auto`, measure faster than float32); (installed, what was decided)."""
-    from .. import native
-    from ..native import layers
+    from . import native
+    from .native import layers
 
     if layers.eligible(model) == 0:
         return False, f"the native kernels do not take {form} layers"

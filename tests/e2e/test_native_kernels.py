@@ -17,7 +17,7 @@ def _greedy(srv) -> list[int]:
 
 def test_a_bf16_checkpoint_on_the_kernels_answers_as_its_float32_form(start_server):
     from fixtures.build import ensure
-    from mlxcel_trio import native
+    from mlxcel_trio.engine import native
 
     if not native.available():
         pytest.skip(f"native kernels unavailable here: {native.status().detail}")

@@ -26,7 +26,7 @@ def bf16():
 @pytest.fixture
 def no_native(monkeypatch):
     """Today's float32 policy, as on a machine without the native kernels."""
-    from mlxcel_trio import native
+    from mlxcel_trio.engine import native
 
     monkeypatch.setenv(native.ENV, "0")
     native._reset_for_tests()
@@ -79,7 +79,7 @@ def test_keep_serves_the_weights_as_stored(four_bit, no_native):
 
 
 def test_auto_serves_the_native_kernels_when_they_measure_faster(four_bit, monkeypatch):
-    from mlxcel_trio import native
+    from mlxcel_trio.engine import native
 
     if not native.available():
         pytest.skip(f"native kernels unavailable here: {native.status().detail}")

@@ -1,5 +1,5 @@
 """The native kernels, built once (cached across runs, see
-mlxcel_trio/native/build.py); tests that need them skip with the reason
+mlxcel_trio/engine/native/build.py); tests that need them skip with the reason
 where this machine cannot build them."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def kernels():
-    from mlxcel_trio import native
+    from mlxcel_trio.engine import native
 
     st = native.status()
     if not st.available:

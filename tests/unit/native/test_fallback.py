@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from mlxcel_trio import native
-from mlxcel_trio.native import build
+from mlxcel_trio.engine import native
+from mlxcel_trio.engine.native import build
 
 
 @pytest.fixture(autouse=True)

@@ -28,7 +28,7 @@ def _close(y, ref, k):
 def test_16_bit_weights_equal_mlx_matmul(kernels, dtype, m, k, n):
     import mlx.core as mx
 
-    from mlxcel_trio.native import ops
+    from mlxcel_trio.engine.native import ops
 
     x = mx.random.normal((m, k), key=mx.random.key(m * k))
     w = mx.random.normal((n, k), key=mx.random.key(n)).astype(getattr(mx, dtype))
@@ -40,7 +40,7 @@ def test_16_bit_weights_equal_mlx_matmul(kernels, dtype, m, k, n):
 def test_leading_dimensions_and_16_bit_activations_are_taken(kernels):
     import mlx.core as mx
 
-    from mlxcel_trio.native import ops
+    from mlxcel_trio.engine.native import ops
 
     x = mx.random.normal((2, 3, 64)).astype(mx.bfloat16)
     w = mx.random.normal((40, 64)).astype(mx.bfloat16)
@@ -56,7 +56,7 @@ def test_leading_dimensions_and_16_bit_activations_are_taken(kernels):
 def test_affine_weights_equal_mlx_quantized_matmul(kernels, bits, group, m, k, n, sdtype):
     import mlx.core as mx
 
-    from mlxcel_trio.native import ops
+    from mlxcel_trio.engine.native import ops
 
     x = mx.random.normal((m, k), key=mx.random.key(m + k))
     w = mx.random.normal((n, k), key=mx.random.key(n)).astype(getattr(mx, sdtype))
@@ -69,7 +69,7 @@ def test_a_replaced_weight_is_read_anew(kernels):
     import mlx.core as mx
     from mlx import nn
 
-    from mlxcel_trio.native import layers
+    from mlxcel_trio.engine.native import layers
 
     lin = nn.Linear(64, 32, bias=False)
     lin.weight = lin.weight.astype(mx.bfloat16)

@@ -31,7 +31,7 @@ def test_greedy_on_the_kernels_equals_the_float32_path(kernels, kind):
 
     from fixtures.build import ensure
     from mlxcel_trio.engine import weights
-    from mlxcel_trio.native import layers
+    from mlxcel_trio.engine.native import layers
 
     path = ensure(kind)
     model, note = weights.apply(load(path), "keep")
@@ -53,7 +53,7 @@ def test_layers_the_kernels_do_not_take_stay_as_they_are():
     import mlx.core as mx
     from mlx import nn
 
-    from mlxcel_trio.native import layers
+    from mlxcel_trio.engine.native import layers
 
     model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64))
     model.layers[1].weight = model.layers[1].weight.astype(mx.bfloat16)
