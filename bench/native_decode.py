@@ -13,6 +13,10 @@ server would preload (bench/_common.blas_env("auto")):
 - native: the stored weights on mlxcel_trio/engine/native (`--weights keep`);
 - float32: the weight policy's float32 conversion (`--weights float32`),
   today's default path on a Linux CPU;
+- float32-exact (quantized forms, on request): the float32 path with the
+  scales and biases widened to float32 first, so its weights are s q + b
+  unrounded, as the native kernels compute them (mlx-lm's dequantize rounds
+  them to the scales' dtype, bf16);
 - raw mlx-lm: the checkpoint as stored on MLX's own kernels (`--raw-tokens`
   tokens only: its 4-bit CPU kernel runs ~0.2 tok/s).
 
@@ -48,7 +52,7 @@ GIB = 1 << 30
 def _load(path: str, form: str, system: str):
     import mlx.core as mx
     from mlx import nn
-    from mlx.utils import tree_flatten
+    from mlx.utils import tree_flatten, tree_unflatten
     from mlx_lm.utils import load_model
 
     from mlxcel_trio.engine import weights
@@ -59,6 +63,10 @@ def _load(path: str, form: str, system: str):
     note = None
     if system == "native":
         model, note = weights.apply(model, "keep")
+    elif system == "float32-exact":   # scales and biases widened first: s q + b unrounded
+        model.update(tree_unflatten([(k, v.astype(mx.float32)) for k, v in tree_flatten(
+            model.parameters()) if k.endswith((".scales", ".biases"))]))
+        model, note = weights.apply(model, "float32")
     elif system == "float32":
         model, note = weights.apply(model, "float32")
     mx.eval(model.parameters())
@@ -134,7 +142,7 @@ def main() -> int:
             continue
         spec = {"model": str(model), "form": args.form, "system": system, "prompt": prompt,
                 "tokens": tokens, "warmup": min(args.warmup, max(tokens - 3, 0)),
-                "gaps": system == "float32", "timeout": args.timeout}
+                "gaps": system.startswith("float32"), "timeout": args.timeout}
         r = results[system] = run(spec, env)
         ceiling = bw / r["served_bytes"]
         rate = r["tok_s"]
@@ -143,15 +151,18 @@ def main() -> int:
               f"peak RSS {r['rss_peak'] / 2**20:.2f} GiB)")
         if r["note"]:
             print(f"           {r['note']}")
-    if "native" in results and "float32" in results:
-        a, b = results["native"]["ids"], results["float32"]["ids"]
+    for ref in ("float32", "float32-exact"):
+        if "native" not in results or ref not in results:
+            continue
+        a, b = results["native"]["ids"], results[ref]["ids"]
         same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
         if same is None:
-            print(f"  greedy: native == float32 for all {min(len(a), len(b))} tokens")
+            print(f"  greedy: native == {ref} for all {min(len(a), len(b))} tokens")
         else:
-            gap = results["float32"]["gaps"][same]
-            print(f"  greedy: first divergence at token {same} of {len(a)} "
-                  f"(float32's top-two logprob gap there {gap:.4f})")
+            gap = results[ref]["gaps"][same]
+            print(f"  greedy: native vs {ref}: first divergence at token {same} of {len(a)} "
+                  f"({ref}'s top-two logprob gap there {gap:.4f})")
+    if "native" in results:
         for other in ("float32", "raw"):
             if other in results and results[other]["tok_s"]:
                 print(f"  native / {other}: {results['native']['tok_s'] / results[other]['tok_s']:.2f}x")
