@@ -111,19 +111,20 @@ def _time(f, x: mx.array) -> float:
     return (time.perf_counter() - t0) / PROBE_ROUNDS
 
 
+def _float32_weight(layer: nn.Module) -> tuple[mx.array, Any]:
+    if isinstance(layer, nn.QuantizedLinear):
+        return (mx.dequantize(layer.weight, layer.scales, layer.biases, layer.group_size,
+                              layer.bits, layer.mode).astype(mx.float32), layer.scales.dtype)
+    return layer.weight.astype(mx.float32), layer.weight.dtype
+
+
 def float32_is_faster(model: nn.Module) -> tuple[bool, str]:
     """Time one decode-shaped product of the largest layer as stored and in
     float32, on this device; (faster, the figures).  The model is not touched."""
     layer = _probe_layer(model)
     if layer is None:
         return True, "no linear layer to measure"
-    if isinstance(layer, nn.QuantizedLinear):
-        w32 = mx.dequantize(layer.weight, layer.scales, layer.biases, layer.group_size,
-                            layer.bits, layer.mode).astype(mx.float32)
-        stored_dtype = layer.scales.dtype
-    else:
-        w32 = layer.weight.astype(mx.float32)
-        stored_dtype = layer.weight.dtype
+    w32, stored_dtype = _float32_weight(layer)
     x = mx.random.normal((1, w32.shape[1]))
     as_stored = _time(layer, x.astype(stored_dtype))
     as_f32 = _time(lambda v: v @ w32.T, x)
@@ -131,23 +132,76 @@ def float32_is_faster(model: nn.Module) -> tuple[bool, str]:
                                 "in float32 for the largest layer")
 
 
+def native_is_faster(model: nn.Module) -> tuple[bool, str]:
+    """The same measure for the native kernels against float32."""
+    from .native import ops
+
+    layer = _probe_layer(model)
+    if layer is None:
+        return False, "no linear layer to measure"
+    w32, _ = _float32_weight(layer)
+    x = mx.random.normal((1, w32.shape[1]))
+    mx.eval(x, w32)
+    if isinstance(layer, nn.QuantizedLinear):
+        native = _time(lambda v: ops.gemm_affine(v, layer.weight, layer.scales, layer.biases,
+                                                 layer.group_size, layer.bits), x)
+    else:
+        native = _time(lambda v: ops.gemm_16(v, layer.weight), x)
+    as_f32 = _time(lambda v: v @ w32.T, x)
+    return native < as_f32, (f"{native * 1e3:.2f} ms on the native kernels, {as_f32 * 1e3:.2f} "
+                             "ms in float32 for the largest layer")
+
+
+def _native(model: nn.Module, form: str, setting: str) -> tuple[bool, str]:
+    """Put the model on the native CPU kernels when they can serve it (and,
+    for `auto`, measure faster than float32); (installed, what was decided)."""
+    from . import native
+    from .native import layers
+
+    if layers.eligible(model) == 0:
+        return False, f"the native kernels do not take {form} layers"
+    st = native.status()
+    if not st.available:
+        return False, f"native kernels unavailable: {st.detail}"
+    figures = "--weights keep"
+    if setting == AUTO:
+        faster, figures = native_is_faster(model)
+        if not faster:
+            return False, f"the native kernels are not faster here ({figures})"
+    n = layers.install(model)
+    return True, (f"weights kept as {form} on the native CPU kernels ({st.detail}, "
+                  f"{n} layers): {figures}; --weights float32 converts them")
+
+
 def apply(model: nn.Module, setting: str) -> tuple[nn.Module, str | None]:
     """The model the policy serves, and one line on what it did (None when
-    there was nothing to decide: float32 weights, or `keep`)."""
+    there was nothing to decide: float32 weights, or `keep` off the CPU)."""
     form = stored_form(model)
-    if form is None or setting == KEEP:
+    if form is None:
         return model, None
+    on_cpu = mx.default_device() == mx.cpu
+    native_why = ""
+    if on_cpu and setting in (AUTO, KEEP):
+        installed, why = _native(model, form, setting)
+        if installed:
+            return model, why
+        native_why = f"; {why}"
+    if setting == KEEP:
+        return model, (f"weights kept as {form} on MLX's own kernels{native_why}"
+                       if on_cpu else None)
     if setting == AUTO:
-        if mx.default_device() != mx.cpu:
+        if not on_cpu:
             return model, None
         need, have = float32_bytes(model), available_bytes()
         if have is not None and need + HEADROOM > have:
             return model, (f"weights kept as {form}: float32 would need {need / 2**30:.1f} GiB "
-                           f"and {have / 2**30:.1f} GiB is available (--weights float32 forces it)")
+                           f"and {have / 2**30:.1f} GiB is available (--weights float32 forces "
+                           f"it){native_why}")
         faster, figures = float32_is_faster(model)
         if not faster:
-            return model, f"weights kept as {form}: float32 is not faster here ({figures})"
-        why = f"float32 is faster on this CPU ({figures})"
+            return model, (f"weights kept as {form}: float32 is not faster here "
+                           f"({figures}){native_why}")
+        why = f"float32 is faster on this CPU ({figures}){native_why}"
     else:
         why = "--weights float32"
     t0 = time.perf_counter()

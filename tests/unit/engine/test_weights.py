@@ -23,6 +23,17 @@ def bf16():
     return ensure("tiny-bf16"), ensure("tiny-bf16-f32")
 
 
+@pytest.fixture
+def no_native(monkeypatch):
+    """Today's float32 policy, as on a machine without the native kernels."""
+    from mlxcel_trio.engine import native
+
+    monkeypatch.setenv(native.ENV, "0")
+    native._reset_for_tests()
+    yield
+    native._reset_for_tests()
+
+
 def greedy(model) -> list[int]:
     import mlx.core as mx
     from mlx_lm.generate import generate_step
@@ -60,25 +71,43 @@ def test_upcast_bf16_equals_the_same_weights_stored_in_float32(bf16):
     assert greedy(ours) == greedy(ref)
 
 
-def test_keep_serves_the_weights_as_stored(four_bit):
+def test_keep_serves_the_weights_as_stored(four_bit, no_native):
     model, note = weights.apply(load(four_bit), "keep")
-    assert note is None and weights.stored_form(model) == "4-bit"
+    assert weights.stored_form(model) == "4-bit"
+    assert note == ("weights kept as 4-bit on MLX's own kernels; native kernels unavailable: "
+                    "turned off by MLXCEL_NATIVE=0")
 
 
-def test_auto_keeps_what_would_not_fit(four_bit, monkeypatch):
+def test_auto_serves_the_native_kernels_when_they_measure_faster(four_bit, monkeypatch):
+    from mlxcel_trio.engine import native
+
+    if not native.available():
+        pytest.skip(f"native kernels unavailable here: {native.status().detail}")
+    monkeypatch.setattr(weights, "native_is_faster", lambda m: (True, "measured"))
+    model, note = weights.apply(load(four_bit), "auto")
+    assert weights.stored_form(model) == "4-bit"
+    assert note.startswith("weights kept as 4-bit on the native CPU kernels") and "measured" in note
+    monkeypatch.setattr(weights, "native_is_faster", lambda m: (False, "slower"))
+    monkeypatch.setattr(weights, "float32_is_faster", lambda m: (True, "measured"))
+    model, note = weights.apply(load(four_bit), "auto")
+    assert weights.stored_form(model) is None
+    assert "the native kernels are not faster here (slower)" in note
+
+
+def test_auto_keeps_what_would_not_fit(four_bit, monkeypatch, no_native):
     monkeypatch.setattr(weights, "available_bytes", lambda: 64 << 20)  # 64 MiB free
     model, note = weights.apply(load(four_bit), "auto")
     assert weights.stored_form(model) == "4-bit"
     assert note.startswith("weights kept as 4-bit: float32 would need") and "--weights float32" in note
 
 
-def test_auto_keeps_what_float32_does_not_speed_up(four_bit, monkeypatch):
+def test_auto_keeps_what_float32_does_not_speed_up(four_bit, monkeypatch, no_native):
     monkeypatch.setattr(weights, "float32_is_faster", lambda m: (False, "measured"))
     model, note = weights.apply(load(four_bit), "auto")
     assert weights.stored_form(model) == "4-bit" and "float32 is not faster here" in note
 
 
-def test_auto_converts_when_faster_and_fitting(four_bit, monkeypatch):
+def test_auto_converts_when_faster_and_fitting(four_bit, monkeypatch, no_native):
     monkeypatch.setattr(weights, "float32_is_faster", lambda m: (True, "measured"))
     model, note = weights.apply(load(four_bit), "auto")
     assert weights.stored_form(model) is None and "float32 is faster on this CPU" in note

@@ -1,0 +1,453 @@
+// CPU matrix products for MLX's stored weight forms, float32 activations:
+//   y[M, N] = x[M, K] . W[N, K]^T (+ bias)
+// with W in bfloat16 / float16, or in MLX's affine 4- / 8-bit layout
+// (uint32 words, low bits first; one scale and one bias per `group`
+// consecutive values of a row, in the stored float type).
+//
+// Written for decoding, where M (the tokens of one step) is small and the
+// weights stream from memory once per step: every weight is widened to
+// float32 in registers and multiplied in float32, so no float32 copy of a
+// weight exists and the products are the float32 path's products (only the
+// order of the sums differs).  Output rows are split across a small thread
+// pool.  C++17 with x86 intrinsics: the build compiles
+// it with -march=native and the vector helpers below pick AVX-512, AVX2
+// (+F16C, FMA) or plain scalar code for the machine it runs on.
+//
+// Plain C ABI, loaded with ctypes (mlxcel_trio/native/__init__.py).
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+// The few vector operations the kernels use, for the widest ISA the build
+// targets; L float lanes per vector.
+#if defined(__AVX512F__)
+constexpr int L = 16;
+using vf = __m512;
+inline vf vzero() { return _mm512_setzero_ps(); }
+inline vf vload(const float* p) { return _mm512_loadu_ps(p); }
+inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
+inline vf vset1(float s) { return _mm512_set1_ps(s); }
+inline float vsum(vf v) { return _mm512_reduce_add_ps(v); }
+inline vf widen_bf16(const uint16_t* p) {
+  __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline vf widen_f16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline __m512i bytes(const uint8_t* p) {  // L bytes, one per lane
+  return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline vf widen_u8(const uint8_t* p) { return _mm512_cvtepi32_ps(bytes(p)); }
+inline void widen_u4(const uint8_t* p, vf& lo, vf& hi) {
+  __m512i b = bytes(p);
+  lo = _mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(15)));
+  hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4));
+}
+#elif defined(__AVX2__)
+constexpr int L = 8;
+using vf = __m256;
+inline vf vzero() { return _mm256_setzero_ps(); }
+inline vf vload(const float* p) { return _mm256_loadu_ps(p); }
+#if defined(__FMA__)
+inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+#else
+inline vf vfma(vf a, vf b, vf c) { return _mm256_add_ps(_mm256_mul_ps(a, b), c); }
+#endif
+inline vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
+inline vf vset1(float s) { return _mm256_set1_ps(s); }
+inline float vsum(vf v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+inline vf widen_bf16(const uint16_t* p) {
+  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+#if defined(__F16C__)
+inline vf widen_f16(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+#else
+inline vf widen_f16(const uint16_t* p) {
+  alignas(32) float f[L];
+  for (int i = 0; i < L; ++i) f[i] = float(reinterpret_cast<const _Float16*>(p)[i]);
+  return _mm256_load_ps(f);
+}
+#endif
+inline __m256i bytes(const uint8_t* p) {
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+inline vf widen_u8(const uint8_t* p) { return _mm256_cvtepi32_ps(bytes(p)); }
+inline void widen_u4(const uint8_t* p, vf& lo, vf& hi) {
+  __m256i b = bytes(p);
+  lo = _mm256_cvtepi32_ps(_mm256_and_si256(b, _mm256_set1_epi32(15)));
+  hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
+}
+#else
+constexpr int L = 1;  // scalar: any CPU the compiler targets
+using vf = float;
+inline vf vzero() { return 0.f; }
+inline vf vload(const float* p) { return *p; }
+inline vf vfma(vf a, vf b, vf c) { return a * b + c; }
+inline vf vadd(vf a, vf b) { return a + b; }
+inline vf vset1(float s) { return s; }
+inline float vsum(vf v) { return v; }
+inline vf widen_bf16(const uint16_t* p) {
+  uint32_t u = uint32_t(*p) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline vf widen_f16(const uint16_t* p) {
+  _Float16 h;
+  std::memcpy(&h, p, 2);
+  return float(h);
+}
+inline vf widen_u8(const uint8_t* p) { return float(*p); }
+inline void widen_u4(const uint8_t* p, vf& lo, vf& hi) {
+  lo = float(*p & 15);
+  hi = float(*p >> 4);
+}
+#endif
+
+inline float bf16_to_f32(uint16_t h) {
+  uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline float f16_to_f32(uint16_t h) {
+  _Float16 f;
+  std::memcpy(&f, &h, 2);
+  return float(f);
+}
+
+// dtype codes shared with Python: 0 float32, 1 bfloat16, 2 float16
+inline float scalar_at(const void* p, int dtype, long i) {
+  if (dtype == 1) return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+  if (dtype == 2) return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+  return static_cast<const float*>(p)[i];
+}
+
+template <bool BF16>
+inline vf widen(const uint16_t* p) {
+  if constexpr (BF16)
+    return widen_bf16(p);
+  else
+    return widen_f16(p);
+}
+
+// ---------------------------------------------------------------- thread pool
+
+// Persistent workers: a decode step makes ~200 calls of ~0.1-1 ms, so
+// threads are not started per call.  Workers spin briefly for the next job
+// (the next layer's call comes within microseconds), then sleep.
+class Pool {
+ public:
+  explicit Pool(int n) {
+    for (int i = 1; i < n; ++i) workers_.emplace_back([this, i] { loop(i); });
+    size_ = n;
+  }
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> g(m_);
+      stop_ = true;
+      ++gen_;
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+  }
+  int size() const { return size_; }
+  // job(i, n) for i in [0, n), worker 0 is the caller
+  void run(const std::function<void(int, int)>& job, int n) {
+    if (n <= 1 || size_ <= 1) {
+      job(0, 1);
+      return;
+    }
+    n = n < size_ ? n : size_;
+    job_ = &job;
+    parts_ = n;
+    pending_.store(n - 1, std::memory_order_relaxed);
+    {
+      std::lock_guard<std::mutex> g(m_);
+      gen_.fetch_add(1, std::memory_order_release);
+    }
+    cv_.notify_all();
+    job(0, n);
+    while (pending_.load(std::memory_order_acquire) != 0) {
+    }
+  }
+
+ private:
+  void loop(int id) {
+    uint64_t seen = 0;
+    for (;;) {
+      uint64_t g = gen_.load(std::memory_order_acquire);
+      for (int spin = 0; g == seen && spin < 4000; ++spin) {
+        g = gen_.load(std::memory_order_acquire);
+      }
+      if (g == seen) {
+        std::unique_lock<std::mutex> lk(m_);
+        cv_.wait(lk, [&] { return gen_.load() != seen; });
+        g = gen_.load();
+      }
+      seen = g;
+      if (stop_) return;
+      if (id < parts_) {
+        (*job_)(id, parts_);
+        pending_.fetch_sub(1, std::memory_order_acq_rel);
+      }
+    }
+  }
+  std::vector<std::thread> workers_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::atomic<uint64_t> gen_{0};
+  std::atomic<int> pending_{0};
+  const std::function<void(int, int)>* job_ = nullptr;
+  int parts_ = 0;
+  int size_ = 1;
+  bool stop_ = false;
+};
+
+Pool* pool = nullptr;
+
+void parallel_rows(int N, const std::function<void(int, int)>& rows) {
+  int parts = pool ? pool->size() : 1;
+  if (N < 64) parts = 1;
+  auto job = [&](int i, int n) {
+    // split on multiples of 4 rows, for the 4-row kernels below
+    int step = ((N + n - 1) / n + 3) & ~3;
+    int a = i * step, b = a + step < N ? a + step : N;
+    if (a < b) rows(a, b);
+  };
+  if (parts <= 1 || !pool)
+    rows(0, N);
+  else
+    pool->run(job, parts);
+}
+
+// ---------------------------------------------------------------- 16-bit weights
+
+// MR activation rows at once, each weight row read once for all of them.
+template <int MR, bool BF16>
+void rows_16(const float* x, int K, const uint16_t* w, const float* bias, float* y, int N,
+             int n0, int n1) {
+  for (int n = n0; n < n1; ++n) {
+    const uint16_t* wr = w + long(n) * K;
+    vf a0[MR], a1[MR];
+    for (int r = 0; r < MR; ++r) a0[r] = a1[r] = vzero();
+    int k = 0;
+    for (; k + 2 * L <= K; k += 2 * L) {
+      vf w0 = widen<BF16>(wr + k), w1 = widen<BF16>(wr + k + L);
+      for (int r = 0; r < MR; ++r) {
+        a0[r] = vfma(vload(x + long(r) * K + k), w0, a0[r]);
+        a1[r] = vfma(vload(x + long(r) * K + k + L), w1, a1[r]);
+      }
+    }
+    for (; k + L <= K; k += L) {
+      vf w0 = widen<BF16>(wr + k);
+      for (int r = 0; r < MR; ++r) a0[r] = vfma(vload(x + long(r) * K + k), w0, a0[r]);
+    }
+    for (int r = 0; r < MR; ++r) {
+      float s = vsum(vadd(a0[r], a1[r]));
+      for (int kk = k; kk < K; ++kk)
+        s += x[long(r) * K + kk] * (BF16 ? bf16_to_f32(wr[kk]) : f16_to_f32(wr[kk]));
+      y[long(r) * N + n] = s + (bias ? bias[n] : 0.f);
+    }
+  }
+}
+
+template <bool BF16>
+void gemm_16(const float* x, int M, int K, const uint16_t* w, int N, const float* bias, float* y) {
+  parallel_rows(N, [&](int n0, int n1) {
+    for (int m = 0; m < M; m += 4) {
+      const float* xm = x + long(m) * K;
+      float* ym = y + long(m) * N;
+      switch (M - m) {
+        case 1: rows_16<1, BF16>(xm, K, w, bias, ym, N, n0, n1); break;
+        case 2: rows_16<2, BF16>(xm, K, w, bias, ym, N, n0, n1); break;
+        case 3: rows_16<3, BF16>(xm, K, w, bias, ym, N, n0, n1); break;
+        default: rows_16<4, BF16>(xm, K, w, bias, ym, N, n0, n1); break;
+      }
+    }
+  });
+}
+
+// ---------------------------------------------------------------- affine quantized
+
+// Per activation row: x reordered to match the unpacking order of the
+// packed weights, and the sum of x over each group (the biases' share:
+// sum_k x_k (s q_k + b) = s sum_k x_k q_k + b sum_k x_k).
+struct Prepared {
+  std::vector<float> xp, gsum;
+};
+
+// 4-bit: byte i of a row holds value 2i in its low and 2i+1 in its high
+// nibble, so 16 bytes widened to 16 lanes give the even values (& 15) and
+// the odd ones (>> 4) of a 32-value block: x is stored in that order.
+void prepare(const float* x, int M, int K, int bits, int group, Prepared& p) {
+  p.xp.resize(size_t(M) * K);
+  p.gsum.resize(size_t(M) * (K / group));
+  for (int m = 0; m < M; ++m) {
+    const float* xr = x + long(m) * K;
+    float* o = p.xp.data() + long(m) * K;
+    if (bits == 4) {
+      for (int b = 0; b < K; b += 2 * L)
+        for (int i = 0; i < L; ++i) {
+          o[b + i] = xr[b + 2 * i];
+          o[b + L + i] = xr[b + 2 * i + 1];
+        }
+    } else {
+      std::memcpy(o, xr, sizeof(float) * K);
+    }
+    for (int g = 0; g < K / group; ++g) {
+      float s = 0.f;
+      for (int k = 0; k < group; ++k) s += xr[g * group + k];
+      p.gsum[long(m) * (K / group) + g] = s;
+    }
+  }
+}
+
+template <int MR, int BITS>
+void rows_q(const Prepared& p, int K, const uint8_t* w, const void* scales, const void* biases,
+            int sdtype, int group, const float* bias, float* y, int N, int m0, int n0, int n1) {
+  const int G = K / group;
+  const long row_bytes = long(K) * BITS / 8;
+  const float* xp = p.xp.data() + long(m0) * K;
+  const float* gs = p.gsum.data() + long(m0) * G;
+  for (int n = n0; n < n1; ++n) {
+    const uint8_t* wr = w + n * row_bytes;
+    vf acc[MR];
+    float bsum[MR];
+    for (int r = 0; r < MR; ++r) acc[r] = vzero(), bsum[r] = 0.f;
+    for (int g = 0; g < G; ++g) {
+      vf t0[MR], t1[MR];
+      for (int r = 0; r < MR; ++r) t0[r] = t1[r] = vzero();
+      const int k0 = g * group;
+      if constexpr (BITS == 4) {
+        for (int k = k0; k < k0 + group; k += 2 * L) {
+          vf lo, hi;
+          widen_u4(wr + k / 2, lo, hi);
+          for (int r = 0; r < MR; ++r) {
+            t0[r] = vfma(vload(xp + long(r) * K + k), lo, t0[r]);
+            t1[r] = vfma(vload(xp + long(r) * K + k + L), hi, t1[r]);
+          }
+        }
+      } else {
+        for (int k = k0; k < k0 + group; k += 2 * L) {
+          vf q0 = widen_u8(wr + k), q1 = widen_u8(wr + k + L);
+          for (int r = 0; r < MR; ++r) {
+            t0[r] = vfma(vload(xp + long(r) * K + k), q0, t0[r]);
+            t1[r] = vfma(vload(xp + long(r) * K + k + L), q1, t1[r]);
+          }
+        }
+      }
+      const long si = long(n) * G + g;
+      const float s = scalar_at(scales, sdtype, si), bb = scalar_at(biases, sdtype, si);
+      for (int r = 0; r < MR; ++r) {
+        acc[r] = vfma(vadd(t0[r], t1[r]), vset1(s), acc[r]);
+        bsum[r] += bb * gs[long(r) * G + g];
+      }
+    }
+    for (int r = 0; r < MR; ++r)
+      y[long(m0 + r) * N + n] = vsum(acc[r]) + bsum[r] + (bias ? bias[n] : 0.f);
+  }
+}
+
+template <int BITS>
+void gemm_q(const float* x, int M, int K, const uint8_t* w, const void* scales,
+            const void* biases, int sdtype, int group, int N, const float* bias, float* y) {
+  Prepared p;
+  prepare(x, M, K, BITS, group, p);
+  parallel_rows(N, [&](int n0, int n1) {
+    for (int m = 0; m < M; m += 4) {
+      switch (M - m) {
+        case 1: rows_q<1, BITS>(p, K, w, scales, biases, sdtype, group, bias, y, N, m, n0, n1); break;
+        case 2: rows_q<2, BITS>(p, K, w, scales, biases, sdtype, group, bias, y, N, m, n0, n1); break;
+        case 3: rows_q<3, BITS>(p, K, w, scales, biases, sdtype, group, bias, y, N, m, n0, n1); break;
+        default: rows_q<4, BITS>(p, K, w, scales, biases, sdtype, group, bias, y, N, m, n0, n1); break;
+      }
+    }
+  });
+}
+
+}  // namespace
+
+extern "C" {
+
+// Bumped when the ABI below changes.
+int mlxn_abi() { return 1; }
+
+// The vector ISA this build targets, for the load summary.
+const char* mlxn_isa() {
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+  return "AVX-512 (BF16)";
+#elif defined(__AVX512F__)
+  return "AVX-512";
+#elif defined(__AVX2__) && defined(__F16C__)
+  return "AVX2+F16C";
+#elif defined(__AVX2__)
+  return "AVX2";
+#elif defined(__ARM_NEON)
+  return "NEON";
+#else
+  return "generic";
+#endif
+}
+
+// Threads for every later call (1: the caller only).
+void mlxn_set_threads(int n) {
+  if (pool && pool->size() == n) return;
+  delete pool;
+  pool = n > 1 ? new Pool(n) : nullptr;
+}
+
+// dtype: 1 bfloat16, 2 float16.  bias: float32 [N] or null.  Returns 0, or
+// -1 for arguments it does not take.
+int mlxn_gemm_16(const float* x, int M, int K, const uint16_t* w, int dtype, int N,
+                 const float* bias, float* y) {
+  if (M <= 0 || K <= 0 || N <= 0) return -1;
+  if (dtype == 1)
+    gemm_16<true>(x, M, K, w, N, bias, y);
+  else if (dtype == 2)
+    gemm_16<false>(x, M, K, w, N, bias, y);
+  else
+    return -1;
+  return 0;
+}
+
+// MLX affine layout: w uint32 [N, K * bits / 32]; scales, biases [N, K / group]
+// of sdtype (0 float32, 1 bfloat16, 2 float16).  group: a multiple of 32.
+int mlxn_gemm_affine(const float* x, int M, int K, const uint32_t* w, const void* scales,
+                     const void* biases, int sdtype, int bits, int group, int N,
+                     const float* bias, float* y) {
+  if (M <= 0 || K <= 0 || N <= 0 || group % 32 != 0 || K % group != 0) return -1;
+  const uint8_t* wb = reinterpret_cast<const uint8_t*>(w);
+  if (bits == 4)
+    gemm_q<4>(x, M, K, wb, scales, biases, sdtype, group, N, bias, y);
+  else if (bits == 8)
+    gemm_q<8>(x, M, K, wb, scales, biases, sdtype, group, N, bias, y);
+  else
+    return -1;
+  return 0;
+}
+
+}  // extern "C"

@@ -1,0 +1,125 @@
+"""Serve a model's stored 16-bit / affine 4- and 8-bit weights on the native
+kernels: `install(model)` swaps the class of each eligible nn.Linear,
+nn.QuantizedLinear, nn.Embedding and nn.QuantizedEmbedding for a subclass
+whose forward (and `as_linear`, a tied lm_head) calls them.
+
+Only the classes change: parameters, their names and the module tree stay
+as they were, so LoRA adapters, speculative drafts, the distributed split
+and load_weights see the model they expect, on every mlx-lm architecture.
+The remaining floating parameters (norms, biases, ...) are cast to float32,
+so activations and the KV cache are float32, as on the float32 path.
+
+A product with more than MAX_ROWS rows (a prefill chunk) goes through MLX
+instead: the weight is widened per call and multiplied by the float32 BLAS,
+the float32 path's speed for that shape, without a resident float32 copy.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import mlx.core as mx
+from mlx import nn
+from mlx.utils import tree_flatten, tree_unflatten
+
+from . import ops
+
+MAX_ROWS = 16
+HALF = (mx.bfloat16, mx.float16)
+BITS, GROUPS = (4, 8), (32, 64, 128)
+
+
+def _rows(x: mx.array) -> int:
+    return math.prod(x.shape[:-1])
+
+
+class NativeLinear(nn.Linear):
+    def __call__(self, x: mx.array) -> mx.array:
+        bias = self.get("bias")
+        if _rows(x) <= MAX_ROWS:
+            return ops.gemm_16(x, self["weight"], bias)
+        y = x.astype(mx.float32) @ self["weight"].astype(mx.float32).T
+        return y if bias is None else y + bias
+
+
+def _dequantized(m: Any) -> mx.array:
+    return mx.dequantize(m["weight"], m["scales"], m["biases"], m.group_size, m.bits,
+                         ).astype(mx.float32)
+
+
+class NativeQuantizedLinear(nn.QuantizedLinear):
+    def __call__(self, x: mx.array) -> mx.array:
+        bias = self.get("bias")
+        if _rows(x) <= MAX_ROWS:
+            return ops.gemm_affine(x, self["weight"], self["scales"], self["biases"],
+                                   self.group_size, self.bits, bias)
+        y = x.astype(mx.float32) @ _dequantized(self).T
+        return y if bias is None else y + bias
+
+
+class NativeEmbedding(nn.Embedding):
+    def __call__(self, x: mx.array) -> mx.array:
+        return self["weight"][x].astype(mx.float32)
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        if _rows(x) <= MAX_ROWS:
+            return ops.gemm_16(x, self["weight"])
+        return x.astype(mx.float32) @ self["weight"].astype(mx.float32).T
+
+
+class NativeQuantizedEmbedding(nn.QuantizedEmbedding):
+    def __call__(self, x: mx.array) -> mx.array:
+        # s q + b in float32, unrounded, as the kernels compute the products
+        f32 = mx.float32
+        return mx.dequantize(self["weight"][x], self["scales"][x].astype(f32),
+                             self["biases"][x].astype(f32), self.group_size, self.bits)
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        if _rows(x) <= MAX_ROWS:
+            return ops.gemm_affine(x, self["weight"], self["scales"], self["biases"],
+                                   self.group_size, self.bits)
+        return x.astype(mx.float32) @ _dequantized(self).T
+
+
+def _affine(m: Any) -> bool:
+    return (getattr(m, "mode", "affine") == "affine" and m.bits in BITS
+            and m.group_size in GROUPS and m.get("biases") is not None)
+
+
+def _swap_for(m: nn.Module) -> type | None:
+    """The native class for a module, or None when it stays as it is."""
+    if type(m) is nn.Linear and m.weight.dtype in HALF:
+        return NativeLinear
+    if type(m) is nn.Embedding and m.weight.dtype in HALF:
+        return NativeEmbedding
+    if type(m) is nn.QuantizedLinear and _affine(m):
+        return NativeQuantizedLinear
+    if type(m) is nn.QuantizedEmbedding and _affine(m):
+        return NativeQuantizedEmbedding
+    return None
+
+
+def eligible(model: nn.Module) -> int:
+    """How many of the model's layers the kernels would serve."""
+    return sum(_swap_for(m) is not None for _, m in model.named_modules())
+
+
+def install(model: nn.Module) -> int:
+    """Swap the eligible layers in place; returns how many.  Floating
+    parameters outside them become float32."""
+    served: set[str] = set()
+    for name, m in model.named_modules():
+        cls = _swap_for(m)
+        if cls is not None:
+            m.__class__ = cls
+            served.add(name)
+    def kept(key: str) -> bool:   # a served layer's stored arrays
+        owner, _, leaf = key.rpartition(".")
+        return owner in served and leaf in ("weight", "scales", "biases")
+
+    cast = [(k, v.astype(mx.float32)) for k, v in tree_flatten(model.parameters())
+            if mx.issubdtype(v.dtype, mx.floating) and v.dtype != mx.float32 and not kept(k)]
+    if cast:
+        model.update(tree_unflatten(cast))
+    return len(served)

@@ -1,0 +1,85 @@
+"""MLX-level calls of the native kernels: y = x @ W.T (+ bias) in float32.
+
+x is any float array [..., K] (evaluated here); the weights are the layer's
+own stored arrays, read in place through their buffers (their address is
+cached per array object, so a replaced weight is picked up at the next
+call).  Callers check `native.available()` first.
+"""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+import numpy as np
+
+from . import DTYPE_CODE
+
+_addresses: dict[int, tuple[mx.array, int]] = {}
+
+
+def _address(a: mx.array) -> int:
+    """The address of an evaluated row-contiguous array's data."""
+    key = id(a)
+    hit = _addresses.get(key)
+    if hit is not None and hit[0] is a:
+        return hit[1]
+    view = memoryview(a)
+    if not view.c_contiguous:
+        raise ValueError("native kernels take row-contiguous weights")
+    addr = np.frombuffer(view.cast("B"), np.uint8).ctypes.data
+    if len(_addresses) > 4096:   # weights replaced many times over: forget the old ones
+        _addresses.clear()
+    _addresses[key] = (a, addr)
+    return addr
+
+
+def _rows(x: mx.array) -> tuple[np.ndarray, tuple[int, ...]]:
+    lead = tuple(x.shape[:-1])
+    x32 = x.astype(mx.float32).reshape(math.prod(lead), x.shape[-1])
+    mx.eval(x32)
+    return np.ascontiguousarray(np.asarray(x32)), lead
+
+
+def _bias(bias: mx.array | None) -> int | None:
+    """A float32 bias is added in the kernel; another is added after it."""
+    return _address(bias) if bias is not None and bias.dtype == mx.float32 else None
+
+
+def _out(y: np.ndarray, lead: tuple[int, ...], bias: mx.array | None) -> mx.array:
+    out = mx.array(y).reshape(*lead, y.shape[1])
+    return out if bias is None or bias.dtype == mx.float32 else out + bias.astype(mx.float32)
+
+
+def _dtype(a: mx.array) -> int:
+    return DTYPE_CODE[str(a.dtype).removeprefix("mlx.core.")]
+
+
+def gemm_16(x: mx.array, weight: mx.array, bias: mx.array | None = None) -> mx.array:
+    """x [..., K] times a bfloat16 / float16 weight [N, K]: float32 [..., N]."""
+    from . import _lib
+
+    xn, lead = _rows(x)
+    n, k = weight.shape
+    y = np.empty((xn.shape[0], n), np.float32)
+    rc = _lib.mlxn_gemm_16(xn.ctypes.data, xn.shape[0], k, _address(weight), _dtype(weight),
+                           n, _bias(bias), y.ctypes.data)
+    if rc != 0:
+        raise ValueError(f"native 16-bit product refused shape {weight.shape}")
+    return _out(y, lead, bias)
+
+
+def gemm_affine(x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array,
+                group_size: int, bits: int, bias: mx.array | None = None) -> mx.array:
+    """x [..., K] times MLX's affine-quantized weight: float32 [..., N]."""
+    from . import _lib
+
+    xn, lead = _rows(x)
+    n, k = weight.shape[0], x.shape[-1]
+    y = np.empty((xn.shape[0], n), np.float32)
+    rc = _lib.mlxn_gemm_affine(xn.ctypes.data, xn.shape[0], k, _address(weight),
+                               _address(scales), _address(biases), _dtype(scales), bits,
+                               group_size, n, _bias(bias), y.ctypes.data)
+    if rc != 0:
+        raise ValueError(f"native {bits}-bit product refused group {group_size}, K {k}")
+    return _out(y, lead, bias)

@@ -1,0 +1,65 @@
+"""A model on the native kernels: which layers they take, and that greedy
+decoding equals the float32 path's on the tiny fixtures (the bench fixtures
+are compared by bench/native_decode.py: 64 tokens)."""
+
+from __future__ import annotations
+
+import pytest
+
+PROMPT = list(range(40, 72))
+N = 24
+
+
+def greedy(model) -> list[int]:
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+
+    return [int(t) for t, _ in generate_step(mx.array(PROMPT), model, max_tokens=N,
+                                             sampler=lambda x: mx.argmax(x, -1))]
+
+
+def load(path):
+    from mlx_lm.utils import load_model
+
+    return load_model(path, lazy=True)[0]
+
+
+@pytest.mark.parametrize("kind", ["tiny-bf16", "tiny-4bit"])
+def test_greedy_on_the_kernels_equals_the_float32_path(kernels, kind):
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    from fixtures.build import ensure
+    from mlxcel_trio.engine import weights
+    from mlxcel_trio.engine.native import layers
+
+    path = ensure(kind)
+    model, note = weights.apply(load(path), "keep")
+    assert "on the native CPU kernels" in note
+    names = {type(m).__name__ for _, m in model.named_modules()}
+    assert names & {"NativeLinear", "NativeQuantizedLinear"}
+    assert weights.stored_form(model) is not None          # nothing was converted
+    outside = [p for k, p in tree_flatten(model.parameters())
+               if not k.endswith(("weight", "scales", "biases"))]
+    assert all(p.dtype == mx.float32 for p in outside)     # norms: float32 activations
+    reference, _ = weights.apply(load(path), "float32")
+    assert greedy(model) == greedy(reference)
+    # a prefill chunk (more than MAX_ROWS rows) takes MLX's path: same logits
+    x = mx.array([PROMPT[: layers.MAX_ROWS + 4]])
+    assert mx.allclose(model(x), reference(x), rtol=1e-3, atol=1e-3).item()
+
+
+def test_layers_the_kernels_do_not_take_stay_as_they_are():
+    import mlx.core as mx
+    from mlx import nn
+
+    from mlxcel_trio.engine.native import layers
+
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64))
+    model.layers[1].weight = model.layers[1].weight.astype(mx.bfloat16)
+    q = nn.QuantizedLinear(64, 64, bits=3, group_size=64)
+    assert layers.eligible(model) == 1 and layers.eligible(q) == 0
+    assert layers.install(model) == 1
+    assert type(model.layers[0]) is nn.Linear
+    assert type(model.layers[1]) is layers.NativeLinear
+    assert model.layers[1].bias.dtype == mx.float32
