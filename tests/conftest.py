@@ -76,8 +76,12 @@ class ServerProcess:
         # The reference BLAS, as in this process: tests compare the server's
         # numbers with references computed here, and a faster BLAS picks other
         # kernels per shape (exact only within one library).  Tests of the
-        # BLAS choice itself pass their own MLXCEL_BLAS.
-        self.env = {**os.environ, "MLXCEL_BLAS": "bundled", **DIAG_ENV, **(env or {})}
+        # BLAS choice itself pass their own MLXCEL_BLAS.  Likewise the
+        # float32 path for 16-bit and quantized weights, not the native
+        # kernels (whose `auto` choice is a timing, so it could change from
+        # run to run); the kernels' own tests ask for them (MLXCEL_NATIVE=1).
+        self.env = {**os.environ, "MLXCEL_BLAS": "bundled", "MLXCEL_NATIVE": "0", **DIAG_ENV,
+                    **(env or {})}
         self.proc: subprocess.Popen | None = None
         self.stdout: list[str] = []
         self.stderr: list[str] = []

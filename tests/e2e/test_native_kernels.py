@@ -21,7 +21,8 @@ def test_a_bf16_checkpoint_on_the_kernels_answers_as_its_float32_form(start_serv
 
     if not native.available():
         pytest.skip(f"native kernels unavailable here: {native.status().detail}")
-    srv = start_server(ensure("tiny-bf16"), "-np", "1", "--weights", "keep")
+    srv = start_server(ensure("tiny-bf16"), "-np", "1", "--weights", "keep",
+                       env={"MLXCEL_NATIVE": "1"})
     srv.wait_for_text("weights kept as bfloat16 on the native CPU kernels")
     reference = start_server(ensure("tiny-bf16-f32"), "-np", "1")
     assert _greedy(srv) == _greedy(reference)
