@@ -54,12 +54,8 @@ def copy_prompts(model: Path, n: int) -> list[list[int]]:
     for chat in chats:
         user = [m for m in chat.messages if m["role"] == "user"][:1]
         text = template.render(messages=user, add_generation_prompt=True, enable_thinking=False)
-        ids = tok.encode(text).ids
-        if len(ids) > 120:  # long enough to copy from
-            out.append(ids)
-        if len(out) == n:
-            break
-    return out
+        out.append(tok.encode(text).ids)
+    return sorted(out, key=len, reverse=True)[:n]  # the longest: the most to copy
 
 
 def metrics(url: str) -> dict[str, float]:
