@@ -1,0 +1,90 @@
+"""Prompt cache on multi-turn chats of the trained fixture: TTFT of a
+follow-up turn whose history the slot still holds, against the same turn
+cold (`cache_prompt: false`), one server, one slot.
+
+    python bench/prompt_cache_trained.py            # ~1 min on 2 cores
+    python bench/prompt_cache_trained.py --turns 8
+
+The conversation is held-out chats of the trained model (its own greedy
+answers appended turn by turn), so the history is what a user of the demo
+builds.  TTFT is send -> first streamed delta; the cached figure is the
+median over the follow-up turns, each asked right after the previous turn.
+mlx-lm's own prefill of the same final prompt is the peer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import _common as C
+
+
+def ttft(client, url: str, messages: list[dict], cache: bool) -> tuple[float, str]:
+    body = {"messages": messages, "stream": True, "temperature": 0, "max_tokens": 160,
+            "cache_prompt": cache, "chat_template_kwargs": {"enable_thinking": False}}
+    first, text = None, []
+    t0 = time.perf_counter()
+    with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            delta = json.loads(line[6:])["choices"][0]["delta"]
+            if delta.get("content"):
+                first = first or time.perf_counter() - t0
+                text.append(delta["content"])
+    return first, "".join(text)
+
+
+def main(argv=None) -> int:
+    import httpx
+
+    from fixtures import trained_corpus as corpus
+    from fixtures.build import ensure
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--turns", type=int, default=6)
+    ap.add_argument("--blas", default="auto")
+    args = ap.parse_args(argv)
+    model = ensure("trained")
+    asks = [[m for m in c.messages if m["role"] == "user"][0]["content"]
+            for c in corpus.held_out(seed=880_002, n=args.turns)]
+    port = C.free_port()
+    proc = C.start_server(model, port, ["-c", "8192", "-np", "1"], C.server_env(args.blas))
+    url = f"http://127.0.0.1:{port}"
+    warm, cold, history = [], [], []
+    try:
+        with httpx.Client(timeout=300) as client:
+            for i, ask in enumerate(asks):
+                history.append({"role": "user", "content": ask})
+                if i:  # the same follow-up turn cold first, then the cached run of it
+                    cold.append(ttft(client, url, history, cache=False)[0])
+                    ttft(client, url, history[:-1], cache=True)  # the slot holds the history again
+                t, answer = ttft(client, url, history, cache=True)
+                if i:
+                    warm.append(t)
+                history.append({"role": "assistant", "content": answer})
+            n_prompt = len(httpx.post(url + "/apply-template", json={"messages": history[:-1]})
+                           .json().get("prompt", ""))
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    print(f"model {model} | {len(asks)} turns | last prompt {n_prompt} chars | load "
+          f"{Path('/proc/loadavg').read_text().split()[:3]}")
+    cw, cc = C.median(warm), C.median(cold)
+    print(f"follow-up TTFT cached {cw * 1e3:.1f} ms | cold {cc * 1e3:.1f} ms | "
+          f"cold/cached {cc / cw:.2f}x")
+    print("per turn (cached, cold) ms:", [(round(a * 1e3, 1), round(b * 1e3, 1))
+                                         for a, b in zip(warm, cold)])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

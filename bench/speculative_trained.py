@@ -1,0 +1,145 @@
+"""Speculative decoding on the trained fixture: real copying, a real draft.
+
+    python bench/speculative_trained.py            # ~5 min on 2 cores
+    python bench/speculative_trained.py --prompts 2 --tokens 96
+
+The prompts are held-out copy-heavy chats (fixtures.trained_corpus: repeat
+and edit a paragraph, a list or a code block), rendered with the
+checkpoint's Qwen3 template, thinking off, so the answer is mostly the
+prompt's own text.  One server process per row, single stream, greedy, EOS
+honoured (the answer ends where the model ends it):
+
+| row | what | target |
+|---|---|---|
+| ngram-simple, ngram-map-k / plain | decode tok/s over the same server without speculation | >= 1.5x (best n-gram type) |
+| draft (fixtures/trained/draft) / plain | -md with the trained 0.17M draft | >= 1.3x |
+| plain / mlx-lm | the server's plain decode against mlx-lm's stream_generate | info |
+
+Every row must give the plain row's token ids (speculation is lossless);
+acceptance is read from each server's /metrics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import _common as C
+
+ROWS = {
+    "plain": [],
+    "ngram-simple": ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3",
+                     "--spec-ngram-simple-size-m", "16"],
+    "ngram-map-k": ["--spec-type", "ngram-map-k", "--spec-ngram-map-k-size-n", "3"],
+    "draft": ["--spec-draft-n-max", "4"],  # -md added below
+}
+COUNTERS = ("llamacpp:spec_decode_num_draft_tokens_total",
+            "llamacpp:spec_decode_num_accepted_tokens_total")
+
+
+def copy_prompts(model: Path, n: int) -> list[list[int]]:
+    from tokenizers import Tokenizer
+
+    from fixtures import trained_corpus as corpus
+
+    tok = Tokenizer.from_file(str(model / "tokenizer.json"))
+    template = corpus.template_env()
+    chats = [c for c in corpus.held_out(seed=880_001, n=200) if c.kind in ("repeat", "edit")]
+    out = []
+    for chat in chats:
+        user = [m for m in chat.messages if m["role"] == "user"][:1]
+        text = template.render(messages=user, add_generation_prompt=True, enable_thinking=False)
+        out.append(tok.encode(text).ids)
+    return sorted(out, key=len, reverse=True)[:n]  # the longest: the most to copy
+
+
+def metrics(url: str) -> dict[str, float]:
+    import httpx
+
+    text = httpx.get(url + "/metrics", timeout=10).text
+    found = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in COUNTERS:
+            found[name] = float(value)
+    return found
+
+
+def run_row(model: Path, args: list[str], prompts, n: int, env: dict) -> dict:
+    port = C.free_port()
+    proc = C.start_server(model, port, ["-c", "4096", "--metrics", *args], env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        C.streams_at_once(url, prompts[:1], 8, {"ignore_eos": False})  # warm-up
+        rates, ids = [], []
+        for p in prompts:
+            r = C.streams_at_once(url, [p], n, {"ignore_eos": False})[0]
+            rates.append(C.single_rate(r["events"]))
+            ids.append([r["ids"][k] for k in sorted(r["ids"])])
+        m = metrics(url)
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    drafted, accepted = (m.get(c, 0.0) for c in COUNTERS)
+    return {"rate": C.median(rates), "ids": ids, "drafted": drafted, "accepted": accepted}
+
+
+def mlx_lm_rate(model: Path, prompt: list[int], n: int) -> float | None:
+    import mlx.core as mx
+    from mlx_lm.generate import stream_generate
+    from mlx_lm.utils import load
+
+    m, tok = load(str(model))
+    times = []
+    t0 = time.perf_counter()
+    for _ in stream_generate(m, tok, mx.array(prompt), max_tokens=n):
+        times.append((time.perf_counter() - t0, len(times) + 1))
+    return C.single_rate(times)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--prompts", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=160)
+    ap.add_argument("--blas", default="auto")
+    args = ap.parse_args(argv)
+    from fixtures.build import ensure
+
+    model, draft = ensure("trained"), ensure("trained-draft")
+    env = C.server_env(args.blas)
+    prompts = copy_prompts(model, args.prompts)
+    rows = {}
+    for name, extra in ROWS.items():
+        if name == "draft":
+            extra = ["-md", str(draft), *extra]
+        rows[name] = run_row(model, extra, prompts, args.tokens, env)
+    peer = mlx_lm_rate(model, prompts[0], args.tokens)
+
+    base = rows["plain"]
+    print(f"model {model} | {len(prompts)} copy prompts of {[len(p) for p in prompts]} tokens | "
+          f"answers {[len(i) for i in base['ids']]} tokens | load "
+          f"{Path('/proc/loadavg').read_text().split()[:3]}")
+    print(f"{'row':<14}{'tok/s':>9}{'vs plain':>10}{'accepted (/metrics)':>24}{'same ids':>10}")
+    for name, r in rows.items():
+        acc = (f"{r['accepted']:.0f}/{r['drafted']:.0f} ({r['accepted'] / r['drafted']:.0%})"
+               if r["drafted"] else "-")
+        print(f"{name:<14}{r['rate'] or 0:>9.1f}{_ratio(r['rate'], base['rate']):>10}{acc:>24}"
+              f"{r['ids'] == base['ids']!s:>10}")
+    print(f"{'mlx-lm plain':<14}{peer or 0:>9.1f}{_ratio(peer, base['rate']):>10}")
+    best = max(("ngram-simple", "ngram-map-k"), key=lambda k: rows[k]["rate"] or 0)
+    print(f"best n-gram ({best}) vs plain: {_ratio(rows[best]['rate'], base['rate'])} (target >= 1.5x); "
+          f"trained draft vs plain: {_ratio(rows['draft']['rate'], base['rate'])} (target >= 1.3x)")
+    return 0
+
+
+def _ratio(a, b) -> str:
+    return f"{a / b:.2f}x" if a and b else "-"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
