@@ -128,7 +128,14 @@ def parse(text: str, syntax: Syntax, partial: bool) -> ChatMsg:
     start, end = syntax.think_start, syntax.think_end
     r_start = None
     if not start:
-        pass  # the template has no thinking block
+        # no opener: no thinking block, unless the dialect's thoughts run
+        # from the first byte to a closing marker (Apriel), then there is one
+        # once the marker shows (while partial, the text is taken as thoughts)
+        if end and syntax.tool_format is not None and _dialect(syntax).think == ("", end):
+            if end in text:
+                r_start = 0
+            elif partial:
+                return ChatMsg()  # thoughts or an answer: undecided until the marker or the end
     elif syntax.thinking_open:
         r_start = 0
     else:
@@ -219,8 +226,9 @@ class ChatStream:
     def _message(self, partial: bool) -> ChatMsg:
         msg = subtract(parse(self.text, self.syntax, partial), self._base)
         while len(self._ids) < len(msg.tool_calls):
-            self._ids.append(tool_call_id())
-        calls = tuple(attrs.evolve(c, id=c.id or i) for c, i in zip(msg.tool_calls, self._ids))
+            # a call's id is fixed when it is first seen: the dialect's, else drawn
+            self._ids.append(msg.tool_calls[len(self._ids)].id or tool_call_id())
+        calls = tuple(attrs.evolve(c, id=i) for c, i in zip(msg.tool_calls, self._ids))
         return attrs.evolve(msg, tool_calls=calls)
 
     def update(self, piece: str, final: bool = False) -> list[Diff]:

@@ -23,10 +23,10 @@ from .base import Dialect, Parsed, ToolCall
 
 
 
-def _hermes_like(name: str, marker: str) -> Dialect:
+def _hermes_like(name: str, *markers: str) -> Dialect:
     import attrs
     return attrs.evolve(hermes.DIALECT, name=name,
-                        detect=lambda src: hermes.OPEN in src and marker in src)
+                        detect=lambda src: any(m in src for m in markers))
 
 
 TABLE: tuple[Dialect, ...] = (
@@ -57,8 +57,8 @@ TABLE: tuple[Dialect, ...] = (
     others.NEMOTRON_V2,            # <TOOLCALL>
     others.APRIEL,                 # [BEGIN FINAL RESPONSE]
     mistral.NEMO,                  # [TOOL_CALLS][
-    _hermes_like("smollm3", "SmolLM3"),
-    _hermes_like("xiaomi_mimo", "MiMo"),
+    _hermes_like("smollm3", "SmolLM3", "xml_tools"),
+    _hermes_like("xiaomi_mimo", "You are MiMo"),
     hermes.DIALECT,                # <tool_call>{json}</tool_call>
     llama3.DIALECT,                # Llama 3.x JSON / <|python_tag|>
 )

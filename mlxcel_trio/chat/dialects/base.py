@@ -125,13 +125,14 @@ def marked(name: str, opener: str, block: Block) -> Split:
 _NAME = re.compile(r"[^\s<>\[\]{}\"'`|]+")
 
 
-def read_name(s: str, i: int, stop: str, partial: bool):
+def read_name(s: str, i: int, stop: str, partial: bool, also: tuple[str, ...] = ()):
     """A function name from `s[i]` up to the `stop` marker: (name, index
-    after the marker), UNDECIDED or INVALID."""
+    after the marker), UNDECIDED or INVALID; while the stop is not written
+    yet, a tail that may start it (or one of `also`) is no part of the name."""
     j = s.find(stop, i)
     if j < 0:
         tail = s[i:].strip()
-        ok = not tail or _NAME.fullmatch(hold(tail, stop) or "x")
+        ok = not tail or _NAME.fullmatch(hold(tail, stop, *also) or "x")
         return UNDECIDED if partial and ok else INVALID
     name = s[i:j].strip()
     if not _NAME.fullmatch(name):
@@ -163,6 +164,7 @@ def json_call(name: str, s: str, i: int, close: str, partial: bool):
         return ToolCall(name, args, complete=False), None
     if not args.startswith("{"):
         return INVALID
+    close = close.lstrip()
     k = skip_ws(s, end)
     if s.startswith(close, k):
         return ToolCall(name, args), k + len(close)

@@ -84,7 +84,7 @@ def _dsml_block(section: str):
                 key, _, attrs_ = s[v + len(param):he].partition('"')
                 value = s[he + 2:ve]
                 pairs.append((key, json.dumps(value, ensure_ascii=False)
-                              if 'string="true"' in attrs_ else value.strip()))
+                              if 'string="true' in attrs_ else value.strip()))
                 v = ve + len(param_close)
     return block
 

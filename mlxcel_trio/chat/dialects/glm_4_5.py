@@ -12,7 +12,7 @@ def _block(s: str, j: int, partial: bool, tools):
     # the name ends at a newline, the first key, or the close
     stops = [k for k in (s.find("\n", j), s.find("<arg_key>", j), s.find(CLOSE, j)) if k >= 0]
     if not stops:
-        got = read_name(s, j, "\n", partial)
+        got = read_name(s, j, "\n", partial, also=("<arg_key>", CLOSE))
         return got if got in (UNDECIDED, INVALID) else INVALID
     stop = min(stops)
     got = read_name(s[:stop] + "\n", j, "\n", partial)

@@ -31,7 +31,7 @@ def _small_block(s: str, j: int, partial: bool, tools):
             return got
         call_id, v = got
     else:
-        got = read_name(s, j, ARGS, partial)
+        got = read_name(s, j, ARGS, partial, also=(CALL_ID,))
         if got in (UNDECIDED, INVALID):
             return got
         (name, v), call_id = got, ""

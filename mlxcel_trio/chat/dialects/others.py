@@ -4,8 +4,11 @@ Apriel 1.5, GigaChat 3, Apertus; plus Functionary v3.1 / v3.2."""
 
 from __future__ import annotations
 
+import json
+
+from ..jsonscan import skip_ws
 from .base import (INVALID, UNDECIDED, Dialect, ToolCall, hold, json_call, json_grammar,
-                   json_list, json_list_grammar, json_list_opener, marked, read_name)
+                   json_list, json_list_grammar, json_list_opener, marked, read_json, read_name)
 
 
 def _list(name: str, marker: str, close: str = "", name_key: str = "name",
@@ -53,7 +56,6 @@ APERTUS_OPEN, APERTUS_CLOSE = "<|tools_prefix|>", "<|tools_suffix|>"
 
 
 def _apertus_block(s: str, j: int, partial: bool, tools):
-    from ..jsonscan import skip_ws
     k = skip_ws(s, j)
     if k >= len(s):
         return UNDECIDED if partial else INVALID
@@ -71,13 +73,20 @@ def _apertus_block(s: str, j: int, partial: bool, tools):
             return (calls, None) if partial and APERTUS_CLOSE.startswith(s[c:]) else (calls, k + 1)
         if s[k] != "{":
             return (calls, k) if calls else INVALID
-        got = read_name(s, skip_ws(s, k + 1), ":", partial)
-        if got in (UNDECIDED, INVALID):
-            return (calls, None if partial else k) if calls else got
-        written, v = got
-        if not (written.startswith('"') and written.endswith('"')) or len(written) < 3:
+        got = read_json(s, k + 1)
+        if partial and got != INVALID and got[1] is None and got[0] in ("", '"'):
+            return (calls, None) if calls else UNDECIDED
+        if got == INVALID or not got[0].startswith('"'):
             return (calls, k) if calls else INVALID
-        got = json_call(written[1:-1], s, v, "}", partial)
+        written, v = got
+        c = skip_ws(s, v) if v is not None else len(s)
+        if v is None or c >= len(s):
+            if partial:
+                return (calls, None) if calls else UNDECIDED
+            return (calls, k) if calls else INVALID
+        if s[c] != ":":
+            return (calls, k) if calls else INVALID
+        got = json_call(json.loads(written), s, c + 1, "}", partial)
         if got == INVALID:
             return (calls, k) if calls else INVALID
         call, e = got
