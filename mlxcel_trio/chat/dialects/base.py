@@ -297,17 +297,19 @@ def tag_grammar(after_name: str, key_open: str, key_close: str, value_close: str
     '<', another is JSON of its schema."""
 
     def call_of(i: int, fn: dict, named: bool, rules: list[str]) -> str:
-        props = (fn.get("parameters") or {}).get("properties") or {}
+        params_schema = fn.get("parameters") or {}
+        props = params_schema.get("properties") or {}
+        required = set(params_schema.get("required") or ())
         params = []
         for k, (key, spec) in enumerate(props.items()):
             value = "/[^<]*/" if (spec or {}).get("type") == "string" else \
                 schema_rule({"parameters": spec if isinstance(spec, dict) else {}})
             rules.append(f"v{i}_{k}: {value}")
-            params.append(_seq(lark(key_open + key + key_close), f"v{i}_{k}",
-                               lark(value_close)))
-        rules.append(f"p{i}: " + (" | ".join(params) if params else '""'))
+            # each parameter once, in the schema's order; the optional ones may be left out
+            param = _seq(lark(key_open + key + key_close), f"v{i}_{k}", lark(value_close))
+            params.append(param if key in required else f"({param})?")
         head = "" if named else lark(fn["name"] + after_name)
-        return "(" + _seq(head, f"p{i}*" if params else "", lark(tail)) + ")"
+        return "(" + _seq(head, *params, lark(tail)) + ")"
     return _grammar(call_of, between)
 
 
