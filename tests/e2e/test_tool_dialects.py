@@ -57,7 +57,7 @@ TOOLS = [{"type": "function", "function": {
                    "required": ["city"], "additionalProperties": False}}}]
 USER = {"role": "user", "content": "Weather in Paris?"}
 KW = dict(model="m", messages=[USER], tools=TOOLS, tool_choice="required", temperature=0,
-          max_tokens=80, parallel_tool_calls=False)
+          max_tokens=200, parallel_tool_calls=False)
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -65,7 +65,7 @@ def family(request, tiny_model, start_server):
     path = TEMPLATES / request.param
     if not path.exists():
         pytest.skip("../shared/upstream/chat-templates is absent")
-    srv = start_server(tiny_model, "-c", "2048", "-np", "1", "--jinja",
+    srv = start_server(tiny_model, "-c", "4096", "-np", "1", "--jinja",
                        "--chat-template-file", str(path))
     yield request.param, openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
     srv.stop()

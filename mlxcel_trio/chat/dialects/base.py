@@ -291,10 +291,12 @@ def json_grammar(after_name: str, tail: str, between: str | None = None) -> Call
 
 
 def tag_grammar(after_name: str, key_open: str, key_close: str, value_close: str,
-                tail: str, between: str | None = None) -> Callable:
+                tail: str, between: str | None = None,
+                key_close_json: str | None = None) -> Callable:
     """Calls written as tags: `opener name after_name (key_open K key_close
     V value_close)* tail`; a string parameter's value is any text without
-    '<', another is JSON of its schema."""
+    '<', another is JSON of its schema (its key closed by `key_close_json`
+    where the family marks the two apart)."""
 
     def call_of(i: int, fn: dict, named: bool, rules: list[str]) -> str:
         params_schema = fn.get("parameters") or {}
@@ -302,11 +304,13 @@ def tag_grammar(after_name: str, key_open: str, key_close: str, value_close: str
         required = set(params_schema.get("required") or ())
         params = []
         for k, (key, spec) in enumerate(props.items()):
-            value = "/[^<]*/" if (spec or {}).get("type") == "string" else \
+            text = (spec or {}).get("type") == "string"
+            value = "/[^<]*/" if text else \
                 schema_rule({"parameters": spec if isinstance(spec, dict) else {}})
             rules.append(f"v{i}_{k}: {value}")
+            close = key_close if text or key_close_json is None else key_close_json
             # each parameter once, in the schema's order; the optional ones may be left out
-            param = _seq(lark(key_open + key + key_close), f"v{i}_{k}", lark(value_close))
+            param = _seq(lark(key_open + key + close), f"v{i}_{k}", lark(value_close))
             params.append(param if key in required else f"({param})?")
         head = "" if named else lark(fn["name"] + after_name)
         return "(" + _seq(head, *params, lark(tail)) + ")"

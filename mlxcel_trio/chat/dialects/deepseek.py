@@ -114,7 +114,8 @@ DSML = Dialect(
     _dsml_split, opener=dsml_opener,
     grammar=tag_grammar('">\n', "<" + D + 'parameter name="', '" string="true">',
                         "</" + D + "parameter>\n",
-                        "</" + D + "invoke>\n</" + D + "function_calls>"))
+                        "</" + D + "invoke>\n</" + D + "function_calls>",
+                        key_close_json='" string="false">'))
 
 
 def dsml_variant(dialect: Dialect, src: str) -> Dialect:
@@ -128,4 +129,5 @@ def dsml_variant(dialect: Dialect, src: str) -> Dialect:
 
 
 _v4_grammar = tag_grammar('">\n', "<" + D + 'parameter name="', '" string="true">',
-                          "</" + D + "parameter>\n", "</" + D + "invoke>\n</" + D + "tool_calls>")
+                          "</" + D + "parameter>\n", "</" + D + "invoke>\n</" + D + "tool_calls>",
+                          key_close_json='" string="false">')

@@ -428,7 +428,8 @@ def plan(body: Any, settings: ChatSettings, vocab, generating: bool = True,
         prefill = _forced_call(tool_choice, forced_name, rendered_tools, settings, primed,
                                generating)
         echo = echo and not prefill
-        if prefill and generating:
+        if generating and tool_choice in ("required", "named") and rendered_tools \
+                and settings.tool_format is not None and not settings.skip_parsing:
             parallel = body.get("parallel_tool_calls")
             if not isinstance(parallel, bool):  # upstream: the template's capability
                 parallel = settings.caps.get("supports_parallel_tool_calls", False)
