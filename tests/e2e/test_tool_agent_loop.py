@@ -42,7 +42,7 @@ def server(request, tiny_model, start_server):
 def test_openai_call_result_answer(server):
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
     first = client.chat.completions.create(model="m", messages=[USER], tools=TOOLS,
-                                           tool_choice="required", temperature=0,
+                                           tool_choice="required", temperature=0, parallel_tool_calls=False,
                                            max_tokens=200).choices[0].message
     (call,) = first.tool_calls
     assert call.function.name == "get_weather"
@@ -67,7 +67,8 @@ def test_anthropic_tool_use_result_answer(server):
     tools = [{"name": "get_weather", "description": "Weather in a city",
               "input_schema": TOOLS[0]["function"]["parameters"]}]
     first = client.messages.create(model="m", max_tokens=200, messages=[USER], tools=tools,
-                                   tool_choice={"type": "any"}, temperature=0)
+                                   tool_choice={"type": "any", "disable_parallel_tool_use": True},
+                                   extra_body={"temperature": 0})
     (use,) = [b for b in first.content if b.type == "tool_use"]
     assert use.name == "get_weather" and use.input == {"city": "Paris"}
     assert first.stop_reason == "tool_use"
@@ -75,7 +76,8 @@ def test_anthropic_tool_use_result_answer(server):
         {"type": "tool_use", "id": use.id, "name": use.name, "input": use.input}]},
         {"role": "user", "content": [
             {"type": "tool_result", "tool_use_id": use.id, "content": RESULT}]}]
-    kw = dict(model="m", max_tokens=16, messages=history, tools=tools, temperature=0)
+    kw = dict(model="m", max_tokens=16, messages=history, tools=tools,
+              extra_body={"temperature": 0})
     whole = client.messages.create(**kw)
     with client.messages.stream(**kw) as stream:
         final = stream.get_final_message()

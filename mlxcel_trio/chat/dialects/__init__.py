@@ -69,7 +69,9 @@ BY_NAME: dict[str, Dialect] = {d.name: d for d in (*TABLE, NONE, generic.PLACEHO
 def detect(template_source: str) -> Dialect:
     for dialect in TABLE:
         if dialect.detect(template_source):
-            return deepseek.dsml_variant(dialect, template_source)
+            # a family member that forces calls its own way
+            return mistral.small_variant(deepseek.dsml_variant(dialect, template_source),
+                                         template_source)
     derived = generic.derive(template_source)
     return derived if derived is not None else NONE
 

@@ -66,3 +66,31 @@ NEMO = Dialect("mistral_nemo", lambda src: TOOL_CALLS + "[" in src or (
 SMALL = Dialect("mistral_small", lambda src: TOOL_CALLS in src and ARGS in src,
                 marked("mistral_small", TOOL_CALLS, _small_block), think=THINK,
                 opener=_small_opener, grammar=json_grammar(ARGS, "", between=TOOL_CALLS))
+
+
+def _small_id_opener(name: str | None) -> str:
+    return TOOL_CALLS + (name + CALL_ID if name else "")
+
+
+def _small_id_grammar(tools, name, parallel) -> str:
+    """Small 3.2 writes a nine-character call id (its template refuses any
+    other in the history): `NAME[CALL_ID]ID[ARGS]{...}`."""
+    rules, alts = [], []
+    for i, fn in enumerate(functions(tools, name)):
+        rules.append(f"a{i}: " + schema_rule(fn))
+        head = "" if name else lark(fn["name"] + CALL_ID)
+        alts.append(" ".join(x for x in (head, "/[a-zA-Z0-9]{9}/", lark(ARGS), f"a{i}") if x))
+    more = f" ({lark(TOOL_CALLS)} again)*" if parallel and name is None else ""
+    again = [f"{lark(fn['name'] + CALL_ID)} /[a-zA-Z0-9]{{9}}/ {lark(ARGS)} a{i}"
+             for i, fn in enumerate(functions(tools, name))]
+    return (f"start: call{more}\ncall: " + " | ".join(alts) + "\n"
+            + ("again: " + " | ".join(again) + "\n" if more else "")
+            + "\n".join(rules) + "\n")
+
+
+def small_variant(dialect: Dialect, src: str) -> Dialect:
+    """Small 3.2's template spells [CALL_ID]: a forced call writes one."""
+    if dialect is not SMALL or CALL_ID not in src:
+        return dialect
+    import attrs
+    return attrs.evolve(SMALL, opener=_small_id_opener, grammar=_small_id_grammar)

@@ -209,6 +209,27 @@ def _flatten(msg: dict) -> dict:
     return msg
 
 
+def _object_arguments(msg: dict) -> dict:
+    """A template that reads a call's arguments as a mapping (Qwen3-Coder's
+    `arguments|items`) is given them parsed, as upstream's workaround does
+    for templates whose caps show object arguments."""
+    calls = msg.get("tool_calls")
+    if not isinstance(calls, list) or not calls:
+        return msg
+    out = []
+    for call in calls:
+        fn = call.get("function") if isinstance(call, dict) else None
+        if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+            try:
+                args = json.loads(fn["arguments"])
+            except ValueError:
+                args = None
+            if isinstance(args, dict):
+                call = {**call, "function": {**fn, "arguments": args}}
+        out.append(call)
+    return {**msg, "tool_calls": out}
+
+
 def _continuation(body: dict, settings: ChatSettings, messages: list) -> tuple[str | None, bool]:
     """(what is continued: None, "content" or "reasoning_content";
     add_generation_prompt), with upstream's refusals."""
@@ -410,6 +431,8 @@ def plan(body: Any, settings: ChatSettings, vocab, generating: bool = True,
     rendered_tools = tools if tool_choice != "none" else ()
     if not settings.typed_content:
         messages = [_flatten(m) for m in messages]
+    if settings.caps.get("supports_object_arguments"):
+        messages = [_object_arguments(m) for m in messages]
     history, prefill, tool_grammar = messages, "", None
     if mode is not None:
         history, last = messages[:-1], messages[-1]
