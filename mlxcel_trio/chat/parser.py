@@ -39,7 +39,7 @@ from typing import Any
 
 import attrs
 
-from .dialects.base import ToolCall, held_suffix, hold
+from .dialects.base import ToolCall, held_suffix, hold, soft_failure
 from .jsonscan import skip_ws
 
 # Thinking marker pairs, the first whose opener a template spells wins.
@@ -98,20 +98,28 @@ def _split_tools(rest: str, syntax: Syntax, partial: bool) -> tuple[str, tuple[T
     if dialect.split is None:
         return rest, ()
     items = dialect.split(rest, partial, syntax.tools)
-    # blanks next to a call are dropped; a partial parse holds trailing
-    # blanks back, since a call may still follow them
+    offered = {t["function"]["name"] for t in syntax.tools
+               if isinstance(t, dict) and isinstance(t.get("function"), dict)}
     texts: list[str] = []
     calls: list[ToolCall] = []
     for k, item in enumerate(items):
         if isinstance(item, ToolCall):
+            if offered and item.name not in offered:
+                # a call to a tool the request did not offer: upstream's parse
+                # fails; here the output is content from there on (said once)
+                if partial:
+                    break
+                soft_failure(dialect.name, item.name)
+                return rest, ()
             calls.append(item)
             continue
-        before = k + 1 < len(items) and isinstance(items[k + 1], ToolCall)
-        after = k > 0 and isinstance(items[k - 1], ToolCall)
-        if after:
+        # as upstream: blank-only text beside a call is dropped, other text
+        # keeps its blanks; a partial parse holds back only marker prefixes
+        if (k + 1 < len(items) and isinstance(items[k + 1], ToolCall)
+                or k > 0 and isinstance(items[k - 1], ToolCall)) and not item.strip():
+            continue
+        if k > 0 and isinstance(items[k - 1], ToolCall):
             item = item.lstrip()
-        if before or (partial and k == len(items) - 1):
-            item = item.rstrip()
         texts.append(item)
     return "".join(texts), tuple(calls)
 

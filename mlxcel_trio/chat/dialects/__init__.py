@@ -80,7 +80,8 @@ def lookup(dialect: str | Dialect) -> Dialect:
     return dialect if isinstance(dialect, Dialect) else BY_NAME[dialect]
 
 
-def parse(dialect: str | Dialect, text: str, *, partial: bool = False, reasoning: bool = True,
+def parse(dialect: str | Dialect, text: str, *, partial: bool = False,
+          reasoning: bool | str = True,
           thinking_open: bool = False, tools=None) -> Parsed:
     """One generation read in `dialect`: `reasoning` places thoughts in
     reasoning_content (upstream's auto / deepseek), `thinking_open` says the
@@ -88,6 +89,8 @@ def parse(dialect: str | Dialect, text: str, *, partial: bool = False, reasoning
     tag-written parameters by their schemas."""
     from ..parser import Syntax, parse as parse_text
     d = lookup(dialect)
+    if isinstance(reasoning, str):  # a reasoning_format: only "none" leaves thoughts in place
+        reasoning = reasoning != "none"
     start, end = d.think if d.think is not None else ("<think>", "</think>")
     syntax = Syntax(reasoning_format="auto" if reasoning else "none", thinking_open=thinking_open,
                     think_start=start, think_end=end, tool_format=d, tools=tuple(tools or ()))

@@ -16,7 +16,7 @@ def call_of(s: str, scan):
     """A ToolCall from a jsonscan CallScan (a string argument decoded once complete)."""
     from .base import ToolCall
     if scan.args_start is None:
-        args = "{}" if scan.end is not None else ""
+        args = "{}" if scan.end is not None else "{"  # upstream's: the object opens at the name
     elif scan.args_end is None:
         args = s[scan.args_start:]
         if s[scan.args_start] == '"':
