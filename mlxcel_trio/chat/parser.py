@@ -63,6 +63,8 @@ class Syntax:
     think_end: str = "</think>"
     tool_format: Any = None           # a dialect or its name (chat/dialects); None: no calls
     tools: tuple = attrs.field(default=(), eq=False)  # the request's, typing tagged parameters
+    raw_partials: bool = False        # partial thoughts keep their blanks (upstream's parse)
+    opener: str = ""                  # the prompt's open thinking marker, put back under "none"
     skip: bool = False                # --skip-chat-parsing: everything is content
 
 
@@ -121,6 +123,8 @@ def _split_tools(rest: str, syntax: Syntax, partial: bool) -> tuple[str, tuple[T
         if k > 0 and isinstance(items[k - 1], ToolCall):
             item = item.lstrip()
         texts.append(item)
+    if partial and texts and not texts[-1].strip():
+        texts.pop()  # blanks that may yet stand before a call
     return "".join(texts), tuple(calls)
 
 
@@ -167,10 +171,13 @@ def parse(text: str, syntax: Syntax, partial: bool) -> ChatMsg:
     answer, calls = _split_tools(rest, syntax, partial) if closed else ("", ())
     fmt = syntax.reasoning_format
     if fmt == "none":
-        head = text[:r_start]
+        head = text[:r_start] or (syntax.opener if syntax.thinking_open else "")
         return ChatMsg(content=head + thoughts + (end + answer if closed else ""),
                        tool_calls=calls)
-    reasoning = thoughts.strip() if closed or not partial else thoughts.lstrip().rstrip()
+    if closed or not partial:
+        reasoning = thoughts.strip()
+    else:  # upstream's partials keep the thoughts' blanks; the server's stream trims them
+        reasoning = thoughts if syntax.raw_partials else thoughts.strip()
     if fmt == "deepseek-legacy":
         body = start + thoughts + (end + answer if closed else "")
         return ChatMsg(content=body, reasoning_content=reasoning, tool_calls=calls)

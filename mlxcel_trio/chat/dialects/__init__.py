@@ -82,21 +82,29 @@ def lookup(dialect: str | Dialect) -> Dialect:
 
 def parse(dialect: str | Dialect, text: str, *, partial: bool = False,
           reasoning: bool | str = True,
-          thinking_open: bool = False, tools=None) -> Parsed:
+          thinking_open: bool = False, tools=None, generation_prompt: str = "") -> Parsed:
     """One generation read in `dialect`: `reasoning` places thoughts in
     reasoning_content (upstream's auto / deepseek), `thinking_open` says the
     prompt ended inside a thinking block; `tools` (the request's) types
-    tag-written parameters by their schemas."""
+    tag-written parameters by their schemas; `generation_prompt` (the text
+    the template ended the prompt with) gives back its open thinking marker
+    where reasoning is not split out, as upstream does."""
     from ..parser import Syntax, parse as parse_text
     d = lookup(dialect)
     if isinstance(reasoning, str):  # a reasoning_format: only "none" leaves thoughts in place
         reasoning = reasoning != "none"
     start, end = d.think if d.think is not None else ("<think>", "</think>")
     syntax = Syntax(reasoning_format="auto" if reasoning else "none", thinking_open=thinking_open,
-                    think_start=start, think_end=end, tool_format=d, tools=tuple(tools or ()))
+                    think_start=start, think_end=end, tool_format=d, tools=tuple(tools or ()),
+                    raw_partials=True, opener=_opener(generation_prompt, start))
     msg = parse_text(text, syntax, partial)
     return Parsed(msg.content, msg.reasoning_content,
                   tuple(ToolCall(c.name, c.arguments, c.id) for c in msg.tool_calls))
+
+
+def _opener(generation_prompt: str, start: str) -> str:
+    i = generation_prompt.rfind(start) if start else -1
+    return generation_prompt[i:] if i >= 0 else ""
 
 
 __all__ = ["BY_NAME", "Dialect", "NONE", "Parsed", "TABLE", "ToolCall", "detect", "lookup",

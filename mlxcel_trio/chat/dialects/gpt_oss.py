@@ -58,8 +58,8 @@ def message(text: str, partial: bool, reasoning: bool = True, thinking_open: boo
             if partial:
                 body = hold(body, *ENDS, START)
         if to and to.group(1).startswith("functions."):
-            calls.append(ToolCall(to.group(1)[len("functions."):],
-                                  body.strip() if closed or not partial else body.lstrip(),
+            args = body.strip() if closed or not partial else body.lstrip()
+            calls.append(ToolCall(to.group(1)[len("functions."):], args or "{",
                                   complete=closed))
         elif channel == "analysis":
             if reasoning:

@@ -167,7 +167,8 @@ def test_every_prefix_is_a_prefix_of_the_final_parse(name, text, content, reason
         part = _parse(name, text[:n], partial=True)
         where = f"after {text[:n]!r}"
         assert final.content.startswith(part.content), where
-        assert final.reasoning_content.startswith(part.reasoning_content), where
+        # upstream's partials keep the thoughts' blanks, which the final parse trims
+        assert final.reasoning_content.startswith(part.reasoning_content.strip()), where
         assert len(part.tool_calls) <= len(final.tool_calls), where
         for p, f in zip(part.tool_calls, final.tool_calls):
             assert p.name == f.name and p.id in ("", f.id), where
