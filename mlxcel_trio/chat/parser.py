@@ -32,7 +32,6 @@ template primed it).  Tool calls are parsed only in the answer.
 
 from __future__ import annotations
 
-import json
 import secrets
 import string
 from typing import Any

@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from .sse import post
-from .test_tool_dialects import TEMPLATES, TOOLS
+from .test_tool_dialects import TOOLS, template_server
 
 pytestmark = pytest.mark.e2e
 
@@ -30,13 +30,7 @@ RESULT = "sunny-and-21C"
 
 @pytest.fixture(scope="module", params=LOOP)
 def server(request, tiny_model, start_server):
-    path = TEMPLATES / request.param
-    if not path.exists():
-        pytest.skip("../shared/upstream/chat-templates is absent")
-    srv = start_server(tiny_model, "-c", "4096", "-np", "1", "--jinja",
-                       "--chat-template-file", str(path))
-    yield srv
-    srv.stop()
+    yield from template_server(request.param, tiny_model, start_server)
 
 
 def test_openai_call_result_answer(server):

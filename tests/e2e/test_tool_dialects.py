@@ -60,15 +60,22 @@ KW = dict(model="m", messages=[USER], tools=TOOLS, tool_choice="required", tempe
           max_tokens=200, parallel_tool_calls=False)
 
 
-@pytest.fixture(scope="module", params=sorted(FAMILIES))
-def family(request, tiny_model, start_server):
-    path = TEMPLATES / request.param
+def template_server(name: str, tiny_model, start_server):
+    """A server on the tiny fixture with one of upstream's chat templates."""
+    path = TEMPLATES / name
     if not path.exists():
         pytest.skip("../shared/upstream/chat-templates is absent")
     srv = start_server(tiny_model, "-c", "4096", "-np", "1", "--jinja",
                        "--chat-template-file", str(path))
-    yield request.param, openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+    yield srv
     srv.stop()
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request, tiny_model, start_server):
+    for srv in template_server(request.param, tiny_model, start_server):
+        yield request.param, openai.OpenAI(base_url=srv.url + "/v1", api_key="x",
+                                           max_retries=0)
 
 
 def test_a_required_call_in_the_family_dialect(family):

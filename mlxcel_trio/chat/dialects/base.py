@@ -357,10 +357,11 @@ def invoke_block(inv_open: str, name_stop: str, key_open: str, key_close: str,
 
 def json_section(call_open: str, name_stop: str, call_close: str, section_close: str,
                  pre_name: str = "", many: bool = True,
-                 name_of: Callable[[str], str] = lambda n: n) -> Block:
+                 name_of: Callable[[str], str] | None = None) -> Block:
     """A block of JSON-argument calls: `(call_open pre_name NAME name_stop
     {args} call_close)+ section_close`; `name_of` maps the written name to
-    the function's (Kimi's `functions.NAME:0`)."""
+    the function's (Kimi's `functions.NAME:0`), the written one then being
+    the call's id."""
 
     def block(s: str, j: int, partial: bool, tools: Tools):
         calls: list[ToolCall] = []
@@ -376,10 +377,12 @@ def json_section(call_open: str, name_stop: str, call_close: str, section_close:
                         return calls, None if partial else k
                     return got
                 name, v = got
-                got = json_call(name_of(name), s, v, call_close, partial)
+                got = json_call(name_of(name) if name_of else name, s, v, call_close, partial)
                 if got == INVALID:
                     return INVALID if not calls else (calls, k)
                 call, j = got
+                if name_of:
+                    call = ToolCall(call.name, call.arguments, name, complete=call.complete)
                 calls.append(call)
                 if j is None:
                     return calls, None

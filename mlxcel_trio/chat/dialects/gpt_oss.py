@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from .base import Dialect, Parsed, ToolCall, hold, json_grammar, lark, schema_rule, functions
+from .base import Dialect, Parsed, ToolCall, hold, json_grammar
 
 CHANNEL, MESSAGE, START = "<|channel|>", "<|message|>", "<|start|>"
 ENDS = ("<|end|>", "<|call|>", "<|return|>")

@@ -18,17 +18,15 @@ def _list(name: str, marker: str, close: str = "", name_key: str = "name",
                    grammar=json_list_grammar(marker, name_key, args_key, close), **kw)
 
 
+_COHERE = dict(name_key="tool_name", args_key="parameters", id_key="tool_call_id",
+               extra='"tool_call_id": "0", ', think=("<|START_THINKING|>", "<|END_THINKING|>"))
 COMMAND_R7B = _list(
-    "command_r7b", "<|START_ACTION|>", "<|END_ACTION|>", name_key="tool_name",
-    args_key="parameters", id_key="tool_call_id", extra='"tool_call_id": "0", ',
+    "command_r7b", "<|START_ACTION|>", "<|END_ACTION|>", **_COHERE,
     detect=lambda src: "<|START_ACTION|>" in src and "<|START_RESPONSE|>" in src,
-    think=("<|START_THINKING|>", "<|END_THINKING|>"),
     content_wrap=("<|START_RESPONSE|>", "<|END_RESPONSE|>"))
 COHERE2 = _list(
-    "cohere2_moe", "<|START_ACTION|>", "<|END_ACTION|>", name_key="tool_name",
-    args_key="parameters", id_key="tool_call_id", extra='"tool_call_id": "0", ',
+    "cohere2_moe", "<|START_ACTION|>", "<|END_ACTION|>", **_COHERE,
     detect=lambda src: "<|START_TEXT|>" in src and "<|START_ACTION|>" in src,
-    think=("<|START_THINKING|>", "<|END_THINKING|>"),
     content_wrap=("<|START_TEXT|>", "<|END_TEXT|>"))
 GRANITE = _list("granite", "<|tool_call|>",
                 detect=lambda src: "<|tool_call|>" in src,

@@ -10,7 +10,7 @@ import ast
 import json
 import re
 
-from .base import (INVALID, UNDECIDED, Dialect, ToolCall, args_object, arg_value, json_grammar,
+from .base import (INVALID, UNDECIDED, Dialect, ToolCall, args_object,
                    marked, read_name, tag_grammar, tagged_params)
 
 # -- LFM2 -----------------------------------------------------------------------------------
