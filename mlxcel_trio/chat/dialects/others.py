@@ -25,7 +25,7 @@ COMMAND_R7B = _list(
     detect=lambda src: "<|START_ACTION|>" in src and "<|START_RESPONSE|>" in src,
     content_wrap=("<|START_RESPONSE|>", "<|END_RESPONSE|>"))
 COHERE2 = _list(
-    "cohere2_moe", "<|START_ACTION|>", "<|END_ACTION|>", **_COHERE,
+    "cohere2moe", "<|START_ACTION|>", "<|END_ACTION|>", **_COHERE,
     detect=lambda src: "<|START_TEXT|>" in src and "<|START_ACTION|>" in src,
     content_wrap=("<|START_TEXT|>", "<|END_TEXT|>"))
 GRANITE = _list("granite", "<|tool_call|>",
