@@ -231,6 +231,13 @@ def tagged_params(s: str, i: int, name: str, tools: Tools, key_open: str, key_cl
                 v += len(value_open)
             ve = s.find(value_close, v)
             if ve < 0:
+                if partial and string_typed(tools, name, key):
+                    # a string streams as written, as upstream's (`{"city":"Pari`)
+                    so_far = hold(s[v:], value_close).strip()
+                    text = json.dumps(so_far, ensure_ascii=False)[:-1]
+                    head = args_object(pairs, False) + ("," if pairs else "")
+                    return ToolCall(name, head + json.dumps(key) + ":" + text,
+                                    complete=False), None
                 return _open_call(name, pairs, partial)
             pairs.append((key, arg_value(tools, name, key, s[v:ve])))
             j = ve + len(value_close)
