@@ -121,21 +121,21 @@ class CallScan:
 ARGUMENT_KEYS = ("arguments", "parameters")
 
 
-def scan_call(s: str, i: int) -> CallScan:
+def scan_call(s: str, i: int, name_key: str = "name") -> CallScan:
     """Read the object starting at `s[i]` ('{').  Raises Invalid when the
     text can never become a call object.  Once the name is known the call
     stands: text that breaks the object after that ends the call there
     (reported as still open), so a call once seen is never taken back."""
     known = [None, None, None]  # name, args_start, args_end seen so far
     try:
-        return _scan_call(s, i, known)
+        return _scan_call(s, i, known, name_key)
     except Invalid:
         if known[0] is None:
             raise
         return CallScan(*known, None)
 
 
-def _scan_call(s: str, i: int, known: list) -> CallScan:
+def _scan_call(s: str, i: int, known: list, name_key: str = "name") -> CallScan:
     if s[i] != "{":
         raise Invalid
     name = args_start = args_end = None
@@ -170,7 +170,7 @@ def _scan_call(s: str, i: int, known: list) -> CallScan:
             return CallScan(name, args_start, args_end, None)
         if is_args:
             args_end = known[2] = j
-        elif key == "name" and name is None and s[start] == '"':
+        elif key == name_key and name is None and s[start] == '"':
             name = known[0] = json.loads(s[start:j])
         j = skip_ws(s, j)
         if j >= len(s):

@@ -32,13 +32,14 @@ template primed it).  Tool calls are parsed only in the answer.
 
 from __future__ import annotations
 
-import json
 import secrets
 import string
+from typing import Any
 
 import attrs
 
-from .jsonscan import Invalid, scan_call, skip_ws
+from .dialects.base import ToolCall, held_suffix, hold, soft_failure
+from .jsonscan import skip_ws
 
 # Thinking marker pairs, the first whose opener a template spells wins.
 THINK_MARKERS: tuple[tuple[str, str], ...] = (
@@ -47,8 +48,6 @@ THINK_MARKERS: tuple[tuple[str, str], ...] = (
     ("\u25c1think\u25b7", "\u25c1/think\u25b7"),
 )
 
-HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
-PYTHON_TAG = "<|python_tag|>"
 
 REASONING_FORMATS = ("none", "deepseek", "deepseek-legacy", "auto")
 
@@ -61,16 +60,11 @@ class Syntax:
     thinking_open: bool = False       # the prompt left a thinking block open
     think_start: str = "<think>"
     think_end: str = "</think>"
-    tool_format: str | None = None    # "hermes" | "llama3" | None: tool calls not parsed
+    tool_format: Any = None           # a dialect or its name (chat/dialects); None: no calls
+    tools: tuple = attrs.field(default=(), eq=False)  # the request's, typing tagged parameters
+    raw_partials: bool = False        # partial thoughts keep their blanks (upstream's parse)
+    opener: str = ""                  # the prompt's open thinking marker, put back under "none"
     skip: bool = False                # --skip-chat-parsing: everything is content
-
-
-@attrs.frozen
-class ToolCall:
-    name: str
-    arguments: str
-    id: str = ""
-    complete: bool = attrs.field(default=True, eq=False)  # its object was closed
 
 
 @attrs.frozen
@@ -80,129 +74,56 @@ class ChatMsg:
     tool_calls: tuple[ToolCall, ...] = ()
 
 
-def _held_suffix(text: str, marker: str) -> int:
-    """Length of the longest tail of `text` that is a proper prefix of `marker`."""
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if marker.startswith(text[-n:]):
-            return n
-    return 0
+# -- tool calls ----------------------------------------------------------------------------
+
+def _dialect(syntax: Syntax):
+    from .dialects import lookup
+    return lookup(syntax.tool_format)
 
 
-# -- tool calls --------------------------------------------------------------------------
-
-def _call_of(s: str, scan) -> ToolCall:
-    if scan.args_start is None:
-        args = "{}" if scan.end is not None else ""
-    elif scan.args_end is None:
-        args = s[scan.args_start:]
-        if s[scan.args_start] == '"':
-            args = ""  # a JSON-encoded string: decoded once complete
-    else:
-        raw = s[scan.args_start:scan.args_end]
-        args = raw
-        if raw.startswith('"'):
-            args = json.loads(raw)
-    return ToolCall(scan.name, args, complete=scan.end is not None)
-
-
-Item = "str | ToolCall"  # content text, or a call, in output order
-
-
-def _hermes(rest: str, partial: bool) -> list:
-    """`<tool_call>{json}</tool_call>` calls among content."""
-    items: list = []
-    pos = 0
-    while True:
-        i = rest.find(HERMES_OPEN, pos)
-        if i < 0:
-            tail = rest[pos:]
-            if partial:
-                tail = tail[:len(tail) - _held_suffix(tail, HERMES_OPEN)]
-            return [*items, tail]
-        j = skip_ws(rest, i + len(HERMES_OPEN))
-        if j >= len(rest):
-            # a bare marker: undecided while partial, text at the end
-            return [*items, rest[pos:i] if partial else rest[pos:]]
-        try:
-            scan = scan_call(rest, j)
-        except Invalid:
-            # not a call: the marker is ordinary text; scan on after it
-            items.append(rest[pos:i + len(HERMES_OPEN)])
-            pos = i + len(HERMES_OPEN)
-            continue
-        if scan.name is None:
-            if partial and scan.end is None:
-                return [*items, rest[pos:i]]  # undecided: hold the rest
-            # the object (or the output) ended without a name: text
-            stop = scan.end if scan.end is not None else len(rest)
-            items.append(rest[pos:stop])
-            pos = stop
-            continue
-        items += [rest[pos:i], _call_of(rest, scan)]
-        if scan.end is None:
-            return items
-        k = skip_ws(rest, scan.end)
-        if rest.startswith(HERMES_CLOSE, k):
-            pos = k + len(HERMES_CLOSE)
-        elif partial and HERMES_CLOSE.startswith(rest[k:]):
-            return items
-        else:
-            pos = scan.end
-
-
-def _llama3(rest: str, partial: bool) -> list:
-    """Llama 3.x JSON calls: the answer is `{"name": ..., "parameters": ...}`
-    (after an optional <|python_tag|>; several separated by ';'), then any
-    text.  An answer that does not start that way is plain content."""
-    head = skip_ws(rest, 0)
-    if rest.startswith(PYTHON_TAG, head):
-        head = skip_ws(rest, head + len(PYTHON_TAG))
-    elif partial and PYTHON_TAG.startswith(rest[head:]):
-        return []  # undecided
-    if head >= len(rest):
-        return [] if partial else [rest]
-    calls: list = []
-    pos = head
-    while True:
-        try:
-            scan = scan_call(rest, pos)
-        except Invalid:
-            return [*calls, rest[pos:]] if calls else [rest]
-        if scan.name is None:
-            if partial and scan.end is None:
-                return calls  # undecided
-            return [*calls, rest[pos:]] if calls else [rest]
-        calls.append(_call_of(rest, scan))
-        if scan.end is None:
-            return calls
-        k = skip_ws(rest, scan.end)
-        if rest.startswith(";", k):
-            k = skip_ws(rest, k + 1)
-        if k < len(rest) and rest[k] == "{":
-            pos = k
-            continue
-        return [*calls, rest[k:]]
+def _unwrap(rest: str, wrap: tuple[str, str] | None, partial: bool) -> str:
+    """The answer without a content wrapper's markers (Command R7B's
+    <|START_RESPONSE|>...<|END_RESPONSE|>)."""
+    if wrap is None:
+        return rest
+    start, end = wrap
+    rest = rest.replace(start, "").replace(end, "")
+    return hold(rest, start, end) if partial else rest
 
 
 def _split_tools(rest: str, syntax: Syntax, partial: bool) -> tuple[str, tuple[ToolCall, ...]]:
     if syntax.tool_format is None:
         return rest, ()
-    items = (_llama3 if syntax.tool_format == "llama3" else _hermes)(rest, partial)
-    # blanks next to a call are dropped; a partial parse holds trailing
-    # blanks back, since a call may still follow them
+    dialect = _dialect(syntax)
+    rest = _unwrap(rest, dialect.content_wrap, partial)
+    if dialect.split is None:
+        return rest, ()
+    items = dialect.split(rest, partial, syntax.tools)
+    offered = {t["function"]["name"] for t in syntax.tools
+               if isinstance(t, dict) and isinstance(t.get("function"), dict)}
     texts: list[str] = []
     calls: list[ToolCall] = []
     for k, item in enumerate(items):
         if isinstance(item, ToolCall):
+            if offered and item.name not in offered:
+                # a call to a tool the request did not offer: upstream's parse
+                # fails; here the output is content from there on (said once)
+                if partial:
+                    break
+                soft_failure(dialect.name, item.name)
+                return rest, ()
             calls.append(item)
             continue
-        before = k + 1 < len(items) and isinstance(items[k + 1], ToolCall)
-        after = k > 0 and isinstance(items[k - 1], ToolCall)
-        if after:
+        # as upstream: blank-only text beside a call is dropped, other text
+        # keeps its blanks; a partial parse holds back only marker prefixes
+        if (k + 1 < len(items) and isinstance(items[k + 1], ToolCall)
+                or k > 0 and isinstance(items[k - 1], ToolCall)) and not item.strip():
+            continue
+        if k > 0 and isinstance(items[k - 1], ToolCall):
             item = item.lstrip()
-        if before or (partial and k == len(items) - 1):
-            item = item.rstrip()
         texts.append(item)
+    if partial and texts and not texts[-1].strip():
+        texts.pop()  # blanks that may yet stand before a call
     return "".join(texts), tuple(calls)
 
 
@@ -211,10 +132,21 @@ def _split_tools(rest: str, syntax: Syntax, partial: bool) -> tuple[str, tuple[T
 def parse(text: str, syntax: Syntax, partial: bool) -> ChatMsg:
     if syntax.skip:
         return ChatMsg(content=text)
+    if syntax.tool_format is not None and _dialect(syntax).message is not None:
+        msg = _dialect(syntax).message(text, partial, syntax.reasoning_format != "none",
+                                       syntax.thinking_open, syntax.tools)
+        return ChatMsg(msg.content, msg.reasoning_content, msg.tool_calls)
     start, end = syntax.think_start, syntax.think_end
     r_start = None
     if not start:
-        pass  # the template has no thinking block
+        # no opener: no thinking block, unless the dialect's thoughts run
+        # from the first byte to a closing marker (Apriel), then there is one
+        # once the marker shows (while partial, the text is taken as thoughts)
+        if end and syntax.tool_format is not None and _dialect(syntax).think == ("", end):
+            if end in text:
+                r_start = 0
+            elif partial:
+                return ChatMsg()  # thoughts or an answer: undecided until the marker or the end
     elif syntax.thinking_open:
         r_start = 0
     else:
@@ -234,14 +166,17 @@ def parse(text: str, syntax: Syntax, partial: bool) -> ChatMsg:
     else:
         thoughts, rest = text[r_start:], ""
         if partial:
-            thoughts = thoughts[:len(thoughts) - _held_suffix(thoughts, end)]
+            thoughts = thoughts[:len(thoughts) - held_suffix(thoughts, end)]
     answer, calls = _split_tools(rest, syntax, partial) if closed else ("", ())
     fmt = syntax.reasoning_format
     if fmt == "none":
-        head = text[:r_start]
+        head = text[:r_start] or (syntax.opener if syntax.thinking_open else "")
         return ChatMsg(content=head + thoughts + (end + answer if closed else ""),
                        tool_calls=calls)
-    reasoning = thoughts.strip() if closed or not partial else thoughts.lstrip().rstrip()
+    if closed or not partial:
+        reasoning = thoughts.strip()
+    else:  # upstream's partials keep the thoughts' blanks; the server's stream trims them
+        reasoning = thoughts if syntax.raw_partials else thoughts.strip()
     if fmt == "deepseek-legacy":
         body = start + thoughts + (end + answer if closed else "")
         return ChatMsg(content=body, reasoning_content=reasoning, tool_calls=calls)
@@ -305,7 +240,8 @@ class ChatStream:
     def _message(self, partial: bool) -> ChatMsg:
         msg = subtract(parse(self.text, self.syntax, partial), self._base)
         while len(self._ids) < len(msg.tool_calls):
-            self._ids.append(tool_call_id())
+            # a call's id is fixed when it is first seen: the dialect's, else drawn
+            self._ids.append(msg.tool_calls[len(self._ids)].id or tool_call_id())
         calls = tuple(attrs.evolve(c, id=i) for c, i in zip(msg.tool_calls, self._ids))
         return attrs.evolve(msg, tool_calls=calls)
 

@@ -17,9 +17,10 @@ checkpoint's tokenizer files.
   that reads `not enable_thinking` (DeepSeek R1, QwQ) so keeps its thinking
   block open by default instead of closing it.  A request's
   chat_template_kwargs override this map key by key.
-* What the output looks like: the thinking markers the template spells and
-  the tool-call format it teaches (Hermes/Qwen `<tool_call>` JSON, or
-  Llama 3.x JSON), read from the template source.
+* What the output looks like: the tool-call dialect the template teaches
+  (chat/dialects: one per model family, detected from markers in the
+  template source) and the thinking markers (the dialect's own, else the
+  first pair the template spells).
 * The path: Jinja, or llama-server's legacy one (chat/legacy.py).  The
   legacy path is in force with --no-jinja (the format detected from the
   template text, as upstream), and with --jinja when --chat-template names a
@@ -40,7 +41,7 @@ from typing import Any
 
 import attrs
 
-from . import legacy
+from . import dialects, legacy
 from .parser import THINK_MARKERS
 from .template import CHATML, ChatTemplate
 
@@ -56,7 +57,7 @@ class ChatSettings:
     skip_parsing: bool = False
     think_start: str = "<think>"      # "" when the template has no thinking block
     think_end: str = "</think>"
-    tool_format: str | None = None    # "hermes" | "llama3" | None
+    tool_format: Any = None           # the template's dialect (name, or derived); None: none
     typed_content: bool = True        # the template renders [{"type": "text"}] parts
     caps: dict[str, bool] = attrs.field(factory=dict)  # /props chat_template_caps
     thinks: bool = False              # the template spells the thinking opener
@@ -75,15 +76,21 @@ def think_markers(source: str) -> tuple[str, str]:
     return THINK_MARKERS[0]
 
 
-def tool_format(source: str) -> str | None:
-    """The tool-call syntax a template teaches its model."""
-    if "<tool_call>" in source:
-        return "hermes"
-    if "<|start_header_id|>" in source and ("<|python_tag|>" in source
-                                            or '"parameters"' in source
-                                            or "ipython" in source):
-        return "llama3"
-    return None
+def tool_format(source: str):
+    """The tool-call dialect a template teaches its model (chat/dialects):
+    a table dialect's name, a dialect derived from the template's own
+    rendering of a call (the generic one), or None where it teaches none."""
+    dialect = dialects.detect(source)
+    if dialect.name == "none":
+        return None
+    return dialect.name if dialects.BY_NAME.get(dialect.name) is dialect else dialect
+
+
+def think_pair(source: str, fmt) -> tuple[str, str]:
+    """The thinking markers: the dialect's own where it has them, else the
+    first pair the template spells."""
+    own = dialects.lookup(fmt).think if fmt is not None else None
+    return own if own is not None else think_markers(source)
 
 
 _PROBE = "mlxcel-typed-content-probe"
@@ -171,8 +178,9 @@ def build(config, vocab) -> ChatSettings:
     if not config.chat_jinja or legacy.builtin_name(source):
         return _legacy(config, source, tool_use, vocab.special_tokens_map)
     template = ChatTemplate(source, vocab.special_tokens_map, tool_use)
-    start, end = think_markers(source)
-    thinks = start in (tool_use or "") + source
+    fmt = tool_format(tool_use or source)
+    start, end = think_pair(source, fmt)
+    thinks = bool(start or end) and (start or end) in (tool_use or "") + source
     kwargs = template_kwargs(config)
     if config.chat_reasoning == "auto":
         kwargs.setdefault("enable_thinking", thinks or toggles_thinking(template))
@@ -184,7 +192,7 @@ def build(config, vocab) -> ChatSettings:
         skip_parsing=config.chat_skip_chat_parsing,
         think_start=start,
         think_end=end,
-        tool_format=tool_format(tool_use or source),
+        tool_format=fmt,
         typed_content=renders_typed_content(template),
         caps=template_caps(template),
         thinks=thinks,

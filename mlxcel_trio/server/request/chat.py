@@ -24,10 +24,10 @@ from typing import Any
 
 import attrs
 
+from ...chat.dialects import lookup
 from ...chat.parser import REASONING_FORMATS, Syntax
 from ...chat.settings import ChatSettings
 from ...chat.template import TemplateError
-from ...grammar.compile import JSON_WHITESPACE
 from ..http.errors import ApiError, dumps, json_type_name
 from .jobs import tokenize_within
 
@@ -209,6 +209,27 @@ def _flatten(msg: dict) -> dict:
     return msg
 
 
+def _object_arguments(msg: dict) -> dict:
+    """A template that reads a call's arguments as a mapping (Qwen3-Coder's
+    `arguments|items`) is given them parsed, as upstream's workaround does
+    for templates whose caps show object arguments."""
+    calls = msg.get("tool_calls")
+    if not isinstance(calls, list) or not calls:
+        return msg
+    out = []
+    for call in calls:
+        fn = call.get("function") if isinstance(call, dict) else None
+        if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+            try:
+                args = json.loads(fn["arguments"])
+            except ValueError:
+                args = None
+            if isinstance(args, dict):
+                call = {**call, "function": {**fn, "arguments": args}}
+        out.append(call)
+    return {**msg, "tool_calls": out}
+
+
 def _continuation(body: dict, settings: ChatSettings, messages: list) -> tuple[str | None, bool]:
     """(what is continued: None, "content" or "reasoning_content";
     add_generation_prompt), with upstream's refusals."""
@@ -318,64 +339,40 @@ def _tool_choice(body: dict) -> tuple[str, str | None]:
 def _forced_call(choice: str, name: str | None, tools, settings: ChatSettings,
                  primed: bool, generating: bool) -> str:
     """The text a required or named tool_choice starts the answer with: the
-    opening of a call in the template's format (the parser then reports the
-    call whole).  Without constrained decoding the arguments are the model's
-    own; the call itself is certain."""
+    opening of a call in the template's own dialect (the parser then reports
+    the call whole), after the thinking block the prompt left open, closed.
+    The grammar (tool_call_grammar) constrains the rest."""
     if choice not in ("required", "named") or not tools:
         return ""
     if name is not None and name not in {t["function"]["name"] for t in tools}:
         raise bad(f"tool_choice names {name!r}, which is not one of the request's tools")
     fmt = settings.tool_format
-    if fmt is None or settings.skip_parsing:
+    dialect = lookup(fmt) if fmt is not None else None
+    if dialect is None or dialect.opener is None or settings.skip_parsing:
         if not generating:
             return ""
         raise bad("tool_choice 'required' or a named function needs a known tool-call format "
-                  "to force a call, and this chat template's is not one mlxcel-trio parses "
-                  "(Hermes/Qwen <tool_call> or Llama 3.x JSON); use 'auto'")
+                  "to force a call, and this chat template's is not one mlxcel-trio parses; "
+                  "use 'auto'")
     close = settings.think_end + "\n\n" if primed else ""
-    if fmt == "llama3":
-        head = '{"name": ' + json.dumps(name) + ', "parameters": ' if name else '{"name": "'
-    else:
-        head = "<tool_call>\n" + ('{"name": ' + json.dumps(name) + ', "arguments": '
-                                  if name else "")
-    return close + head
+    return close + dialect.opener(name)
 
 
-def _lark(text: str) -> str:
-    return json.dumps(text, ensure_ascii=False)
-
-
-def tool_call_grammar(choice: str, name: str | None, tools, fmt: str | None,
+def tool_call_grammar(choice: str, name: str | None, tools, fmt,
                       parallel: bool = False) -> str | None:
-    """What may follow a forced call's opening: the arguments as the tool's
-    JSON schema, then the call's close, as upstream constrains a required /
-    named call with a grammar.  `parallel` (required, Hermes format): more
-    calls may follow, each opened again; otherwise the answer ends after
-    the one call."""
+    """What may follow a forced call's opening, in the dialect's own syntax:
+    the arguments as the tool's JSON schema (or, where the family writes
+    parameters as tags, each parameter's), then the call's close, as
+    upstream constrains a required / named call with a grammar.  `parallel`
+    (required, where the dialect can write another call): more calls may
+    follow; otherwise the answer ends after the one call.  None: the
+    dialect has no grammar (the opening alone forces the call)."""
     if choice not in ("required", "named") or not tools or fmt is None:
         return None
-    key, tail = ("parameters", "}") if fmt == "llama3" else ("arguments", "}\n</tool_call>")
-    chosen = [t for t in tools if name is None or t["function"]["name"] == name]
-    rules, alts = [], []
-    for i, tool in enumerate(chosen):
-        fn = tool["function"]
-        schema = fn.get("parameters") if isinstance(fn.get("parameters"), dict) else {}
-        # upstream's JSON whitespace rule (a lone space, or a newline and a short indent)
-        schema = {"x-guidance": {"whitespace_pattern": JSON_WHITESPACE}, **schema}
-        rules.append(f"a{i}: %json " + json.dumps(schema, ensure_ascii=False))
-        if name is not None:  # the opening already names it and opens the arguments
-            alts.append(f"a{i} {_lark(tail)}")
-        elif fmt == "llama3":  # the opening is '{"name": "'
-            rest = fn["name"] + '", "' + key + '": '
-            alts.append(_lark(rest) + f" a{i} " + _lark(tail))
-        else:  # the opening is '<tool_call>\n'
-            head = '{"name": ' + json.dumps(fn["name"]) + f', "{key}": '
-            alts.append(f"{_lark(head)} a{i} {_lark(tail)}")
-    more = ' ("\\n<tool_call>\\n" call)*' if parallel and name is None and fmt != "llama3" \
-        else ""
-    return "start: call" + more + "\ncall: " + " | ".join(
-        f"c{i}" for i in range(len(alts))) + "\n" + "".join(
-        f"c{i}: {alt}\n" for i, alt in enumerate(alts)) + "\n".join(rules) + "\n"
+    dialect = lookup(fmt)
+    if dialect.grammar is None:
+        return None
+    return dialect.grammar(tools, name, parallel)
 
 
 def _thinking_open(prompt_tail: str, settings: ChatSettings) -> bool:
@@ -434,6 +431,8 @@ def plan(body: Any, settings: ChatSettings, vocab, generating: bool = True,
     rendered_tools = tools if tool_choice != "none" else ()
     if not settings.typed_content:
         messages = [_flatten(m) for m in messages]
+    if settings.caps.get("supports_object_arguments"):
+        messages = [_object_arguments(m) for m in messages]
     history, prefill, tool_grammar = messages, "", None
     if mode is not None:
         history, last = messages[:-1], messages[-1]
@@ -452,7 +451,8 @@ def plan(body: Any, settings: ChatSettings, vocab, generating: bool = True,
         prefill = _forced_call(tool_choice, forced_name, rendered_tools, settings, primed,
                                generating)
         echo = echo and not prefill
-        if prefill and generating:
+        if generating and tool_choice in ("required", "named") and rendered_tools \
+                and settings.tool_format is not None and not settings.skip_parsing:
             parallel = body.get("parallel_tool_calls")
             if not isinstance(parallel, bool):  # upstream: the template's capability
                 parallel = settings.caps.get("supports_parallel_tool_calls", False)
@@ -466,6 +466,7 @@ def plan(body: Any, settings: ChatSettings, vocab, generating: bool = True,
         think_end=settings.think_end,
         tool_format=settings.tool_format if rendered_tools and body.get(
             "parse_tool_calls", True) is not False else None,
+        tools=tuple(rendered_tools),
         skip=settings.skip_parsing,
     )
     # a thinking template's markers decide the budget (upstream overwrites the

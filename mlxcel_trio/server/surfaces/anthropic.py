@@ -166,6 +166,8 @@ def to_chat_body(body: Any) -> dict:
             out["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
         elif kind in ("any", "tool"):
             out["tool_choice"] = "required"
+        if choice.get("disable_parallel_tool_use") is True:
+            out["parallel_tool_calls"] = False
     if "stop_sequences" in body:
         out["stop"] = body["stop_sequences"]
     out["max_tokens"] = body["max_tokens"] if "max_tokens" in body else 4096

@@ -1,0 +1,115 @@
+"""Calls in their own small syntaxes: LFM2 / LFM2.5's Python-call list
+`<|tool_call_start|>[f(a=1, b="x")]<|tool_call_end|>`, Gemma 4's
+`<|tool_call>call:NAME{key:<|"|>text<|"|>}<tool_call|>`, and MiniCPM 5's
+`<function name="NAME"><param name="K">V</param></function>`.  A call here
+reports its arguments once it is closed."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+
+from .base import (INVALID, UNDECIDED, Dialect, ToolCall, args_object,
+                   marked, read_name, tag_grammar, tagged_params)
+
+# -- LFM2 -----------------------------------------------------------------------------------
+
+LFM_OPEN, LFM_CLOSE = "<|tool_call_start|>", "<|tool_call_end|>"
+
+
+def _py_args(call: ast.Call) -> str:
+    pairs = [(kw.arg, json.dumps(ast.literal_eval(kw.value), ensure_ascii=False))
+             for kw in call.keywords if kw.arg]
+    return args_object(pairs, True)
+
+
+def _lfm_block(s: str, j: int, partial: bool, tools):
+    e = s.find(LFM_CLOSE, j)
+    body = s[j:e] if e >= 0 else s[j:]
+    if e < 0:
+        m = re.match(r"\s*\[\s*([A-Za-z_][\w.\-]*)\(", body)
+        if m:
+            return [ToolCall(m.group(1), "", complete=False)], None
+        return UNDECIDED if partial and re.fullmatch(r"\s*(\[\s*[\w.\-]*)?", body) else INVALID
+    try:
+        tree = ast.parse(body.strip(), mode="eval").body
+        calls = tree.elts if isinstance(tree, ast.List) else [tree]
+        out = [ToolCall(ast.unparse(c.func), _py_args(c)) for c in calls]
+    except (SyntaxError, ValueError, AttributeError):
+        return INVALID
+    return (out, e + len(LFM_CLOSE)) if out else INVALID
+
+
+LFM2 = Dialect("lfm2", lambda src: LFM_OPEN in src or "List of tools: [" in src or
+               "<|tool_list_start|>" in src, marked("lfm2", LFM_OPEN, _lfm_block),
+               opener=lambda name: LFM_OPEN + "[" + (name + "(" if name else ""),
+               grammar=None)
+
+# -- Gemma 4 --------------------------------------------------------------------------------
+
+G_OPEN, G_CLOSE, G_QUOTE = "<|tool_call>call:", "<tool_call|>", '<|"|>'
+
+
+def _gemma_json(text: str) -> str:
+    """Gemma's object syntax (bare keys, <|"|> quotes) as JSON text."""
+    parts = text.split(G_QUOTE)
+    out = []
+    for k, part in enumerate(parts):
+        if k % 2:
+            out.append(json.dumps(part, ensure_ascii=False))
+        else:
+            out.append(re.sub(r"([{,]\s*)([A-Za-z_][\w\-]*)\s*:", r'\1"\2":', part))
+    value = "".join(out)
+    json.loads(value)
+    return value
+
+
+def _gemma_block(s: str, j: int, partial: bool, tools):
+    got = read_name(s, j, "{", partial)
+    if got in (UNDECIDED, INVALID):
+        return got
+    name, v = got
+    e = s.find(G_CLOSE, v)
+    if e < 0:
+        return [ToolCall(name, "", complete=False)], None
+    try:
+        args = _gemma_json("{" + s[v:e])
+    except ValueError:
+        return INVALID
+    return [ToolCall(name, args)], e + len(G_CLOSE)
+
+
+GEMMA4 = Dialect("gemma4", lambda src: "'<|tool_call>call:'" in src,
+                 marked("gemma4", G_OPEN, _gemma_block),
+                 think=("<|channel>thought", "<channel|>"),
+                 opener=lambda name: G_OPEN + (name + "{" if name else ""), grammar=None)
+
+# -- MiniCPM 5 ------------------------------------------------------------------------------
+
+M_OPEN = '<function name="'
+
+
+def _cdata(value: str) -> str:
+    v = value.strip()
+    return v[9:-3] if v.startswith("<![CDATA[") and v.endswith("]]>") else value
+
+
+def _minicpm_block(s: str, j: int, partial: bool, tools):
+    got = read_name(s, j, '">', partial)
+    if got in (UNDECIDED, INVALID):
+        return got
+    name, v = got
+    got = tagged_params(s, v, name, tools, '<param name="', '">', "</param>", "</function>",
+                        partial)
+    if got == INVALID:
+        return INVALID
+    call, end = got
+    return [call], end
+
+
+MINICPM5 = Dialect(
+    "minicpm5", lambda src: "Tool usage guidelines:" in src and M_OPEN in src
+    and '<param name="' in src, marked("minicpm5", M_OPEN, _minicpm_block),
+    opener=lambda name: M_OPEN + (name + '">' if name else ""),
+    grammar=tag_grammar('">', '<param name="', '">', "</param>", "</function>"))
