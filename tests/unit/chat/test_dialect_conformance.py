@@ -24,6 +24,11 @@ the model wrote ends up in content (after any reasoning taken out), nothing
 invented.  On a partial prefix upstream throws on, ours must simply not
 raise and report no call.
 
+Where a known dialect does not match upstream yet, the test's id is listed
+in known_divergences.txt beside the data: such a case is xfail while it
+differs and fails once it matches (remove it from the list then), so the
+list can only shrink and every other case is held to upstream.
+
 A dialect `dialects` does not know yet is xfail (strict=False, "dialect not
 implemented"), so its counts show; a known dialect's mismatch fails.  Known
 means named in the module's table (`NAMES`, `DIALECTS`, `BY_NAME` or `TABLE`,
@@ -202,6 +207,24 @@ def _theirs(expected: dict, ours: dict) -> dict:
     return {"content": expected["content"], "reasoning_content": expected["reasoning_content"], "tool_calls": calls}
 
 
+KNOWN = frozenset(line.strip() for line in (DATA / "known_divergences.txt").read_text().splitlines()
+                  if line.strip() and not line.startswith("#"))
+
+
+def _against_known(request, check) -> None:
+    """Run `check`; a listed divergence is xfail while it differs and a
+    failure once it matches."""
+    name = request.node.name
+    if name not in KNOWN:
+        check()
+        return
+    try:
+        check()
+    except AssertionError as exc:
+        pytest.xfail(f"known divergence from upstream: {str(exc).splitlines()[0]}")
+    pytest.fail(f"{name} now matches upstream: remove it from known_divergences.txt")
+
+
 def _params():
     for dialect, data in _DATA.items():
         for g, group in enumerate(data["groups"]):
@@ -222,14 +245,17 @@ def test_every_template_is_in_the_table():
 
 
 @pytest.mark.parametrize("template", sorted(UPSTREAM))
-def test_detection(template):
+def test_detection(template, request):
     dialect = UPSTREAM[template][1]
     _xfail_unknown(dialect, template)
-    assert _detected(template).name in _names(dialect, template)
+
+    def check():
+        assert _detected(template).name in _names(dialect, template)
+    _against_known(request, check)
 
 
 @pytest.mark.parametrize("dialect, g, o", list(_params()))
-def test_parse_matches_upstream(dialect, g, o):
+def test_parse_matches_upstream(dialect, g, o, request):
     group = _DATA[dialect]["groups"][g]
     _xfail_unknown(dialect, group["template"])
     setting, upstream = group["setting"], group["upstream"]
@@ -244,6 +270,10 @@ def test_parse_matches_upstream(dialect, g, o):
         extra["enable_thinking"] = setting["thinking"]
     if _accepts("generation_prompt"):
         extra["generation_prompt"] = upstream["generation_prompt"]
+    _against_known(request, lambda: _compare(dialect, group, setting, upstream, o, extra))
+
+
+def _compare(dialect, group, setting, upstream, o, extra) -> None:
     d = _detected(group["template"])
     text = group["outputs"][o]["text"]
     failures = []
