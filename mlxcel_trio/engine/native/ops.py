@@ -13,7 +13,8 @@ import math
 import mlx.core as mx
 import numpy as np
 
-from . import DTYPE_CODE
+from . import library
+from .library import DTYPE_CODE
 
 _addresses: dict[int, tuple[mx.array, int]] = {}
 
@@ -57,7 +58,7 @@ def _dtype(a: mx.array) -> int:
 
 def gemm_16(x: mx.array, weight: mx.array, bias: mx.array | None = None) -> mx.array:
     """x [..., K] times a bfloat16 / float16 weight [N, K]: float32 [..., N]."""
-    from . import _lib
+    _lib = library._lib
 
     xn, lead = _rows(x)
     n, k = weight.shape
@@ -72,7 +73,7 @@ def gemm_16(x: mx.array, weight: mx.array, bias: mx.array | None = None) -> mx.a
 def gemm_affine(x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array,
                 group_size: int, bits: int, bias: mx.array | None = None) -> mx.array:
     """x [..., K] times MLX's affine-quantized weight: float32 [..., N]."""
-    from . import _lib
+    _lib = library._lib
 
     xn, lead = _rows(x)
     n, k = weight.shape[0], x.shape[-1]

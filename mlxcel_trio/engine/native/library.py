@@ -1,0 +1,113 @@
+"""Building, loading and checking the kernels' library (the state behind
+`status()`); ops.py calls the loaded library through `_lib`."""
+
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+ENV = "MLXCEL_NATIVE"
+THREADS_ENV = "MLXCEL_NATIVE_THREADS"
+DTYPE_CODE = {"float32": 0, "bfloat16": 1, "float16": 2}
+
+
+@dataclass(frozen=True)
+class Status:
+    available: bool
+    detail: str          # the ISA and threads when available, else why not
+
+
+_lock = threading.Lock()
+_status: Status | None = None
+_lib: ctypes.CDLL | None = None
+
+_P = ctypes.c_void_p
+_I = ctypes.c_int
+
+
+def _bind(lib: ctypes.CDLL) -> None:
+    lib.mlxn_abi.restype = _I
+    lib.mlxn_isa.restype = ctypes.c_char_p
+    lib.mlxn_set_threads.argtypes = [_I]
+    lib.mlxn_gemm_16.argtypes = [_P, _I, _I, _P, _I, _I, _P, _P]
+    lib.mlxn_gemm_16.restype = _I
+    lib.mlxn_gemm_affine.argtypes = [_P, _I, _I, _P, _P, _P, _I, _I, _I, _I, _P, _P]
+    lib.mlxn_gemm_affine.restype = _I
+
+
+def threads() -> int:
+    if os.environ.get(THREADS_ENV, "").isdigit():
+        return max(1, int(os.environ[THREADS_ENV]))
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)
+
+
+def _self_test(lib: ctypes.CDLL) -> str | None:
+    """A small product of each kind against numpy; None when they agree."""
+    rng = np.random.default_rng(0)
+    m, k, n = 3, 96, 70
+    x = rng.standard_normal((m, k), dtype=np.float32)
+    w16 = rng.standard_normal((n, k), dtype=np.float32).astype(np.float16)
+    y = np.empty((m, n), np.float32)
+    if lib.mlxn_gemm_16(x.ctypes.data, m, k, w16.ctypes.data, 2, n, None, y.ctypes.data) != 0:
+        return "the 16-bit kernel refused a valid call"
+    if not np.allclose(y, x @ w16.astype(np.float32).T, rtol=1e-4, atol=1e-3):
+        return "the 16-bit kernel disagrees with numpy"
+    q = rng.integers(0, 16, (n, k), dtype=np.uint32)
+    packed = np.zeros((n, k // 8), np.uint32)
+    for j in range(8):
+        packed |= q[:, j::8] << (4 * j)
+    s = rng.random((n, k // 32), dtype=np.float32)
+    b = rng.standard_normal((n, k // 32), dtype=np.float32)
+    w = q * np.repeat(s, 32, 1) + np.repeat(b, 32, 1)
+    if lib.mlxn_gemm_affine(x.ctypes.data, m, k, packed.ctypes.data, s.ctypes.data,
+                            b.ctypes.data, 0, 4, 32, n, None, y.ctypes.data) != 0:
+        return "the 4-bit kernel refused a valid call"
+    if not np.allclose(y, x @ w.T, rtol=1e-4, atol=1e-3):
+        return "the 4-bit kernel disagrees with numpy"
+    return None
+
+
+def status() -> Status:
+    """Build and load once per process; later calls return the first answer."""
+    global _status, _lib
+    with _lock:
+        if _status is not None:
+            return _status
+        if os.environ.get(ENV, "").strip().lower() in ("0", "off", "false", "no"):
+            _status = Status(False, f"turned off by {ENV}={os.environ[ENV]}")
+            return _status
+        from .build import BuildError, library as build_library
+
+        try:
+            lib = ctypes.CDLL(str(build_library()))
+            _bind(lib)
+            if lib.mlxn_abi() != 1:
+                raise BuildError("the library's ABI does not match this package")
+            lib.mlxn_set_threads(threads())
+            problem = _self_test(lib)
+            if problem is not None:
+                raise BuildError(problem)
+        except (BuildError, OSError) as e:
+            _status = Status(False, str(e))
+            return _status
+        _lib = lib
+        _status = Status(True, f"{lib.mlxn_isa().decode()}, {threads()} thread(s)")
+        return _status
+
+
+def available() -> bool:
+    return status().available
+
+
+def _reset_for_tests() -> None:
+    global _status, _lib
+    with _lock:
+        _status, _lib = None, None
