@@ -175,6 +175,8 @@ class Bridge:
         self._streams: dict[int, _Group] = {}
         self._engine: Engine | None = None
         self.cache_stats: CacheStats | None = None  # latest prompt-cache occupancy
+        # ... as it stood when the engine fell asleep (/metrics answers from it then)
+        self.cache_stats_before_sleep: CacheStats | None = None
 
     # -- lifetime ------------------------------------------------------------------
 
@@ -310,7 +312,7 @@ class Bridge:
                 continue
             elif isinstance(ev, Sleeping):
                 # the prompt cache went with the scheduler; a wake starts a new one
-                self.cache_stats = None
+                self.cache_stats_before_sleep, self.cache_stats = self.cache_stats, None
                 continue
             elif isinstance(ev, LoadFailed):
                 self.load_error = ev.message

@@ -127,8 +127,11 @@ class _Ours:
         yield CounterMetricFamily("mlxcel_embedding_tokens",
                                   "Tokens of the embedding and rerank inputs computed",
                                   value=c.embedded_tokens)
-        yield from _prompt_cache(self.bridge.cache_stats)
-        yield from _prompt_cache_tiers(self.bridge.cache_stats)
+        # asleep: as the cache stood when the engine fell asleep, like the rest
+        bridge = self.bridge
+        cache = bridge.cache_stats_before_sleep if bridge.sleeping else bridge.cache_stats
+        yield from _prompt_cache(cache)
+        yield from _prompt_cache_tiers(cache)
         if self.watchdog is not None:
             yield CounterMetricFamily(
                 "mlxcel_requests_stalled", "Requests seen without progress (no engine event, "
@@ -141,7 +144,7 @@ class _Ours:
 
 def _prompt_cache(st: CacheStats | None):
     """The prompt cache's occupancy, as the engine last reported it (zeros
-    before its first report and while asleep: the cache went with the model)."""
+    before its first report)."""
     st = st or CacheStats(0, 0, 0, 0, 0, 0)
     yield GaugeMetricFamily("mlxcel_prompt_cache_bytes", "Bytes of KV the prompt cache holds",
                             value=st.bytes)
