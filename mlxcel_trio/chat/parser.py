@@ -62,8 +62,10 @@ class Syntax:
     think_end: str = "</think>"
     tool_format: Any = None           # a dialect or its name (chat/dialects); None: no calls
     tools: tuple = attrs.field(default=(), eq=False)  # the request's, typing tagged parameters
+    calls: bool = True                # False: the request offered no tools, nothing is a call
     raw_partials: bool = False        # partial thoughts keep their blanks (upstream's parse)
     opener: str = ""                  # the prompt's open thinking marker, put back under "none"
+    closed_think: bool = False        # the prompt closed an empty thinking block (thinking off)
     skip: bool = False                # --skip-chat-parsing: everything is content
 
 
@@ -96,7 +98,7 @@ def _split_tools(rest: str, syntax: Syntax, partial: bool) -> tuple[str, tuple[T
         return rest, ()
     dialect = _dialect(syntax)
     rest = _unwrap(rest, dialect.content_wrap, partial)
-    if dialect.split is None:
+    if dialect.split is None or not (syntax.calls or dialect.reads_without_tools):
         return rest, ()
     items = dialect.split(rest, partial, syntax.tools)
     offered = {t["function"]["name"] for t in syntax.tools
@@ -138,6 +140,13 @@ def parse(text: str, syntax: Syntax, partial: bool) -> ChatMsg:
         return ChatMsg(msg.content, msg.reasoning_content, msg.tool_calls)
     start, end = syntax.think_start, syntax.think_end
     r_start = None
+    none = syntax.reasoning_format == "none"
+    if syntax.closed_think or none and syntax.tool_format is not None \
+            and _dialect(syntax).none_is_flat:
+        # as upstream: no thinking block is read; the prompt's opener leads the content
+        content, calls = _split_tools(text, syntax, partial)
+        return ChatMsg(content=(syntax.opener if none and syntax.thinking_open else "") + content,
+                       tool_calls=calls)
     if not start:
         # no opener: no thinking block, unless the dialect's thoughts run
         # from the first byte to a closing marker (Apriel), then there is one

@@ -61,6 +61,11 @@ class Dialect:
     # ... and the Lark grammar of what follows it: (tools, name, parallel) -> grammar
     grammar: Callable[[Sequence[dict], str | None, bool], str] | None = None
     content_wrap: tuple[str, str] | None = None  # markers around the answer (Command R7B)
+    # upstream's differences in what it reads: its split runs on a request
+    # without tools (Functionary v3.2's recipients), and under reasoning
+    # "none" its thinking markers are plain text (calls read anywhere)
+    reads_without_tools: bool = False
+    none_is_flat: bool = True
 
 
 def held_suffix(text: str, marker: str) -> int:
