@@ -32,6 +32,7 @@ template primed it).  Tool calls are parsed only in the answer.
 
 from __future__ import annotations
 
+import re
 import secrets
 import string
 from typing import Any
@@ -114,6 +115,8 @@ def _split_tools(rest: str, syntax: Syntax, partial: bool) -> tuple[str, tuple[T
                     break
                 soft_failure(dialect.name, item.name)
                 return rest, ()
+            if partial and not item.complete:
+                item = attrs.evolve(item, arguments=_settled(item.arguments))
             calls.append(item)
             continue
         # as upstream: blank-only text beside a call is dropped, other text
@@ -127,6 +130,19 @@ def _split_tools(rest: str, syntax: Syntax, partial: bool) -> tuple[str, tuple[T
     if partial and texts and not texts[-1].strip():
         texts.pop()  # blanks that may yet stand before a call
     return "".join(texts), tuple(calls)
+
+
+_ESCAPE = re.compile(r"(\\+)(u[0-9a-fA-F]{0,3})?$")
+
+
+def _settled(arguments: str) -> str:
+    """Arriving arguments as upstream reports them: without trailing blanks
+    (in a string too) nor an escape cut short."""
+    out = arguments.rstrip()
+    m = _ESCAPE.search(out)
+    if m and len(m.group(1)) % 2 == 1:  # the last backslash opens an unfinished escape
+        out = out[:m.end(1) - 1].rstrip()
+    return out
 
 
 # -- the message ------------------------------------------------------------------------
