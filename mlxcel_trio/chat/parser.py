@@ -104,6 +104,9 @@ def _split_tools(rest: str, syntax: Syntax, partial: bool) -> tuple[str, tuple[T
     items = dialect.split(rest, partial, syntax.tools)
     offered = {t["function"]["name"] for t in syntax.tools
                if isinstance(t, dict) and isinstance(t.get("function"), dict)}
+    if dialect.drops_after_calls:  # as upstream's: what follows the calls is dropped
+        last = max((k for k, item in enumerate(items) if isinstance(item, ToolCall)), default=-1)
+        items = items[:last + 1] if last >= 0 else items
     texts: list[str] = []
     calls: list[ToolCall] = []
     for k, item in enumerate(items):
