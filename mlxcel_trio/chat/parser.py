@@ -156,7 +156,9 @@ def parse(text: str, syntax: Syntax, partial: bool) -> ChatMsg:
     if syntax.tool_format is not None and _dialect(syntax).message is not None:
         msg = _dialect(syntax).message(text, partial, syntax.reasoning_format != "none",
                                        syntax.thinking_open, syntax.tools)
-        return ChatMsg(msg.content, msg.reasoning_content, msg.tool_calls)
+        calls = tuple(attrs.evolve(c, arguments=_settled(c.arguments))
+                      if partial and not c.complete else c for c in msg.tool_calls)
+        return ChatMsg(msg.content, msg.reasoning_content, calls)
     start, end = syntax.think_start, syntax.think_end
     r_start = None
     none = syntax.reasoning_format == "none"
