@@ -32,6 +32,7 @@ template primed it).  Tool calls are parsed only in the answer.
 
 from __future__ import annotations
 
+import re
 import secrets
 import string
 from typing import Any
@@ -62,8 +63,10 @@ class Syntax:
     think_end: str = "</think>"
     tool_format: Any = None           # a dialect or its name (chat/dialects); None: no calls
     tools: tuple = attrs.field(default=(), eq=False)  # the request's, typing tagged parameters
+    calls: bool = True                # False: the request offered no tools, nothing is a call
     raw_partials: bool = False        # partial thoughts keep their blanks (upstream's parse)
     opener: str = ""                  # the prompt's open thinking marker, put back under "none"
+    closed_think: bool = False        # the prompt closed an empty thinking block (thinking off)
     skip: bool = False                # --skip-chat-parsing: everything is content
 
 
@@ -96,11 +99,14 @@ def _split_tools(rest: str, syntax: Syntax, partial: bool) -> tuple[str, tuple[T
         return rest, ()
     dialect = _dialect(syntax)
     rest = _unwrap(rest, dialect.content_wrap, partial)
-    if dialect.split is None:
+    if dialect.split is None or not (syntax.calls or dialect.reads_without_tools):
         return rest, ()
     items = dialect.split(rest, partial, syntax.tools)
     offered = {t["function"]["name"] for t in syntax.tools
                if isinstance(t, dict) and isinstance(t.get("function"), dict)}
+    if dialect.drops_after_calls:  # as upstream's: what follows the calls is dropped
+        last = max((k for k, item in enumerate(items) if isinstance(item, ToolCall)), default=-1)
+        items = items[:last + 1] if last >= 0 else items
     texts: list[str] = []
     calls: list[ToolCall] = []
     for k, item in enumerate(items):
@@ -112,6 +118,8 @@ def _split_tools(rest: str, syntax: Syntax, partial: bool) -> tuple[str, tuple[T
                     break
                 soft_failure(dialect.name, item.name)
                 return rest, ()
+            if partial and not item.complete:
+                item = attrs.evolve(item, arguments=_settled(item.arguments))
             calls.append(item)
             continue
         # as upstream: blank-only text beside a call is dropped, other text
@@ -127,6 +135,19 @@ def _split_tools(rest: str, syntax: Syntax, partial: bool) -> tuple[str, tuple[T
     return "".join(texts), tuple(calls)
 
 
+_ESCAPE = re.compile(r"(\\+)(u[0-9a-fA-F]{0,3})?$")
+
+
+def _settled(arguments: str) -> str:
+    """Arriving arguments as upstream reports them: without trailing blanks
+    (in a string too) nor an escape cut short."""
+    out = arguments.rstrip()
+    m = _ESCAPE.search(out)
+    if m and len(m.group(1)) % 2 == 1:  # the last backslash opens an unfinished escape
+        out = out[:m.end(1) - 1].rstrip()
+    return out
+
+
 # -- the message ------------------------------------------------------------------------
 
 def parse(text: str, syntax: Syntax, partial: bool) -> ChatMsg:
@@ -135,9 +156,18 @@ def parse(text: str, syntax: Syntax, partial: bool) -> ChatMsg:
     if syntax.tool_format is not None and _dialect(syntax).message is not None:
         msg = _dialect(syntax).message(text, partial, syntax.reasoning_format != "none",
                                        syntax.thinking_open, syntax.tools)
-        return ChatMsg(msg.content, msg.reasoning_content, msg.tool_calls)
+        calls = tuple(attrs.evolve(c, arguments=_settled(c.arguments))
+                      if partial and not c.complete else c for c in msg.tool_calls)
+        return ChatMsg(msg.content, msg.reasoning_content, calls)
     start, end = syntax.think_start, syntax.think_end
     r_start = None
+    none = syntax.reasoning_format == "none"
+    if syntax.closed_think or none and syntax.tool_format is not None \
+            and _dialect(syntax).none_is_flat:
+        # as upstream: no thinking block is read; the prompt's opener leads the content
+        content, calls = _split_tools(text, syntax, partial)
+        return ChatMsg(content=(syntax.opener if none and syntax.thinking_open else "") + content,
+                       tool_calls=calls)
     if not start:
         # no opener: no thinking block, unless the dialect's thoughts run
         # from the first byte to a closing marker (Apriel), then there is one

@@ -57,13 +57,19 @@ TABLE: tuple[Dialect, ...] = (
     others.NEMOTRON_V2,            # <TOOLCALL>
     others.APRIEL,                 # [BEGIN FINAL RESPONSE]
     mistral.NEMO,                  # [TOOL_CALLS][
-    _hermes_like("smollm3", "SmolLM3", "xml_tools"),
+    # a SmolLM3 template that renders no tools: upstream reads no calls from
+    # it (one that teaches `<tool_call>` goes by Hermes')
+    Dialect("smollm3", lambda src: ("SmolLM3" in src or "named SmolLM" in src)
+            and hermes.OPEN not in src),
     _hermes_like("xiaomi_mimo", "You are MiMo"),
     hermes.DIALECT,                # <tool_call>{json}</tool_call>
     llama3.DIALECT,                # Llama 3.x JSON / <|python_tag|>
 )
 NONE = Dialect("none", lambda src: True)
 BY_NAME: dict[str, Dialect] = {d.name: d for d in (*TABLE, NONE, generic.PLACEHOLDER)}
+
+
+OFFERED: tuple = ()  # parse's default: calls are read, no schemas known
 
 
 def detect(template_source: str) -> Dialect:
@@ -82,24 +88,40 @@ def lookup(dialect: str | Dialect) -> Dialect:
 
 def parse(dialect: str | Dialect, text: str, *, partial: bool = False,
           reasoning: bool | str = True,
-          thinking_open: bool = False, tools=None, generation_prompt: str = "") -> Parsed:
+          thinking_open: bool = False, tools=OFFERED, generation_prompt: str = "",
+          enable_thinking: bool = True) -> Parsed:
     """One generation read in `dialect`: `reasoning` places thoughts in
     reasoning_content (upstream's auto / deepseek), `thinking_open` says the
     prompt ended inside a thinking block; `tools` (the request's) types
-    tag-written parameters by their schemas; `generation_prompt` (the text
+    tag-written parameters by their schemas, None saying the request offered
+    none (then no calls are read, as upstream's); `generation_prompt` (the text
     the template ended the prompt with) gives back its open thinking marker
-    where reasoning is not split out, as upstream does."""
+    where reasoning is not split out, as upstream does; with `enable_thinking`
+    off and a prompt that closed an empty thinking block, a block the model
+    writes anyway is content."""
     from ..parser import Syntax, parse as parse_text
     d = lookup(dialect)
     if isinstance(reasoning, str):  # a reasoning_format: only "none" leaves thoughts in place
         reasoning = reasoning != "none"
     start, end = d.think if d.think is not None else ("<think>", "</think>")
+    closed = not enable_thinking and not thinking_open and _empty_block(generation_prompt, start, end)
     syntax = Syntax(reasoning_format="auto" if reasoning else "none", thinking_open=thinking_open,
-                    think_start=start, think_end=end, tool_format=d, tools=tuple(tools or ()),
-                    raw_partials=True, opener=_opener(generation_prompt, start))
+                    think_start=start, think_end=end, tool_format=d,
+                    tools=() if tools is OFFERED else tuple(tools or ()),
+                    calls=tools is not None, raw_partials=True,
+                    opener=_opener(generation_prompt, start), closed_think=closed)
     msg = parse_text(text, syntax, partial)
     return Parsed(msg.content, msg.reasoning_content,
                   tuple(ToolCall(c.name, c.arguments, c.id) for c in msg.tool_calls))
+
+
+def _empty_block(generation_prompt: str, start: str, end: str) -> bool:
+    """The prompt ends in an empty thinking block (`<think>\n\n</think>`)."""
+    tail = generation_prompt.rstrip()
+    if not (start and end and tail.endswith(end)):
+        return False
+    i = tail.rfind(start)
+    return i >= 0 and not tail[i + len(start):-len(end)].strip()
 
 
 def _opener(generation_prompt: str, start: str) -> str:

@@ -61,6 +61,12 @@ class Dialect:
     # ... and the Lark grammar of what follows it: (tools, name, parallel) -> grammar
     grammar: Callable[[Sequence[dict], str | None, bool], str] | None = None
     content_wrap: tuple[str, str] | None = None  # markers around the answer (Command R7B)
+    # upstream's differences in what it reads: its split runs on a request
+    # without tools (Functionary v3.2's recipients), and under reasoning
+    # "none" its thinking markers are plain text (calls read anywhere)
+    reads_without_tools: bool = False
+    none_is_flat: bool = True
+    drops_after_calls: bool = False  # text after the last call is no part of the message
 
 
 def held_suffix(text: str, marker: str) -> int:
@@ -206,12 +212,19 @@ def args_object(pairs: list[tuple[str, str]], closed: bool) -> str:
 
 
 def tagged_params(s: str, i: int, name: str, tools: Tools, key_open: str, key_close: str,
-                  value_close: str, end: str, partial: bool, value_open: str = ""):
+                  value_close: str, end: str, partial: bool, value_open: str = "",
+                  lag: bool = False):
     """Parameters written as tags (`<parameter=k>v</parameter>`,
     `<arg_key>k</arg_key><arg_value>v</arg_value>`) until `end`: (call,
-    the index after `end`, or None while arriving) or INVALID."""
+    the index after `end`, or None while arriving) or INVALID.
+
+    With `lag` a partial parse reports a key only once its value has begun,
+    as upstream's streams do."""
     pairs: list[tuple[str, str]] = []
     j = i
+
+    def arriving():
+        return _open_call(name, pairs, partial or lag)
     while True:
         k = skip_ws(s, j)
         if s.startswith(end, k):
@@ -219,7 +232,7 @@ def tagged_params(s: str, i: int, name: str, tools: Tools, key_open: str, key_cl
         if s.startswith(key_open, k):
             ke = s.find(key_close, k + len(key_open))
             if ke < 0:
-                return _open_call(name, pairs, partial)
+                return arriving()
             key = s[k + len(key_open):ke].strip()
             v = ke + len(key_close)
             if value_open:
@@ -231,12 +244,19 @@ def tagged_params(s: str, i: int, name: str, tools: Tools, key_open: str, key_cl
                 v += len(value_open)
             ve = s.find(value_close, v)
             if ve < 0:
-                if partial and string_typed(tools, name, key):
+                so_far = hold(s[v:], value_close).strip()
+                if lag and v >= len(s):
+                    return arriving()
+                if (partial or lag) and string_typed(tools, name, key):
                     # a string streams as written, as upstream's (`{"city":"Pari`)
-                    so_far = hold(s[v:], value_close).strip()
                     text = json.dumps(so_far, ensure_ascii=False)[:-1]
                     head = args_object(pairs, False) + ("," if pairs else "")
                     return ToolCall(name, head + json.dumps(key) + ":" + text,
+                                    complete=False), None
+                if lag:  # another value streams as written (`{"arg1":1`), an untyped one once done
+                    head = args_object(pairs, False) + ("," if pairs else "")
+                    typed = string_typed(tools, name, key) is False
+                    return ToolCall(name, head + json.dumps(key) + ":" + (so_far if typed else ""),
                                     complete=False), None
                 return _open_call(name, pairs, partial)
             pairs.append((key, arg_value(tools, name, key, s[v:ve])))
@@ -244,7 +264,7 @@ def tagged_params(s: str, i: int, name: str, tools: Tools, key_open: str, key_cl
             continue
         tail = s[k:]
         if partial and (end.startswith(tail) or key_open.startswith(tail)):
-            return _open_call(name, pairs, partial)
+            return arriving()
         if not partial and not tail:
             return ToolCall(name, args_object(pairs, True), complete=False), None
         return INVALID
@@ -326,12 +346,18 @@ def tag_grammar(after_name: str, key_open: str, key_close: str, value_close: str
 
 def invoke_block(inv_open: str, name_stop: str, key_open: str, key_close: str,
                  value_close: str, inv_close: str, section_close: str,
-                 value_open: str = "", many: bool = True) -> Block:
+                 value_open: str = "", many: bool = True, lag: bool = False) -> Block:
     """A block of calls written as tags: `(inv_open NAME name_stop params
-    inv_close)+ section_close` (one call when not `many`)."""
+    inv_close)+ section_close` (one call when not `many`); `lag`: partial
+    calls as upstream streams them (tagged_params), the closing brace held
+    until the section closes."""
 
     def block(s: str, j: int, partial: bool, tools: Tools):
         calls: list[ToolCall] = []
+        if lag and partial and not s.endswith(section_close) and any(
+                s.endswith(m) for m in (name_stop, key_close, value_close, inv_close)):
+            # upstream's streams take a marker in once something follows it
+            s = s[:-1]
         while True:
             k = skip_ws(s, j)
             if calls and s.startswith(section_close, k):
@@ -344,7 +370,9 @@ def invoke_block(inv_open: str, name_stop: str, key_open: str, key_close: str,
                     return got if not calls else (calls, None if partial else k)
                 name, v = got
                 got = tagged_params(s, v, name, tools, key_open, key_close, value_close,
-                                    inv_close, partial, value_open)
+                                    inv_close, partial, value_open, lag)
+                if got == UNDECIDED:
+                    return UNDECIDED if not calls else (calls, None)
                 if got == INVALID:
                     return INVALID if not calls else (calls, k)
                 call, j = got

@@ -48,7 +48,8 @@ def derive(source: str) -> Dialect | None:
     after = out[at + len(PROBE):]
     if json_head:
         return Dialect("generic", lambda src: True, marked("generic", marker,
-                                                          json_list(bracket=False)))
+                                                          json_list(bracket=False)),
+                       none_is_flat=False)
     sep = after[:after.find("{")] if "{" in after else ""
     if not sep.strip():
         return None
@@ -63,4 +64,4 @@ def derive(source: str) -> Dialect | None:
 
     return Dialect("generic", lambda src: True, marked("generic", marker, block),
                    opener=lambda name: marker + (name + sep if name else ""),
-                   grammar=json_grammar(sep, ""))
+                   grammar=json_grammar(sep, ""), none_is_flat=False)

@@ -20,7 +20,7 @@ def _block(s: str, j: int, partial: bool, tools):
         return got
     name = got[0]
     got = tagged_params(s, stop, name, tools, "<arg_key>", "</arg_key>", "</arg_value>", CLOSE,
-                        partial, value_open="<arg_value>")
+                        partial, value_open="<arg_value>", lag=True)
     if got == INVALID:
         return INVALID
     call, end = got

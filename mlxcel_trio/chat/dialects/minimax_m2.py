@@ -12,7 +12,7 @@ NS = "]<]minimax[>["
 _M2 = invoke_block('<invoke name="', '">', '<parameter name="', '">', "</parameter>",
                    "</invoke>", CLOSE)
 _M3 = invoke_block(NS + '<invoke name="', '">', NS + '<parameter name="', '">',
-                   NS + "</parameter>", NS + "</invoke>", NS + "</tool_call>")
+                   NS + "</parameter>", NS + "</invoke>", NS + "</tool_call>", lag=True)
 
 
 def opener(name: str | None) -> str:

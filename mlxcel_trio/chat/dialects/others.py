@@ -166,4 +166,4 @@ def _v3_2_split(rest: str, partial: bool, tools=None) -> list:
 FUNCTIONARY_V3_2 = Dialect(
     "functionary_v3_2", lambda src: ">>>all" in src, _v3_2_split,
     opener=lambda name: name + "\n" if name else "",
-    grammar=json_grammar("\n", "", between=">>>"))
+    grammar=json_grammar("\n", "", between=">>>"), reads_without_tools=True)

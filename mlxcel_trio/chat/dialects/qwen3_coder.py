@@ -7,7 +7,7 @@ from .base import Dialect, invoke_block, marked, tag_grammar
 
 OPEN = "<tool_call>"
 _BLOCK = invoke_block("<function=", ">", "<parameter=", ">", "</parameter>", "</function>",
-                      "</tool_call>", many=False)
+                      "</tool_call>", many=False, lag=True)
 
 
 def detect(src: str) -> bool:
@@ -21,4 +21,5 @@ def opener(name: str | None) -> str:
 DIALECT = Dialect(
     "qwen3_coder", detect, marked("qwen3_coder", OPEN, _BLOCK), opener=opener,
     grammar=tag_grammar(">\n", "<parameter=", ">\n", "\n</parameter>\n",
-                        "</function>\n</tool_call>", between="\n<tool_call>\n<function="))
+                        "</function>\n</tool_call>", between="\n<tool_call>\n<function="),
+    drops_after_calls=True)
