@@ -80,7 +80,7 @@ class ChatMsg:
 # -- tool calls ----------------------------------------------------------------------------
 
 def _dialect(syntax: Syntax):
-    from .dialects import lookup
+    from .dialects.table import lookup
     return lookup(syntax.tool_format)
 
 

@@ -447,7 +447,6 @@ def json_list(close: str = "", name_key: str = "name", id_key: str = "id",
     then `close`; without `bracket`, one object or several separated by
     commas or blanks."""
     from ..jsonscan import scan_call
-    from .hermes import call_of
 
     def block(s: str, j: int, partial: bool, tools: Tools):
         k = skip_ws(s, j)
@@ -480,7 +479,7 @@ def json_list(close: str = "", name_key: str = "name", id_key: str = "id",
                 if partial and scan.end is None:
                     return (calls, None) if calls else UNDECIDED
                 return (calls, k) if calls else INVALID
-            call = call_of(s, scan)
+            call = scanned_call(s, scan)
             calls.append(ToolCall(call.name, call.arguments, _id_of(s, k, scan.end, id_key),
                                   complete=call.complete))
             if scan.end is None:
@@ -514,3 +513,17 @@ def json_list_opener(head: str, name_key: str, args_key: str, extra: str = "") -
     return opener
 
 
+def scanned_call(s: str, scan):
+    """A ToolCall from a jsonscan CallScan (a string argument decoded once complete)."""
+    if scan.args_start is None:
+        args = "{}" if scan.end is not None else "{"  # upstream's: the object opens at the name
+    elif scan.args_end is None:
+        args = s[scan.args_start:]
+        if s[scan.args_start] == '"':
+            args = ""  # a JSON-encoded string: decoded once complete
+    else:
+        raw = s[scan.args_start:scan.args_end]
+        args = raw
+        if raw.startswith('"'):
+            args = json.loads(raw)
+    return ToolCall(scan.name, args, complete=scan.end is not None)

@@ -7,26 +7,9 @@ from __future__ import annotations
 import json
 
 from ..jsonscan import Invalid, scan_call, skip_ws
-from .base import Dialect, hold, lark, schema_rule, functions
+from .base import Dialect, hold, lark, scanned_call, schema_rule, functions
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-
-
-def call_of(s: str, scan):
-    """A ToolCall from a jsonscan CallScan (a string argument decoded once complete)."""
-    from .base import ToolCall
-    if scan.args_start is None:
-        args = "{}" if scan.end is not None else "{"  # upstream's: the object opens at the name
-    elif scan.args_end is None:
-        args = s[scan.args_start:]
-        if s[scan.args_start] == '"':
-            args = ""  # a JSON-encoded string: decoded once complete
-    else:
-        raw = s[scan.args_start:scan.args_end]
-        args = raw
-        if raw.startswith('"'):
-            args = json.loads(raw)
-    return ToolCall(scan.name, args, complete=scan.end is not None)
 
 
 def split(rest: str, partial: bool, tools=None) -> list:
@@ -56,7 +39,7 @@ def split(rest: str, partial: bool, tools=None) -> list:
             items.append(rest[pos:stop])
             pos = stop
             continue
-        items += [rest[pos:i], call_of(rest, scan)]
+        items += [rest[pos:i], scanned_call(rest, scan)]
         if scan.end is None:
             return items
         k = skip_ws(rest, scan.end)

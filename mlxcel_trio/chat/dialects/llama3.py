@@ -7,7 +7,7 @@ import json
 
 from ..jsonscan import Invalid, scan_call, skip_ws
 from .base import Dialect, lark, schema_rule, functions
-from .hermes import call_of
+from .base import scanned_call
 
 PYTHON_TAG = "<|python_tag|>"
 
@@ -37,7 +37,7 @@ def split(rest: str, partial: bool, tools=None) -> list:
             if partial and scan.end is None:
                 return calls  # undecided
             return [*calls, rest[pos:]] if calls else [rest]
-        calls.append(call_of(rest, scan))
+        calls.append(scanned_call(rest, scan))
         if scan.end is None:
             return calls
         k = skip_ws(rest, scan.end)

@@ -1,0 +1,70 @@
+"""The dialect table: every family's dialect in detection order, by name;
+`detect` and `lookup` (chat/parser.py resolves a name through this module,
+not the package, which imports the parser)."""
+
+from __future__ import annotations
+
+from . import deepseek, generic, glm_4_5, gpt_oss, hermes, kimi_k2, llama3, minimax_m2, \
+    mistral, others, pythonic, qwen3_coder, seed_oss
+from .base import Dialect
+
+
+
+def _hermes_like(name: str, *markers: str) -> Dialect:
+    import attrs
+    return attrs.evolve(hermes.DIALECT, name=name,
+                        detect=lambda src: any(m in src for m in markers))
+
+
+TABLE: tuple[Dialect, ...] = (
+    # upstream's special-cased families, in its order
+    mistral.SMALL,                 # [TOOL_CALLS]NAME[ARGS] (Small 3.2, Magistral, Ministral 3, Devstral)
+    gpt_oss.DIALECT,               # <|channel|>
+    others.FUNCTIONARY_V3_2,       # >>>all
+    kimi_k2.DIALECT,               # <|tool_calls_section_begin|>
+    others.COHERE2,                # <|START_TEXT|> + <|START_ACTION|>
+    pythonic.LFM2,                 # <|tool_call_start|>[f(...)]
+    others.GIGACHAT3,              # <|role_sep|> <|message_sep|>
+    minimax_m2.M3,                 # ]<]minimax[>[
+    deepseek.DSML,                 # dsml_token
+    pythonic.GEMMA4,               # <|tool_call>call:
+    pythonic.MINICPM5,             # <function name="..."><param name="...">
+    qwen3_coder.DIALECT,           # <tool_call><function=...><parameter=...>
+    # the rest
+    minimax_m2.DIALECT,            # <minimax:tool_call>
+    glm_4_5.DIALECT,               # <tool_call>NAME<arg_key>
+    seed_oss.DIALECT,              # <seed:tool_call>
+    deepseek.R1,                   # <｜tool▁calls▁begin｜> + ```json
+    deepseek.V3_1,                 # <｜tool▁calls▁begin｜>
+    others.COMMAND_R7B,            # <|START_ACTION|> + <|START_RESPONSE|>
+    others.GRANITE,                # <|tool_call|>
+    others.FUNCTIONARY_V3_1,       # <function=NAME> in a Llama 3.1 template
+    others.FIREFUNCTION,           # functools[
+    others.APERTUS,                # <|tools_prefix|>
+    others.NEMOTRON_V2,            # <TOOLCALL>
+    others.APRIEL,                 # [BEGIN FINAL RESPONSE]
+    mistral.NEMO,                  # [TOOL_CALLS][
+    # a SmolLM3 template that renders no tools: upstream reads no calls from
+    # it (one that teaches `<tool_call>` goes by Hermes')
+    Dialect("smollm3", lambda src: ("SmolLM3" in src or "named SmolLM" in src)
+            and hermes.OPEN not in src),
+    _hermes_like("xiaomi_mimo", "You are MiMo"),
+    hermes.DIALECT,                # <tool_call>{json}</tool_call>
+    llama3.DIALECT,                # Llama 3.x JSON / <|python_tag|>
+)
+NONE = Dialect("none", lambda src: True)
+BY_NAME: dict[str, Dialect] = {d.name: d for d in (*TABLE, NONE, generic.PLACEHOLDER)}
+
+
+def detect(template_source: str) -> Dialect:
+    for dialect in TABLE:
+        if dialect.detect(template_source):
+            # a family member that forces calls its own way
+            return mistral.small_variant(deepseek.dsml_variant(dialect, template_source),
+                                         template_source)
+    derived = generic.derive(template_source)
+    return derived if derived is not None else NONE
+
+
+def lookup(dialect: str | Dialect) -> Dialect:
+    return dialect if isinstance(dialect, Dialect) else BY_NAME[dialect]
