@@ -306,7 +306,10 @@ class Pool:
         """Kill `proc` once its /health failed HEALTH_FAILS times in a row
         while it was loaded (its supervisor then restarts it)."""
         fails = 0
-        async with httpx.AsyncClient(timeout=HEALTH_S) as client:
+        # no kept-alive connection: one would hold a child's graceful shutdown
+        # (an unload's SIGTERM) open until its grace ran out
+        async with httpx.AsyncClient(timeout=HEALTH_S,
+                                     limits=httpx.Limits(max_keepalive_connections=0)) as client:
             while proc.returncode is None:
                 await trio.sleep(HEALTH_S)
                 if inst.process is not proc or inst.status != "loaded":
