@@ -23,16 +23,6 @@ from .table import BY_NAME, NONE, TABLE, detect, lookup
 OFFERED: tuple = ()  # parse's default: calls are read, no schemas known
 
 
-def detect(template_source: str) -> Dialect:
-    for dialect in TABLE:
-        if dialect.detect(template_source):
-            # a family member that forces calls its own way
-            return mistral.small_variant(deepseek.dsml_variant(dialect, template_source),
-                                         template_source)
-    derived = generic.derive(template_source)
-    return derived if derived is not None else NONE
-
-
 def parse(dialect: str | Dialect, text: str, *, partial: bool = False,
           reasoning: bool | str = True,
           thinking_open: bool = False, tools=OFFERED, generation_prompt: str = "",
