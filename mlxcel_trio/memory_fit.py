@@ -38,8 +38,8 @@ AUTO_SHARE = 4          # the auto budget: 1/AUTO_SHARE of what the weights leav
 
 
 def available_bytes() -> int | None:
-    """MemAvailable on Linux; None where the OS does not say.  (engine/weights.py
-    keeps its own copy: the engine builds on protocol and config alone.)"""
+    """MemAvailable on Linux; None where the OS does not say (the engine's
+    weight policy asks it too)."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:

@@ -28,6 +28,8 @@ import mlx.core as mx
 from mlx import nn
 from mlx.utils import tree_flatten
 
+from ..memory_fit import available_bytes
+
 log = logging.getLogger("mlxcel.engine")
 
 AUTO, KEEP, FLOAT32 = "auto", "keep", "float32"
@@ -62,18 +64,6 @@ def float32_bytes(model: nn.Module) -> int:
         else:
             total += p.size * 4
     return total
-
-
-def available_bytes() -> int | None:
-    """MemAvailable on Linux; None where the OS does not say."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 def to_float32(model: nn.Module) -> nn.Module:

@@ -110,12 +110,14 @@ def test_the_engine_knows_neither_trio_nor_the_server_nor_chat():
 
 def test_the_engine_builds_on_protocol_and_config_alone():
     """Within the package the engine reads only the seam's records, the
-    resolved configuration (RoPE overrides) and the process's BLAS choice
-    (blas.py: the standard library only, read for the load summary)."""
+    resolved configuration (RoPE overrides), the process's BLAS choice
+    (blas.py: the standard library only, read for the load summary) and
+    the machine's free memory (memory_fit.py: config and protocol only)."""
     outside = {m: sorted({imp for imp, _ in modules()[m]
                           if _under(imp, "mlxcel_trio")
                           and not _under(imp, "mlxcel_trio.engine", "mlxcel_trio.protocol",
-                                         "mlxcel_trio.config", "mlxcel_trio.blas")})
+                                         "mlxcel_trio.config", "mlxcel_trio.blas",
+                                         "mlxcel_trio.memory_fit")})
                for m in _in("engine")}
     assert {m: hits for m, hits in outside.items() if hits} == {}
 
