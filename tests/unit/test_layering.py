@@ -260,16 +260,8 @@ def _reach(start: str) -> set[str]:
     return seen
 
 
-# The one cycle left: the legacy chat plan takes the jinja plan's private
-# checks, and the jinja plan hands --no-jinja requests to it.  (Both files
-# are being reworked by the tool-call dialect work; the shared checks move to
-# a public module of their own then, and this set becomes empty.)
-KNOWN_CYCLES = {frozenset({"mlxcel_trio.server.request.chat",
-                           "mlxcel_trio.server.request.chat_legacy"})}
-
-
 def test_the_package_has_no_import_cycle():
-    assert set(_cycles()) == KNOWN_CYCLES
+    assert _cycles() == []
 
 
 def test_the_engine_and_config_reach_no_server_code_even_transitively():

@@ -6,7 +6,7 @@ tool_choice other than "auto") is refused first, and the prompt comes from
 the built-in format (chat/legacy.py) fed each message's role and text:
 no tools, no reasoning, and no continuation (a trailing assistant message
 is written whole, add_generation_prompt off).  The output is read as
-content only.  The checks shared with the Jinja path are chat.py's.
+content only.  The checks shared with the Jinja path are chat_checks.py's.
 """
 
 from __future__ import annotations
@@ -15,18 +15,18 @@ from ...chat import legacy
 from ...chat.parser import Syntax
 from ...chat.settings import ChatSettings
 from ..http.errors import ApiError
-from .jobs import tokenize_within
-from .chat import (
-    native_body,
+from .chat_checks import (
     ChatPlan,
-    _check_constraints,
-    _check_messages,
-    _continuation,
-    _kwargs,
-    _parse_messages,
-    _parse_tools,
-    _reasoning_format,
+    check_constraints,
+    check_messages,
+    continuation,
+    native_body,
+    parse_messages,
+    parse_tools,
+    read_reasoning_format,
+    template_kwargs,
 )
+from .jobs import tokenize_within
 
 
 def _needs_jinja(param: str, settings: ChatSettings) -> ApiError:
@@ -53,13 +53,13 @@ def legacy_plan(body: dict, settings: ChatSettings, vocab, limit: int | None = N
     if isinstance(choice, str) and choice != "auto":
         raise _needs_jinja("tool_choice", settings)
     stream = body.get("stream") if isinstance(body.get("stream"), bool) else False
-    schema = _check_constraints(body, False, stream)
-    messages = _check_messages(body)
-    _parse_messages(messages)
-    _parse_tools(tools_value)
-    _, add_gen = _continuation(body, settings, messages)
-    fmt = _reasoning_format(body, settings)
-    _kwargs(body, settings)  # its refusals hold on this path too
+    schema = check_constraints(body, False, stream)
+    messages = check_messages(body)
+    parse_messages(messages)
+    parse_tools(tools_value)
+    _, add_gen = continuation(body, settings, messages)
+    fmt = read_reasoning_format(body, settings)
+    template_kwargs(body, settings)  # its refusals hold on this path too
     if settings.legacy is None:
         raise ApiError("this custom template is not supported, try using --jinja",
                        type="server_error")

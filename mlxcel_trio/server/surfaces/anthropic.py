@@ -28,7 +28,7 @@ from quart import Response
 from ...chat.parser import ChatMsg, ChatStream
 from ...protocol.records import Finished, TokenPiece
 from .openai_chat import chat_plan, final_message, plan_jobs, random_string
-from ..request.chat import failed
+from ..request.chat_checks import failed
 from ..request.jobs import run_all
 from ..request.served import Served
 from ..http.errors import dumps, json_response

@@ -32,7 +32,7 @@ from quart import Response
 from ...chat.parser import ChatMsg, ChatStream
 from ...protocol.records import Finished, PromptProgress, TokenPiece
 from .openai_chat import chat_plan, final_message, plan_jobs, random_string
-from ..request.chat import bad
+from ..request.chat_checks import bad
 from ..request.jobs import now_s, run_all
 from ..request.served import Served
 from ..http.errors import ApiError, dumps, json_response
