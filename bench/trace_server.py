@@ -123,7 +123,7 @@ def install() -> None:
 
 def main() -> int:
     install()
-    from mlxcel_trio.cli.main import server_main
+    from mlxcel_trio.entry import server_main
     sys.argv[0] = "mlxcel-server"
     return server_main()
 

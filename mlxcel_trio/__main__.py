@@ -2,6 +2,6 @@
 
 import sys
 
-from .cli.main import server_main
+from .entry import server_main
 
 sys.exit(server_main())

@@ -175,6 +175,7 @@ class ServerConfig:
     hf_token: str | None = attrs.field(default=None, repr=False)  # the router's downloads
     model_store_root: str | None = None  # --model-store-root (model_store.py)
     child_args: tuple[str, ...] = () # the command line each model's server gets
+    child_env_drop: frozenset[str] = frozenset()  # the variables it does not inherit
     # -- LoRA adapters (engine/lora.py) --
     lora: tuple[tuple[str, float], ...] = ()         # --lora, as given
     lora_scaled: tuple[tuple[str, float], ...] = ()  # --lora-scaled, as given
@@ -206,7 +207,7 @@ class ServerConfig:
     ui_config: str | None = None     # --ui-config, as given
     ui_config_file: str | None = None  # --ui-config-file, as given
     ui_settings: str = "{}"          # the JSON text in force (checked at startup), for /props
-    # -- Vertex AI (AIP_MODE=PREDICTION; server/surfaces/vertex_env.py), None = not registered --
+    # -- Vertex AI (AIP_MODE=PREDICTION; cli/vertex_env.py), None = not registered --
     aip_predict_route: str | None = None
     aip_health_route: str | None = None
     aip_replaced_port: int | None = None   # the --port AIP_HTTP_PORT replaced (warned)

@@ -162,7 +162,7 @@ def check_speculative(parsed: Parsed) -> None:
                            "llama.cpp's llama-lookup-create, or drop the option")
 
 
-def _draft(parsed: Parsed, target: str) -> dict[str, Any]:
+def resolve_draft(parsed: Parsed, target: str) -> dict[str, Any]:
     """-md resolved like -m, and checked against the target's vocabulary."""
     ref = parsed.values.get("spec_model")
     if not ref:

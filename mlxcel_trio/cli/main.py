@@ -1,11 +1,12 @@
-"""Entry points: `mlxcel-server` and `mlxcel serve` (the same server path).
+"""The command lines of `mlxcel-server` and `mlxcel` (`mlxcel serve` is the
+same server path); the console scripts are mlxcel_trio/entry.py's.
 
 Startup is parse -> check (every option we do not act on is classified
 here: inert values pass, tuning values are noted for the startup line, the
 rest is refused; every problem of the command line and the environment is
 reported in the same run) -> resolve the model reference -> build the frozen
-`ServerConfig` -> hand it to the server runner.  Until the runner is
-imported, only the standard library, attrs and this package's light modules
+`ServerConfig`, which entry.py hands to the server runner.  Until the
+runner is imported, only the standard library, attrs and this package's light modules
 are loaded (huggingface_hub too, but only to fetch a repo id), so every
 refusal prints its one line and exits well within a third of a second.
 
@@ -30,7 +31,6 @@ from mlxcel_trio import blas
 from mlxcel_trio.cli import actions, model_ref, sinks
 from mlxcel_trio.cli.options import BY_DEST, OPTIONS, Option
 from mlxcel_trio.cli.checks import (
-    _draft,
     adapters_in_order,
     check_blas,
     check_chat_template,
@@ -38,6 +38,7 @@ from mlxcel_trio.cli.checks import (
     check_rope,
     check_session_store,
     check_speculative,
+    resolve_draft,
     ui_settings,
 )
 from mlxcel_trio.cli.parser import (
@@ -50,6 +51,7 @@ from mlxcel_trio.cli.parser import (
     without_effect,
 )
 from mlxcel_trio.cli.surface import dump_flag_surface
+from mlxcel_trio.cli.vertex_env import GcpConfigError, GcpParams
 from mlxcel_trio.config import RopeOverrides, SamplingDefaults, ServerConfig
 
 SERVER_PROG = "mlxcel-server"
@@ -147,7 +149,7 @@ def configure(parsed: Parsed, env: Mapping[str, str] | None = None) -> ServerCon
                            "router mode, which has no -m/--model; drop one of them")
     if not ref:  # upstream: no model is router mode, over the model cache at least
         from mlxcel_trio.cli import presets
-        from mlxcel_trio.cli.passthrough import child_argv
+        from mlxcel_trio.cli.passthrough import child_argv, router_only_env
 
         glob, sections = None, ()
         if preset_file:
@@ -156,8 +158,8 @@ def configure(parsed: Parsed, env: Mapping[str, str] | None = None) -> ServerCon
             except presets.PresetError as exc:
                 raise CliError(f"{describe(BY_DEST['models_preset'], parsed)}: {exc}") from None
         return attrs.evolve(build_config(parsed, ""), router=True, no_effect=without_effect(parsed),
-                            child_args=child_argv(parsed.argv), preset_global=glob,
-                            presets=sections, **io)
+                            child_args=child_argv(parsed.argv), child_env_drop=router_only_env(),
+                            preset_global=glob, presets=sections, **io)
     try:
         resolved = model_ref.resolve(ref, token=parsed.values.get("hf_token") or None)
     except model_ref.ModelRefError as exc:
@@ -174,15 +176,13 @@ def configure(parsed: Parsed, env: Mapping[str, str] | None = None) -> ServerCon
                     side, token=parsed.values.get("hf_token") or None).path
             except model_ref.ModelRefError as exc:
                 raise CliError(f"{option} {side!r}: {exc}") from None
-    sides.update(_draft(parsed, resolved.path))
+    sides.update(resolve_draft(parsed, resolved.path))
     return attrs.evolve(build_config(parsed, resolved.path), no_effect=without_effect(parsed),
                         cache_ram_auto="cache_ram" not in parsed.given, **io, **sides)
 
 
 def _vertex(parsed: Parsed, env: Mapping[str, str]) -> dict[str, Any]:
     """The AIP_* settings (Vertex AI), checked before any model is resolved."""
-    from mlxcel_trio.server.surfaces.vertex_env import GcpConfigError, GcpParams
-
     try:
         gcp = GcpParams.from_env(env)
     except GcpConfigError as exc:
@@ -205,13 +205,16 @@ def prepare(
     return configure(parsed, env)
 
 
-def server_main(
+def startup(
     argv: Sequence[str] | None = None,
     *,
     prog: str = SERVER_PROG,
     env: Mapping[str, str] | None = None,
-) -> int:
-    """`mlxcel-server`: parse, validate, resolve, then run the server."""
+) -> ServerConfig | int:
+    """`mlxcel-server` up to the runner: parse, validate, resolve.  Returns
+    the config to serve, or the exit code of an action or a refusal (its
+    lines already printed).  The console scripts (mlxcel_trio/entry.py)
+    hand the config to the server's runner."""
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         parsed = parse_all(argv, env=env, prog=prog)
@@ -240,9 +243,7 @@ def server_main(
         return 1
     if env is None and not config.router:  # MLX not loaded yet: a BLAS can still be preloaded
         blas.reexec_if_useful(config.blas)
-    from mlxcel_trio.server.runner import run  # heavy: imported only now
-
-    return run(config)
+    return config
 
 
 # The `mlxcel` subcommands: name -> one-line description.
@@ -265,8 +266,9 @@ def _mlxcel_help() -> str:
     )
 
 
-def mlxcel_main(argv: Sequence[str] | None = None) -> int:
-    """`mlxcel <command>`; `mlxcel serve ...` is exactly `mlxcel-server ...`."""
+def mlxcel_command(argv: Sequence[str] | None = None) -> ServerConfig | int:
+    """`mlxcel <command>`: the exit code, or for `mlxcel serve ...` what
+    `startup` gives `mlxcel-server ...` (the same path)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv:
         sys.stderr.write(_mlxcel_help())
@@ -278,7 +280,7 @@ def mlxcel_main(argv: Sequence[str] | None = None) -> int:
         print(version_text(), file=sys.stderr)
         return 0
     if argv[0] == "serve":
-        return server_main(argv[1:], prog="mlxcel serve")
+        return startup(argv[1:], prog="mlxcel serve")
     if argv[0] in ("download", "list", "rm"):
         from mlxcel_trio.cli import store
 
@@ -286,7 +288,3 @@ def mlxcel_main(argv: Sequence[str] | None = None) -> int:
     print(f"error: unknown command {argv[0]!r} (commands: {', '.join(COMMANDS)})",
           file=sys.stderr)
     return 1
-
-
-if __name__ == "__main__":
-    sys.exit(server_main())

@@ -10,7 +10,7 @@ line), less the same router-only variables.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Sequence
 
 from mlxcel_trio.cli.options import OPTIONS
 from mlxcel_trio.cli.parser import build_parser, underscores_as_dashes
@@ -46,9 +46,9 @@ def child_argv(argv: Sequence[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def child_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The router's environment less the router-only variables."""
-    drop = {opt.env for opt in OPTIONS if opt.dest in ROUTER_ONLY and opt.env}
-    drop |= {f"LLAMA_ARG_NO_{name.removeprefix('LLAMA_ARG_')}" for name in drop}
-    return {k: v for k, v in env.items() if k not in drop}
-
+def router_only_env() -> frozenset[str]:
+    """The variables the router keeps from each model's server: the
+    router-only options' LLAMA_ARG_* names and their LLAMA_ARG_NO_* forms."""
+    names = {opt.env for opt in OPTIONS if opt.dest in ROUTER_ONLY and opt.env}
+    return frozenset(names | {f"LLAMA_ARG_NO_{name.removeprefix('LLAMA_ARG_')}"
+                              for name in names})

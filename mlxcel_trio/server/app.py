@@ -2,14 +2,16 @@
 
 Request flow, in upstream's order: CORS (outermost ASGI layer: stamps
 Access-Control-Allow-Origin, answers every OPTIONS itself) -> ASGI wrapper
-(the request's resources, http/resources.py) -> loading gate (503 until the engine reports
-Loaded) -> API key check -> handler.  Routes are mounted under --api-prefix;
-the key exemption compares the full path, so a prefixed /health needs the
-key, as upstream.  Every exception becomes an upstream-shaped error in
-`_on_error`; unknown paths and wrong methods are both upstream's 404 "File
-Not Found" (there is no 405).  A body over MAX_BODY_BYTES is a 413 before it
-is read (a route carrying inline media has the larger ceiling its image
-budget implies: http/body_limits.py), one not complete within --timeout a 408.
+(the request's resources, http/resources.py) -> loading gate (503 until the
+engine reports Loaded) -> API key check -> handler.  Routes are mounted
+under --api-prefix; the key exemption compares the full path, so a prefixed
+/health needs the key, as upstream.  Every exception becomes an
+upstream-shaped error; unknown paths and wrong methods are both upstream's
+404 "File Not Found" (there is no 405).  A body over MAX_BODY_BYTES is a 413
+before it is read (a route carrying inline media has the larger ceiling its
+image budget implies: http/body_limits.py), one not complete within
+--timeout a 408.  The wrapper, the error answers and the key check are
+http/app_shell.py's, which the router's app uses too.
 
 What lives as long as the app (sessions, registries, chat settings) is one
 `AppState` (server/state.py), built here and exposed as `app.mlxcel_state`
@@ -18,20 +20,16 @@ for the runner, which runs its detached-work nursery and stream sweep.
 
 from __future__ import annotations
 
-import hmac
 import inspect
 import logging
-from contextlib import nullcontext
 from typing import Any, Callable
 
-from quart import Response, g, request
+from quart import g, request
 from quart_trio import QuartTrio
-from werkzeug.exceptions import HTTPException
 
-from .. import __version__
-from ..logging_setup import TRACE
 from ..bridge import Bridge
 from ..config import ServerConfig
+from ..protocol.routes import ROUTES, UI_ROUTES, Route, quart_rule
 from .surfaces import (info, infill, completion as native, embeddings, openai_completions,
                        tokens, transcriptions)
 from .http import limits
@@ -43,141 +41,22 @@ from .surfaces.metrics import Metrics
 from .surfaces import chat_routes, lora, webui
 from .request.jobs import server_defaults
 from .request.served import Served
+from .http.app_shell import BUILD_INFO, MAX_BODY_BYTES, PerRequest, answer_errors, api_key_index
 from .http.body import read_json_body
 from .http.body_limits import media_body_limits, sized_request_class
-from .http.resources import SCOPE_KEY, RequestResources
-from .http.watchdog import RequestWatchdog
 from .http.cors import CorsMiddleware, CorsPolicy
 from .http.errors import (
-    JSON_TYPE,
-    ApiError,
-    dumps,
-    error_response,
-    header_too_large,
     feature_disabled,
     invalid_api_key,
     loading,
-    not_found,
     not_generating,
     not_supported,
-    payload_too_large,
-    request_timeout,
     shutting_down,
 )
-from .routes import QUIET_PATHS, ROUTES, UI_ROUTES, Route, quart_rule
 from .http.key_scope import caller_scope
 
 log = logging.getLogger("mlxcel.http")
 
-BUILD_INFO = f"mlxcel-trio-{__version__}"
-MAX_BODY_BYTES = 64 * 1024 * 1024
-MAX_HEAD_BYTES = 16 * 1024  # the request line and headers (h11 also caps a partial head)
-
-
-async def _send_error(send, err: ApiError) -> None:
-    """An error answered below Quart (the request never reaches it)."""
-    body = dumps(err.body()).encode()
-    await send({"type": "http.response.start", "status": err.status, "headers": [
-        (b"content-type", JSON_TYPE.encode()), (b"content-length", str(len(body)).encode()),
-        (b"server", b"llama.cpp"), (b"connection", b"close")]})
-    await send({"type": "http.response.body", "body": body})
-
-
-def _has_body(headers) -> bool:
-    for k, v in headers:
-        k = k.lower()
-        if k == b"transfer-encoding" or (k == b"content-length" and v.strip() not in (b"", b"0")):
-            return True
-    return False
-
-
-class _PerRequest:
-    """ASGI wrapper: gives each request its `RequestResources` (in the ASGI
-    scope) and closes them once the request is over, however it ended.
-
-    It also closes the connection after an answer given before the request
-    body was read to its end (the gate's 401 or 503, a 404, a stub route):
-    the unread rest would otherwise stay on the kept-alive connection and
-    hang the client's next request on it.
-
-    With a watchdog (http/watchdog.py) the request is watched while it runs:
-    each body message received and each response message sent is progress."""
-
-    def __init__(self, app, watchdog: RequestWatchdog | None = None) -> None:
-        self.app = app
-        self.watchdog = watchdog
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        head = len(scope.get("raw_path") or b"") + sum(len(k) + len(v) + 4
-                                                       for k, v in scope.get("headers", ()))
-        if head > MAX_HEAD_BYTES:
-            return await _send_error(send, header_too_large(MAX_HEAD_BYTES))
-        body_done = not _has_body(scope.get("headers", ()))
-        tracked = None
-
-        async def receive_tracked():
-            nonlocal body_done
-            message = await receive()
-            if tracked is not None:
-                tracked.mark()
-            if message["type"] != "http.request" or not message.get("more_body", False):
-                body_done = True
-            return message
-
-        async def send_closing(message):
-            if not body_done and message["type"] == "http.response.start":
-                headers = [(k, v) for k, v in message.get("headers", ())
-                           if k.lower() != b"connection"]
-                message = {**message, "headers": headers + [(b"connection", b"close")]}
-            await send(message)
-            if tracked is not None:
-                tracked.mark()
-
-        resources = RequestResources()
-        with (self.watchdog.track(scope.get("method", ""), scope.get("path", ""))
-              if self.watchdog is not None else nullcontext()) as tracked:
-            try:  # a fresh scope: an in-process sub-request (Vertex) gets its own
-                await self.app({**scope, SCOPE_KEY: resources}, receive_tracked, send_closing)
-            finally:
-                resources.close()
-
-
-def answer_errors(app: QuartTrio, config: ServerConfig) -> None:
-    """Every failure as upstream's JSON error (404/405 as "File Not Found",
-    408/413 closing the connection, the rest by type), and upstream's
-    Server header on every answer; the router's app uses the same."""
-
-    @app.errorhandler(ApiError)
-    async def _on_api_error(err: ApiError):
-        return error_response(err)
-
-    @app.errorhandler(HTTPException)
-    async def _on_http_error(err: HTTPException):
-        if err.code in (404, 405):
-            return not_found()
-        if err.code in (408, 413):  # the body is left unread: close the connection
-            limit = request.max_content_length or MAX_BODY_BYTES  # the path's own (body_limits)
-            resp = error_response(payload_too_large(limit) if err.code == 413
-                                  else request_timeout(config.timeout))
-            resp.headers["Connection"] = "close"
-            return resp
-        kind = "invalid_request_error" if err.code < 500 else "server_error"
-        return error_response(ApiError(err.description or err.name, kind, status=err.code))
-
-    @app.errorhandler(Exception)
-    async def _on_error(err: Exception):
-        log.exception("request failed")
-        return error_response(ApiError(str(err) or type(err).__name__, "server_error"))
-
-    @app.after_request
-    async def _headers(resp: Response):
-        resp.headers["Server"] = "llama.cpp"
-        if request.path not in QUIET_PATHS:  # route, status; never a body
-            log.log(TRACE, "done request: %s %s %s %d", request.method, request.path,
-                    request.remote_addr, resp.status_code)
-        return resp
 
 
 def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTrio:
@@ -282,7 +161,7 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
         if state.draining:
             return shutting_down(drain.MESSAGE)
         if keys and request.path not in public:
-            which = _authorized(keys)
+            which = api_key_index(keys)
             if which < 0:
                 log.warning("unauthorized: Invalid API Key")
                 return invalid_api_key()
@@ -294,7 +173,7 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
 
     policy = CorsPolicy(config.cors_origins, config.cors_methods, config.cors_headers,
                         config.cors_credentials)
-    inner = _PerRequest(app.asgi_app, state.watchdog)
+    inner = PerRequest(app.asgi_app, state.watchdog)
     if predictor is not None:  # instances are dispatched below CORS, through the gate
         predictor.asgi = inner
     app.asgi_app = CorsMiddleware(inner, policy, [("Server", "llama.cpp")])
@@ -338,18 +217,3 @@ def _mount_vertex(app: QuartTrio, config: ServerConfig) -> Predictor:
         app.add_url_rule(prefix + config.aip_health_route, "GET $AIP_HEALTH_ROUTE", health,
                          methods=["GET"])
     return predictor
-
-
-def _authorized(keys: list[bytes]) -> int:
-    """Upstream's reading: Authorization, or X-Api-Key when that is empty, less
-    a "Bearer " prefix; compared in constant time against every key.  The
-    index of the matching key, or -1."""
-    supplied = request.headers.get("Authorization", "") or request.headers.get("X-Api-Key", "")
-    if supplied.startswith("Bearer "):
-        supplied = supplied[7:]
-    candidate = supplied.encode()
-    which = -1
-    for i, key in enumerate(keys):
-        match = hmac.compare_digest(candidate, key)
-        which = max(which, i * match - (not match))  # no branch on the outcome
-    return which

@@ -41,7 +41,8 @@ from ..engine.preflight import (checkpoint_problem, distributed_problem, join_wo
                                 mlx_lm_problem, world)
 from .request import grammar_fields as server_grammar
 from .http import hypercorn_internals
-from .app import MAX_HEAD_BYTES, create_app
+from .http.app_shell import MAX_HEAD_BYTES
+from .app import create_app
 from .process import warn_open_cors, watch_signals
 from .load_choices import choices_line
 from . import drain

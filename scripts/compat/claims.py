@@ -10,7 +10,7 @@ manifest and the code together in both directions:
   not claim parses on neither, claimed variables bind, defaults and
   visibility match, and an option the parser accepts that no entry claims
   is an error;
-* routes, against ``mlxcel_trio.server.routes.ROUTES``: a claimed route is
+* routes, against ``mlxcel_trio.protocol.routes.ROUTES``: a claimed route is
   mounted, an unclaimed upstream route is not, a mounted route without a
   claim (in an upstream shard, or as an mlxcel-only route in the extensions
   file) is an error;
@@ -63,7 +63,7 @@ def _jsonable(value: Any) -> Any:
 
 def live_surfaces() -> dict[str, dict]:
     """Each entry point's --dump-flag-surface, run in-process."""
-    from mlxcel_trio.cli.main import mlxcel_main, server_main
+    from mlxcel_trio.entry import mlxcel_main, server_main
 
     out: dict[str, dict] = {}
     for binary, call in ((SERVER, lambda: server_main(["--dump-flag-surface"])),
@@ -220,7 +220,7 @@ def _option_record_problems(where: str, entry: dict, claim: dict, rec: dict) -> 
 
 def route_problems(entries: Sequence[dict], routes: Sequence[Any] | None = None) -> list[str]:
     if routes is None:
-        from mlxcel_trio.server.routes import ROUTES as routes  # noqa: N811
+        from mlxcel_trio.protocol.routes import ROUTES as routes  # noqa: N811
     mounted = {(r.method, r.path): r for r in routes}
     problems: list[str] = []
     claimed: dict[tuple[str, str], str] = {}

@@ -13,7 +13,7 @@ import pytest
 
 from mlxcel_trio.cli.options import OPTIONS
 from mlxcel_trio.protocol.fields import NATIVE_FIELDS
-from mlxcel_trio.server.routes import ROUTES, Route
+from mlxcel_trio.protocol.routes import ROUTES, Route
 
 from ._support import claims, copy_manifest, edit_entry, find_entry, lib, run_validator
 

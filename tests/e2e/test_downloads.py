@@ -35,7 +35,7 @@ def _env(hub, cache) -> dict:
 
 
 def _mlxcel(env, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", "from mlxcel_trio.cli.main import mlxcel_main;"
+    return subprocess.run([sys.executable, "-c", "from mlxcel_trio.entry import mlxcel_main;"
                            "import sys; sys.exit(mlxcel_main())", *args], capture_output=True,
                           text=True, timeout=120, env=env, stdin=subprocess.DEVNULL)
 

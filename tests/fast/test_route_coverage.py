@@ -1,4 +1,4 @@
-"""Every route of server/routes.py has a fast-tier test.
+"""Every route of protocol/routes.py has a fast-tier test.
 
 A test says which routes it requests with `@pytest.mark.route("METHOD
 /path")` (on the test or on a parametrized case); conftest checks after each
@@ -13,7 +13,7 @@ import importlib
 import inspect
 from pathlib import Path
 
-from mlxcel_trio.server.routes import ROUTES
+from mlxcel_trio.protocol.routes import ROUTES
 
 HERE = Path(__file__).parent
 
@@ -54,4 +54,4 @@ def test_every_route_has_a_fast_test():
     assert not missing, ("routes with no fast-tier test (mark one with "
                          f"@pytest.mark.route('METHOD /path')): {missing}")
     stale = sorted(set(marked) - table)
-    assert not stale, f"route marks naming no route of server/routes.py: {stale}"
+    assert not stale, f"route marks naming no route of protocol/routes.py: {stale}"

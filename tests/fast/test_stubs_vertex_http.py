@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mlxcel_trio.server.routes import ROUTES
+from mlxcel_trio.protocol.routes import ROUTES
 
 from .conftest import JSON_TYPE, each_route, error_of
 

@@ -11,7 +11,7 @@ from importlib import resources
 
 import pytest
 
-from mlxcel_trio.server.routes import UI_ASSETS, UI_ROUTES
+from mlxcel_trio.protocol.routes import UI_ASSETS, UI_ROUTES
 from mlxcel_trio.server.surfaces.webui import CSP
 
 from .conftest import error_of

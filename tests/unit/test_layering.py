@@ -279,7 +279,7 @@ def test_the_engine_and_config_reach_no_server_code_even_transitively():
 
 # The server's rooms, lowest first: a module imports (at run time) only its
 # own room and the rooms before it.
-SERVER_ROOMS = ("routes", "load_choices", "http", "adapters", "request", "sessions", "state",
+SERVER_ROOMS = ("load_choices", "http", "adapters", "request", "sessions", "state",
                 "drain", "surfaces", "app", "process", "router", "runner")
 
 
@@ -297,16 +297,39 @@ def test_the_server_rooms_build_on_the_rooms_below_them():
     assert upward == []
 
 
-# Where cli/ still reaches into server/: the runner it starts (imported when
-# the server starts, after the options are checked), and the Vertex AI
-# environment reader, which derives its routes from the route table.  (To
-# shrink to the runner alone.)
-CLI_TO_SERVER = {
-    "mlxcel_trio.cli.main": {"mlxcel_trio.server.runner", "mlxcel_trio.server.surfaces.vertex_env"},
-}
+# The command line and the server meet in one place: the console scripts'
+# module hands cli's config to the server's runner (and `python -m
+# mlxcel_trio` runs it).
+ENTRY_POINTS = {"mlxcel_trio.entry", "mlxcel_trio.__main__"}
 
 
-def test_cli_reaches_the_server_only_at_the_named_points():
-    reach = {m: set(t for t in graph()[m] if _under(t, "mlxcel_trio.server"))
-             for m in _in("cli")}
-    assert {m: hits for m, hits in reach.items() if hits} == CLI_TO_SERVER
+def test_cli_reaches_no_server_code_even_transitively():
+    """cli/ parses, checks and resolves without the server: what it needs of
+    the route table (the AIP_PREDICT_ROUTE check) is protocol/'s."""
+    for start in _in("cli"):
+        assert sorted(m for m in _reach(start) if _under(m, "mlxcel_trio.server")) == [], start
+
+
+def test_only_the_entry_points_import_the_command_line():
+    """Nothing below the console scripts imports cli/ (the router's children
+    get their command line and environment through the config)."""
+    users = sorted(m for m, targets in graph().items()
+                   if not _under(m, "mlxcel_trio.cli") and any(_under(t, "mlxcel_trio.cli")
+                                                               for t in targets))
+    assert set(users) <= ENTRY_POINTS, users
+
+
+# A private name a package re-exports for its tests: the native kernels'
+# reset of the loaded library (engine/native/, the kernels' own room).
+PRIVATE_REEXPORTS = {("mlxcel_trio.engine.native",
+                      "mlxcel_trio.engine.native.library._reset_for_tests")}
+
+
+def test_no_module_takes_another_modules_private_names():
+    """`from x import _name` across modules of the package: a name another
+    module needs is public (or the two share a public module)."""
+    taken = {(m, imp) for m, imps in modules().items() for imp, _ in imps
+             if imp.rpartition(".")[2].startswith("_")
+             and not imp.rpartition(".")[2].startswith("__")
+             and _under(imp, "mlxcel_trio")}
+    assert taken == PRIVATE_REEXPORTS

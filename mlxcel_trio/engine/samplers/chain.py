@@ -226,7 +226,7 @@ def xtc(vals, keep, probability, threshold, min_keep, chance):
     return mx.where(on, keep & (_rank(keep) >= last), keep)
 
 
-def _temp_impl(vals, keep, t):
+def divide_by_temperature(vals, keep, t):
     """Divide by t; t <= 0 keeps only the (first) best logit finite."""
     masked = mx.where(keep, vals, NEG_INF)
     best = mx.argmax(masked, axis=-1, keepdims=True)
@@ -242,15 +242,15 @@ def temperature(vals, keep, temp, dyn_range, dyn_exp, any_dynatemp: bool):
     """temp_ext: dynamic temperature from the normalized entropy when the
     range is positive, else a plain temperature."""
     if not any_dynatemp:
-        return _temp_impl(vals, keep, temp)
+        return divide_by_temperature(vals, keep, temp)
     size = _size(keep)
     p = probs(vals, keep)
     norm = _entropy(p) / mx.log(mx.maximum(size, 2.0))
     lo = mx.maximum(temp - dyn_range, 0.0)
     hi = temp + dyn_range
     dyn = lo + (hi - lo) * mx.power(norm, dyn_exp)
-    dynamic = mx.where(size <= 1, vals, _temp_impl(vals, keep, dyn))
-    return mx.where(dyn_range > 0, dynamic, _temp_impl(vals, keep, temp))
+    dynamic = mx.where(size <= 1, vals, divide_by_temperature(vals, keep, dyn))
+    return mx.where(dyn_range > 0, dynamic, divide_by_temperature(vals, keep, temp))
 
 
 def adaptive_transform(vals, keep, target, weighted_sum, total_weight):

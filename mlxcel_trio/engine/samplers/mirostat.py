@@ -14,7 +14,7 @@ import math
 import attrs
 import mlx.core as mx
 
-from .chain import NEG_INF, Drawn, _temp_impl, draw, probs, sanitize
+from .chain import NEG_INF, Drawn, divide_by_temperature, draw, probs, sanitize
 
 MIROSTAT_M = 100  # upstream's m: the top tokens used to estimate s_hat
 
@@ -45,7 +45,7 @@ def run(x: mx.array, mp: MirostatParams, mu: mx.array, u: mx.array,
     ids = mx.argsort(-x, axis=-1)
     vals = mx.take_along_axis(x, ids, axis=-1)
     keep = mx.ones(vals.shape, dtype=mx.bool_)
-    vals = _temp_impl(vals, keep, mp.temperature)
+    vals = divide_by_temperature(vals, keep, mp.temperature)
     p = probs(vals, keep)
     pos = mx.arange(vals.shape[-1], dtype=mx.float32)[None, :]
     if mp.version == 1:

@@ -1,6 +1,6 @@
 """Which body size limit a request is held to, decided from its path.
 
-Most routes keep the general limit (MAX_BODY_BYTES in app.py).  A route
+Most routes keep the general limit (MAX_BODY_BYTES in http/app_shell.py).  A route
 whose body may carry base64 media inline (`Route.media`: chat completions,
 responses, Anthropic messages and their token counters) gets the ceiling
 derived from the image budget (media/limits.py: --max-image-payload-size
@@ -24,7 +24,7 @@ from typing import Iterable, Mapping
 from quart_trio.wrappers import TrioRequest
 
 from ...media.limits import UPLOAD_BODY_BYTES, body_limit
-from ..routes import Route
+from ...protocol.routes import Route
 
 
 def media_body_limits(routes: Iterable[Route], prefix: str, max_image_payload: int,

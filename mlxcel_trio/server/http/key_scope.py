@@ -5,7 +5,7 @@ response, a live completion's control entry, a stream session) belongs to
 the key that made it, and another key sees it exactly as an unknown id.
 With zero or one key every caller shares one scope, as upstream treats all
 keys as one.  The scope is the index of the matching key, which the gate in
-server/app.py found with its constant-time compare (`g.key_scope`, set only
+server/app.py found with its constant-time compare (http/app_shell.py) (`g.key_scope`, set only
 with more than one key); the key itself is never kept.
 """
 

@@ -25,11 +25,11 @@ from quart_trio import QuartTrio
 
 from ...config import ServerConfig
 from ...model_store import hub_cache_dir
-from ..app import BUILD_INFO, MAX_BODY_BYTES, _authorized, _PerRequest, answer_errors
+from ...protocol.routes import ROUTES, quart_rule
+from ..http.app_shell import BUILD_INFO, MAX_BODY_BYTES, PerRequest, answer_errors, api_key_index
 from ..http.body_limits import media_body_limits, sized_request_class
 from ..http.cors import CorsMiddleware, CorsPolicy
 from ..http.errors import ApiError, invalid_api_key, json_response
-from ..routes import ROUTES, quart_rule
 from . import catalog, proxy
 from .pool import Pool
 
@@ -232,7 +232,7 @@ def create_router_app(config: ServerConfig, pool: Pool, env) -> QuartTrio:
     @app.before_request
     async def _gate():
         if keys and request.path not in public:
-            if _authorized(keys) < 0:
+            if api_key_index(keys) < 0:
                 log.warning("unauthorized: Invalid API Key")
                 return invalid_api_key()
         return None
@@ -241,7 +241,7 @@ def create_router_app(config: ServerConfig, pool: Pool, env) -> QuartTrio:
 
     policy = CorsPolicy(config.cors_origins, config.cors_methods, config.cors_headers,
                         config.cors_credentials)
-    app.asgi_app = CorsMiddleware(_PerRequest(app.asgi_app), policy, [("Server", "llama.cpp")])
+    app.asgi_app = CorsMiddleware(PerRequest(app.asgi_app), policy, [("Server", "llama.cpp")])
     return app
 
 

@@ -29,9 +29,8 @@ logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per forwarded r
 async def main(config: ServerConfig, sock, lifecycle, hc) -> int:
     from ..http import listen
     from ..process import warn_open_cors, watch_signals
-    from ...cli.passthrough import child_env
 
-    env = child_env(os.environ)
+    env = {k: v for k, v in os.environ.items() if k not in config.child_env_drop}
     entries = catalog.discover(config.models_dir, os.environ, config.presets)
     glob = config.preset_global
     pool = Pool(entries, config.child_args, config.models_max, env,

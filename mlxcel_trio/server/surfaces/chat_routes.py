@@ -1,7 +1,7 @@
 """The chat surfaces' handler entries, merged into server/app.py's table.
 
 Each entry takes the request body (`body`) when its Route reads one, then
-the route's path parameters by name (server/routes.py); `ctx` gives the
+the route's path parameters by name (protocol/routes.py); `ctx` gives the
 running server's `Served`, `config` its `ServerConfig`, `state` the app's
 registries and stored responses (server/state.py).
 """

@@ -27,13 +27,50 @@ from typing import Any
 
 import trio
 
-from .vertex_env import MAX_INSTANCES, targets
+from ...protocol.routes import ROUTES
 from ..http.body import parse_body
 from ..http.errors import ApiError, dumps, json_response
 
 log = logging.getLogger("mlxcel.gcp")
 
 MAX_CONCURRENT = 8
+MAX_INSTANCES = 128
+
+
+def request_format(path: str) -> str:
+    """upstream's path_to_gcp_format: drop a leading /v1 and the slash, then
+    camelCase on '/', '-' and '_', stopping at a path parameter."""
+    s = path[3:] if len(path) > 3 and path.startswith("/v1") else path
+    s = s.removeprefix("/")
+    out: list[str] = []
+    cap = False
+    for c in s:
+        if c == ":":
+            break
+        if c in "/-_":
+            cap = True
+        else:
+            out.append(c.upper() if cap else c)
+            cap = False
+    return "".join(out)
+
+
+def targets() -> tuple[dict[str, str], dict[str, str]]:
+    """(alias -> path, path -> method) from the route table.  A path's first
+    registered method serves it (upstream keys its handler map by path).  On
+    an alias collision the /v1 route wins ("completions" is /v1/completions),
+    where upstream's unordered map leaves the winner unspecified."""
+    methods: dict[str, str] = {}
+    for r in ROUTES:
+        if not r.vertex:
+            methods.setdefault(r.path, r.method)
+    aliases: dict[str, str] = {}
+    for path in methods:
+        alias = request_format(path)
+        if alias not in aliases or (path.startswith("/v1/") and
+                                    not aliases[alias].startswith("/v1/")):
+            aliases[alias] = path
+    return aliases, methods
 
 
 def _error(message: str, type_: str = "invalid_request_error") -> dict:

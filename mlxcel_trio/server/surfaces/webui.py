@@ -19,7 +19,7 @@ from importlib import resources
 
 from quart import Response
 
-from ..routes import UI_ASSETS
+from ...protocol.routes import UI_ASSETS
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
        "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")

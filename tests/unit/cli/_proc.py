@@ -34,9 +34,9 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def run_cli(args: list[str], *, script: str | None = None, **env: str) -> Run:
-    """Run `python -m mlxcel_trio.cli.main ARGS`, or a console script."""
+    """Run `python -m mlxcel_trio ARGS`, or a console script."""
     if script is None:
-        cmd = [sys.executable, "-m", "mlxcel_trio.cli.main", *args]
+        cmd = [sys.executable, "-m", "mlxcel_trio", *args]
     else:
         path = BIN / script
         if not path.exists():

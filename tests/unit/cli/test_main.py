@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from mlxcel_trio import entry
 from mlxcel_trio.cli import main
 from mlxcel_trio.cli.options import OPTIONS
 from mlxcel_trio.cli.parser import help_text
@@ -57,6 +58,17 @@ def test_no_model_is_router_mode_over_the_model_cache() -> None:
     assert config.router and config.models_dir is None and config.model == ""
 
 
+def test_router_mode_hands_its_children_their_command_line_and_environment() -> None:
+    """The router keeps where it listens and which models it serves; each
+    model's server gets the rest, on its command line and in its
+    environment (server/router/runner.py filters os.environ by the names)."""
+    config = main.prepare(["--port", "9000", "-c", "256", "--models-max", "2"], env={})
+    assert config.router and config.child_args == ("-c", "256")
+    assert {"LLAMA_ARG_PORT", "LLAMA_ARG_NO_PORT", "LLAMA_ARG_MODELS_MAX",
+            "LLAMA_ARG_MODEL"} <= config.child_env_drop
+    assert "LLAMA_ARG_CTX_SIZE" not in config.child_env_drop
+
+
 def test_env_refusal_names_the_variable() -> None:
     run = run_cli([], LLAMA_ARG_MODEL="/srv/m.gguf")
     assert run.rc == 1 and "(from LLAMA_ARG_MODEL)" in run.stderr
@@ -72,7 +84,7 @@ def run(config):
 fake = types.ModuleType("mlxcel_trio.server.runner")
 fake.run = run
 sys.modules["mlxcel_trio.server.runner"] = fake
-from mlxcel_trio.cli.main import server_main
+from mlxcel_trio.entry import server_main
 rc = server_main(sys.argv[1:])
 print(rc, seen.get("heavy"), sorted(m for m in %(heavy)r if m in sys.modules))
 """
@@ -106,7 +118,7 @@ def test_server_main_hands_the_config_to_the_runner(
     fake.run = lambda config: got.append(config) or 3  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "mlxcel_trio.server.runner", fake)
     env = {"LLAMA_ARG_PORT": "9001", "LLAMA_API_KEY": "k"}
-    rc = main.server_main(["-m", str(checkpoint), "--temp", "0", "-a", "b,a"], env=env)
+    rc = entry.server_main(["-m", str(checkpoint), "--temp", "0", "-a", "b,a"], env=env)
     assert rc == 3
     (config,) = got
     assert config.model == str(checkpoint.resolve()) and config.model_ref == str(checkpoint)
@@ -183,7 +195,7 @@ def test_mlxcel_help_lists_serve() -> None:
 
 @pytest.mark.parametrize(("args", "rc"), [([], 1), (["bogus"], 1)])
 def test_mlxcel_without_a_known_command_fails(args: list[str], rc: int, capsys) -> None:  # type: ignore[no-untyped-def]
-    assert main.mlxcel_main(args) == rc
+    assert entry.mlxcel_main(args) == rc
     err = capsys.readouterr().err
     assert "serve" in err
 

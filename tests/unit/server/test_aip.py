@@ -1,16 +1,13 @@
-"""The AIP_* environment and the @requestFormat aliases (server/surfaces/vertex_env.py)."""
+"""The AIP_* environment (cli/vertex_env.py) and the @requestFormat aliases
+(server/surfaces/vertex.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from mlxcel_trio.server.surfaces.vertex_env import (
-    GcpConfigError,
-    GcpParams,
-    request_format,
-    targets,
-)
-from mlxcel_trio.server.routes import ROUTES
+from mlxcel_trio.cli.vertex_env import GcpConfigError, GcpParams
+from mlxcel_trio.protocol.routes import ROUTES
+from mlxcel_trio.server.surfaces.vertex import request_format, targets
 
 
 @pytest.mark.parametrize("path, alias", [

@@ -47,7 +47,7 @@ def test_the_media_routes_get_the_image_budgets_ceiling():
     """The chat, responses and Anthropic routes (and their token counters)
     carry inline images; every other route keeps the general limit."""
     from mlxcel_trio.server.http.body_limits import media_body_limits
-    from mlxcel_trio.server.routes import ROUTES
+    from mlxcel_trio.protocol.routes import ROUTES
 
     mib = 1024 * 1024
     uploads = {"/api/v1/audio/transcriptions", "/api/audio/transcriptions"}
@@ -69,7 +69,7 @@ def test_an_audio_upload_is_held_to_one_clip_whatever_the_image_budget():
     is cut once it passes it rather than buffered to the general limit."""
     from mlxcel_trio.media.limits import AUDIO_FILE_BYTES, UPLOAD_BODY_BYTES
     from mlxcel_trio.server.http.body_limits import media_body_limits
-    from mlxcel_trio.server.routes import ROUTES
+    from mlxcel_trio.protocol.routes import ROUTES
 
     mib = 1024 * 1024
     for budget in ((20 * mib, 16), (1000, 1)):

@@ -275,7 +275,7 @@ _BROKEN_HYPERCORN = """
 import sys
 import hypercorn.trio.tcp_server
 del hypercorn.trio.tcp_server.TCPServer._read_data
-from mlxcel_trio.cli.main import server_main
+from mlxcel_trio.entry import server_main
 sys.exit(server_main(sys.argv[1:]))
 """
 

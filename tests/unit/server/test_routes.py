@@ -1,8 +1,8 @@
-"""server/routes.py: what a Route tells the mount (body, path parameters)."""
+"""protocol/routes.py: what a Route tells the mount (body, path parameters)."""
 
 from __future__ import annotations
 
-from mlxcel_trio.server.routes import ROUTES, Route, quart_rule
+from mlxcel_trio.protocol.routes import ROUTES, Route, quart_rule
 
 
 def test_path_parameters_are_read_off_the_path():

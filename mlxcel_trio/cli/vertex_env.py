@@ -1,7 +1,8 @@
 """The AIP_* environment (Vertex AI), read at startup before the model loads.
 
-Kept apart from the predict handler (gcp.py) so the command line can check
-it without importing the HTTP stack.  The facts follow llama-server's
+Read by the command line's checks (cli/main.py), so a bad value is refused
+with the other startup problems, without the server's code; the predict
+handler is server/surfaces/vertex.py.  The facts follow llama-server's
 gcp_params: AIP_MODE=PREDICTION turns everything on; an unset or empty
 variable takes its default; routes get a leading slash.
 """
@@ -12,9 +13,7 @@ from typing import Mapping
 
 import attrs
 
-from ..routes import ROUTES
-
-MAX_INSTANCES = 128
+from ..protocol.routes import ROUTES
 
 
 def _env(env: Mapping[str, str], name: str, default: str, slash: bool = False) -> str:
@@ -54,39 +53,3 @@ class GcpParams:
             raise GcpConfigError(f"AIP_PREDICT_ROUTE={params.predict_path} conflicts with an "
                                  "existing llama-server route; choose another path")
         return params
-
-
-def request_format(path: str) -> str:
-    """upstream's path_to_gcp_format: drop a leading /v1 and the slash, then
-    camelCase on '/', '-' and '_', stopping at a path parameter."""
-    s = path[3:] if len(path) > 3 and path.startswith("/v1") else path
-    s = s.removeprefix("/")
-    out: list[str] = []
-    cap = False
-    for c in s:
-        if c == ":":
-            break
-        if c in "/-_":
-            cap = True
-        else:
-            out.append(c.upper() if cap else c)
-            cap = False
-    return "".join(out)
-
-
-def targets() -> tuple[dict[str, str], dict[str, str]]:
-    """(alias -> path, path -> method) from the route table.  A path's first
-    registered method serves it (upstream keys its handler map by path).  On
-    an alias collision the /v1 route wins ("completions" is /v1/completions),
-    where upstream's unordered map leaves the winner unspecified."""
-    methods: dict[str, str] = {}
-    for r in ROUTES:
-        if not r.vertex:
-            methods.setdefault(r.path, r.method)
-    aliases: dict[str, str] = {}
-    for path in methods:
-        alias = request_format(path)
-        if alias not in aliases or (path.startswith("/v1/") and
-                                    not aliases[alias].startswith("/v1/")):
-            aliases[alias] = path
-    return aliases, methods

@@ -4,7 +4,7 @@ The app registers exactly these; the API-key middleware reads `public`
 from here; Vertex AI's @requestFormat aliases are derived from it; the
 compatibility manifest's route claims are checked against it.  A route with
 `vertex` set is registered only under AIP_MODE=PREDICTION, at the path its
-AIP_* variable names (server/surfaces/vertex_env.py); its `path` here is the placeholder.
+AIP_* variable names (cli/vertex_env.py); its `path` here is the placeholder.
 
 The web UI's static files (`UI_ROUTES`) are a table of their own: upstream
 counts them outside its route inventory (they exist only when the UI is
@@ -110,7 +110,7 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/models/sse", "models_events", router=True),
     Route("DELETE", "/models", "models_remove", router=True),
     Route("POST", "/models", "models_add", router=True),
-    # Vertex AI (server/surfaces/vertex_env.py, server/surfaces/vertex.py)
+    # Vertex AI (cli/vertex_env.py, server/surfaces/vertex.py)
     Route("GET", "$AIP_HEALTH_ROUTE", "health", vertex=True),
     Route("POST", "$AIP_PREDICT_ROUTE", "vertex_predict", vertex=True),
 )

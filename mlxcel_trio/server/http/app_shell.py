@@ -1,0 +1,158 @@
+"""What both apps (the model server's, server/app.py, and the router's,
+server/router/app.py) wrap around their routes: the per-request ASGI
+wrapper, upstream's error answers and Server header, and the API-key check.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from contextlib import nullcontext
+
+from quart import Response, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from ... import __version__
+from ...config import ServerConfig
+from ...logging_setup import TRACE
+from ...protocol.routes import QUIET_PATHS
+from .errors import (
+    JSON_TYPE,
+    ApiError,
+    dumps,
+    error_response,
+    header_too_large,
+    not_found,
+    payload_too_large,
+    request_timeout,
+)
+from .resources import SCOPE_KEY, RequestResources
+from .watchdog import RequestWatchdog
+
+log = logging.getLogger("mlxcel.http")
+
+BUILD_INFO = f"mlxcel-trio-{__version__}"
+MAX_BODY_BYTES = 64 * 1024 * 1024
+MAX_HEAD_BYTES = 16 * 1024  # the request line and headers (h11 also caps a partial head)
+
+
+async def _send_error(send, err: ApiError) -> None:
+    """An error answered below Quart (the request never reaches it)."""
+    body = dumps(err.body()).encode()
+    await send({"type": "http.response.start", "status": err.status, "headers": [
+        (b"content-type", JSON_TYPE.encode()), (b"content-length", str(len(body)).encode()),
+        (b"server", b"llama.cpp"), (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _has_body(headers) -> bool:
+    for k, v in headers:
+        k = k.lower()
+        if k == b"transfer-encoding" or (k == b"content-length" and v.strip() not in (b"", b"0")):
+            return True
+    return False
+
+
+class PerRequest:
+    """ASGI wrapper: gives each request its `RequestResources` (in the ASGI
+    scope) and closes them once the request is over, however it ended.
+
+    It also closes the connection after an answer given before the request
+    body was read to its end (the gate's 401 or 503, a 404, a stub route):
+    the unread rest would otherwise stay on the kept-alive connection and
+    hang the client's next request on it.
+
+    With a watchdog (http/watchdog.py) the request is watched while it runs:
+    each body message received and each response message sent is progress."""
+
+    def __init__(self, app, watchdog: RequestWatchdog | None = None) -> None:
+        self.app = app
+        self.watchdog = watchdog
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        head = len(scope.get("raw_path") or b"") + sum(len(k) + len(v) + 4
+                                                       for k, v in scope.get("headers", ()))
+        if head > MAX_HEAD_BYTES:
+            return await _send_error(send, header_too_large(MAX_HEAD_BYTES))
+        body_done = not _has_body(scope.get("headers", ()))
+        tracked = None
+
+        async def receive_tracked():
+            nonlocal body_done
+            message = await receive()
+            if tracked is not None:
+                tracked.mark()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_done = True
+            return message
+
+        async def send_closing(message):
+            if not body_done and message["type"] == "http.response.start":
+                headers = [(k, v) for k, v in message.get("headers", ())
+                           if k.lower() != b"connection"]
+                message = {**message, "headers": headers + [(b"connection", b"close")]}
+            await send(message)
+            if tracked is not None:
+                tracked.mark()
+
+        resources = RequestResources()
+        with (self.watchdog.track(scope.get("method", ""), scope.get("path", ""))
+              if self.watchdog is not None else nullcontext()) as tracked:
+            try:  # a fresh scope: an in-process sub-request (Vertex) gets its own
+                await self.app({**scope, SCOPE_KEY: resources}, receive_tracked, send_closing)
+            finally:
+                resources.close()
+
+
+def answer_errors(app: QuartTrio, config: ServerConfig) -> None:
+    """Every failure as upstream's JSON error (404/405 as "File Not Found",
+    408/413 closing the connection, the rest by type), and upstream's
+    Server header on every answer; the router's app uses the same."""
+
+    @app.errorhandler(ApiError)
+    async def _on_api_error(err: ApiError):
+        return error_response(err)
+
+    @app.errorhandler(HTTPException)
+    async def _on_http_error(err: HTTPException):
+        if err.code in (404, 405):
+            return not_found()
+        if err.code in (408, 413):  # the body is left unread: close the connection
+            limit = request.max_content_length or MAX_BODY_BYTES  # the path's own (body_limits)
+            resp = error_response(payload_too_large(limit) if err.code == 413
+                                  else request_timeout(config.timeout))
+            resp.headers["Connection"] = "close"
+            return resp
+        kind = "invalid_request_error" if err.code < 500 else "server_error"
+        return error_response(ApiError(err.description or err.name, kind, status=err.code))
+
+    @app.errorhandler(Exception)
+    async def _on_error(err: Exception):
+        log.exception("request failed")
+        return error_response(ApiError(str(err) or type(err).__name__, "server_error"))
+
+    @app.after_request
+    async def _headers(resp: Response):
+        resp.headers["Server"] = "llama.cpp"
+        if request.path not in QUIET_PATHS:  # route, status; never a body
+            log.log(TRACE, "done request: %s %s %s %d", request.method, request.path,
+                    request.remote_addr, resp.status_code)
+        return resp
+
+
+def api_key_index(keys: list[bytes]) -> int:
+    """Upstream's reading: Authorization, or X-Api-Key when that is empty, less
+    a "Bearer " prefix; compared in constant time against every key.  The
+    index of the matching key, or -1."""
+    supplied = request.headers.get("Authorization", "") or request.headers.get("X-Api-Key", "")
+    if supplied.startswith("Bearer "):
+        supplied = supplied[7:]
+    candidate = supplied.encode()
+    which = -1
+    for i, key in enumerate(keys):
+        match = hmac.compare_digest(candidate, key)
+        which = max(which, i * match - (not match))  # no branch on the outcome
+    return which
