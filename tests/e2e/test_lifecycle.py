@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import httpx
 import pytest
 
+from mlxcel_trio.server.runner import GRACE_S, KEEP_ALIVE_S
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -70,6 +73,60 @@ def test_sigterm_with_a_stream_in_flight_exits_in_bounded_time(tiny_model, start
     last = json.loads(data[-1][6:])
     assert last["error"]["message"] == "the server is shutting down", data[-3:]
     assert last["error"]["type"] == "unavailable_error" and "error" not in ended, ended
+
+
+def test_sigterm_with_an_idle_keep_alive_client_exits_promptly(tiny_model, start_server):
+    """A kept-alive connection waiting for its next request is closed at
+    once on SIGTERM; it does not hold the exit for the grace (GRACE_S),
+    which is for requests in flight."""
+    srv = start_server(tiny_model, "-np", "1")
+    kept = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+    kept.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert _response(kept).startswith(b"HTTP/1.1 200")
+    start = time.monotonic()
+    srv.signal(signal.SIGTERM)
+    assert srv.wait(EXIT_BOUND_S) == 0
+    took = time.monotonic() - start
+    assert took < GRACE_S / 2, f"the exit waited {took:.2f} s for an idle connection"
+    kept.settimeout(5)
+    assert kept.recv(1024) == b"", "the idle connection was not closed"
+    kept.close()
+
+
+def test_a_kept_alive_connection_closes_after_the_keep_alive(server):
+    """After a response, a connection that sends nothing more is closed once
+    the keep-alive (KEEP_ALIVE_S, upstream's 5 s) has passed, not at
+    --timeout."""
+    kept = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    try:
+        kept.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert _response(kept).startswith(b"HTTP/1.1 200")
+        start = time.monotonic()
+        kept.settimeout(KEEP_ALIVE_S + 10)
+        try:
+            assert kept.recv(1024) == b""
+        except TimeoutError:
+            pytest.fail(f"still open {time.monotonic() - start:.1f} s after the response")
+        assert time.monotonic() - start >= KEEP_ALIVE_S - 1  # not before the keep-alive
+    finally:
+        kept.close()
+
+
+def _response(sock: socket.socket) -> bytes:
+    """One small response read whole: its head, then Content-Length bytes."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(next(line.split(b":", 1)[1] for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:")))
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, data
+        body += chunk
+    return head
 
 
 def test_signal_during_model_load_is_graceful(tiny_model, start_server):

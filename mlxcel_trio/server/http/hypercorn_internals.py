@@ -1,8 +1,11 @@
 """The hypercorn internals that listen.py builds on, checked before the server starts.
 
 listen.serve is hypercorn's trio worker loop around a subclass of its
-TCPServer that replaces two methods (`_read_data`, `protocol_send`) and reads
-the h11 state machine at `server.protocol.protocol.connection`.  None of that
+TCPServer that replaces three methods (`_read_data`, `protocol_send`, and
+`_idle_timeout` with nothing: the keep-alive is the read's deadline, kept
+from hypercorn's `Updated(idle)` events), reads the h11 state machine at
+`server.protocol.protocol.connection`, and counts on the h11 protocol not
+recycling a connection once the worker context is `terminated`.  None of that
 is hypercorn's public API.  If an upgrade renamed `_read_data`, the override
 would never run (hypercorn's own reader would be back, and no request body
 would be bounded by a read timeout); if it moved the connection, the server could
@@ -32,11 +35,14 @@ HAS: dict[str, tuple[str, ...]] = {
                                 "wsgi_max_body_size"),
     "hypercorn.events:Closed": (),
     "hypercorn.events:RawData": (),
+    "hypercorn.events:Updated": (),
+    "hypercorn.protocol.h11:H11Protocol": ("_maybe_recycle",),
     "hypercorn.protocol:ProtocolWrapper": ("handle",),
     "hypercorn.trio.lifespan:Lifespan": ("handle_lifespan", "wait_for_startup",
                                          "wait_for_shutdown"),
     "hypercorn.trio.tcp_server:MAX_RECV": (),
-    "hypercorn.trio.tcp_server:TCPServer": ("run", "_read_data", "protocol_send"),
+    "hypercorn.trio.tcp_server:TCPServer": ("run", "_read_data", "protocol_send",
+                                            "_idle_timeout"),
     "hypercorn.trio.worker_context:WorkerContext": (),
     "hypercorn.typing:ConnectionState": (),
     "hypercorn.utils:ShutdownError": (),
@@ -45,11 +51,17 @@ HAS: dict[str, tuple[str, ...]] = {
 }
 
 # functions whose code must still name these attributes: `run` builds the
-# ProtocolWrapper at `self.protocol`, hands it our `protocol_send` and calls
-# our `_read_data`; the constructors set the instance attributes listen.py uses
+# ProtocolWrapper at `self.protocol`, hands it our `protocol_send`, calls
+# our `_read_data` and starts the (now empty) `_idle_timeout`; the h11
+# protocol reports a finished response with Updated and, once the context is
+# terminated, closes instead of recycling; the constructors set the instance
+# attributes listen.py uses
 NAMED_IN: dict[str, tuple[str, ...]] = {
     "hypercorn.trio.tcp_server:TCPServer.run": ("ProtocolWrapper", "protocol",
-                                                "protocol_send", "_read_data"),
+                                                "protocol_send", "_read_data",
+                                                "_idle_timeout"),
+    "hypercorn.protocol.h11:H11Protocol._maybe_recycle": ("terminated", "Updated",
+                                                          "Closed"),
     "hypercorn.trio.tcp_server:TCPServer.__init__": ("send_lock", "stream"),
     "hypercorn.trio.worker_context:WorkerContext.__init__": ("terminated",),
 }
@@ -61,6 +73,7 @@ PARAMETERS: dict[str, tuple[str, ...]] = {
     "hypercorn.trio.lifespan:Lifespan.__init__": ("app", "config", "state"),
     "hypercorn.trio.worker_context:WorkerContext.__init__": ("max_requests",),
     "hypercorn.utils:wrap_app": ("app", "wsgi_max_body_size", "mode"),
+    "hypercorn.events:Updated": ("idle",),
 }
 
 

@@ -12,13 +12,19 @@ and has no write timeout, so a client that stops reading a response would
 hold its request task (and, for a stream, its slot) forever; here the write
 fails after `write_timeout` seconds, the connection closes, and the request
 is cancelled like any disconnect.  Reading is bounded while the server
-waits for the client: the request head by keep_alive_timeout (hypercorn's
-idle timer runs until a complete head arrives, 5 s as upstream's keep-alive),
-each read of the body by `read_timeout` (--timeout) and the whole body by
+waits for the client: the request head by keep_alive_timeout (5 s as
+upstream's keep-alive, from the connection's start or the last response's
+end until a complete head arrives), each read of the body by `read_timeout` (--timeout) and the whole body by
 Quart's BODY_TIMEOUT (--timeout).  hypercorn's own per-read timeout is not
 used: it also runs while a response streams and the client, rightly, sends
 nothing, so it would cut any stream longer than --timeout; ours stops once
 the request has fully arrived, as upstream's (which reads, then writes).
+The keep-alive is this read's deadline too, not hypercorn's idle timer:
+that timer is restarted from the request's own task and dies with Quart's
+request nursery, which left a kept-alive connection open until --timeout.
+On shutdown a connection waiting for its next request closes at once, so an
+idle client does not hold the exit for the grace; requests in flight get
+the grace (server/drain.py).
 
 Whether it has arrived is h11's `their_state`, read at
 `self.protocol.protocol.connection`: hypercorn internals, like `_read_data`
@@ -41,7 +47,7 @@ from math import inf
 import h11
 import trio
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.events import Closed, RawData
+from hypercorn.events import Closed, RawData, Updated
 from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 from hypercorn.trio.worker_context import WorkerContext
@@ -103,6 +109,9 @@ class TimedTCPServer(TCPServer):
 
     write_timeout: float | None = None
     read_timeout: float | None = None
+    live: set  # the server's open connections (serve() gives each server class its own)
+    _idle_until: float | None = None  # between requests: when the keep-alive ends
+    _reading: trio.CancelScope | None = None  # the latest read's scope
 
     def _h11_connection(self) -> h11.Connection | None:
         """The connection's h11 state machine; None once hypercorn switched
@@ -119,19 +128,54 @@ class TimedTCPServer(TCPServer):
             h11.DONE, h11.MUST_CLOSE, h11.CLOSED)
 
     async def _read_data(self) -> None:
-        while True:
-            limit = self.read_timeout if self.read_timeout and self._awaiting_client() else inf
-            try:
-                with trio.fail_after(limit):
-                    data = await self.stream.receive_some(MAX_RECV)
-            except (trio.ClosedResourceError, trio.BrokenResourceError, trio.TooSlowError):
-                break
-            await self.protocol.handle(RawData(bytes(data)))
-            if data == b"":
-                break
+        self._idle_until = trio.current_time() + self.config.keep_alive_timeout
+        self.live.add(self)
+        try:
+            while True:
+                with trio.CancelScope(deadline=self._read_deadline()) as self._reading:
+                    try:
+                        data = await self.stream.receive_some(MAX_RECV)
+                    except (trio.ClosedResourceError, trio.BrokenResourceError):
+                        break
+                if self._reading.cancelled_caught:  # a deadline passed, or shutdown
+                    break
+                await self.protocol.handle(RawData(bytes(data)))
+                if data == b"":
+                    break
+        finally:
+            self.live.discard(self)
         await self.protocol.handle(Closed())
 
+    def _read_deadline(self) -> float:
+        """Between requests: the keep-alive's end (now, once the server is
+        shutting down); while a request arrives: --timeout per read; while
+        its response is written: none."""
+        if self._idle_until is not None:
+            return -inf if self.context.terminated.is_set() else self._idle_until
+        if self.read_timeout and self._awaiting_client():
+            return trio.current_time() + self.read_timeout
+        return inf
+
+    async def _idle_timeout(self) -> None:
+        """hypercorn's keep-alive timer, replaced by the read deadline above:
+        it is restarted from the request's own task, so it was cancelled
+        with Quart's request nursery, and an idle connection stayed open
+        until --timeout (and held a shutdown for its whole grace)."""
+
+    def close_if_idle(self) -> None:
+        """At shutdown: a connection waiting for its next request closes at
+        once; one with a request in flight finishes it (within the grace)
+        and then closes (hypercorn recycles no connection once terminated)."""
+        if self._idle_until is not None and self._reading is not None:
+            self._reading.cancel()
+
     async def protocol_send(self, event) -> None:
+        if isinstance(event, Updated):  # the keep-alive starts, or a request arrived
+            self._idle_until = (trio.current_time() + self.config.keep_alive_timeout
+                                if event.idle else None)
+            if event.idle and self._reading is not None:  # the read under way waits for it
+                self._reading.deadline = self._idle_until
+            return
         if not isinstance(event, RawData) or self.write_timeout is None:
             return await super().protocol_send(event)
         if self._fast_path():
@@ -203,8 +247,10 @@ async def serve(app, config: HypercornConfig, sockets: list[socket.socket], *,
     state: dict = {}
     lifespan = Lifespan(wrapped, config, state)
     context = WorkerContext(None)
+    live: set[TimedTCPServer] = set()
     server_cls = type("_Server", (TimedTCPServer,), {"write_timeout": write_timeout,
-                                                      "read_timeout": read_timeout})
+                                                      "read_timeout": read_timeout,
+                                                      "live": live})
     ssl_context = config.create_ssl_context()
     async with trio.open_nursery() as lifespan_nursery:
         await lifespan_nursery.start(lifespan.handle_lifespan)
@@ -236,6 +282,8 @@ async def serve(app, config: HypercornConfig, sockets: list[socket.socket], *,
                     with trio.CancelScope(shield=True):
                         await listener.aclose()
                 await context.terminated.set()
+                for connection in list(live):
+                    connection.close_if_idle()
                 connections.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
         await lifespan.wait_for_shutdown()
         lifespan_nursery.cancel_scope.cancel()
