@@ -84,7 +84,7 @@ LOGGING: tuple[Option, ...] = (
            "append the log to this file (created 0600; never a symlink or a directory) "
            "instead of stdout; LLAMA_LOG_FILE is read when neither is set",
            value=Text(), metavar="FNAME", env="LLAMA_ARG_LOG_FILE", status="by_design",
-           owner=TRANSPORT_ISSUE),
+           owner=TRANSPORT_ISSUE, router_only=True),
     Option(("--log-colors",), "log_colors",
            "colour the log: on, off, or auto (only when the log goes to a terminal)",
            value=LogColors(), metavar="[on|off|auto]", default="auto",
@@ -112,7 +112,8 @@ def _s(spellings: tuple[str, ...], dest: str, help: str, **kw: Any) -> Option:
 
 TRANSPORT: tuple[Option, ...] = (
     _s(("--reuse-port",), "reuse_port", "let several sockets bind the same port (SO_REUSEPORT)",
-       kind="flag", default=False, env="LLAMA_ARG_REUSE_PORT", default_text="disabled"),
+       kind="flag", default=False, env="LLAMA_ARG_REUSE_PORT", default_text="disabled",
+       router_only=True),
     _s(("--cors-origins",), "cors_origins",
        "allowed CORS origins, sent as given; * with credentials echoes the request's "
        "Origin, and 'localhost' echoes it only for a localhost origin",
@@ -135,10 +136,11 @@ TRANSPORT: tuple[Option, ...] = (
        "read API keys from a file, one per line (a line starting with # is a comment)",
        value=Text(), metavar="FNAME", default_text="none", env="LLAMA_ARG_API_KEY_FILE"),
     _s(("--ssl-key-file",), "ssl_key_file", "PEM private key for HTTPS (with --ssl-cert-file)",
-       value=Text(), metavar="FNAME", env="LLAMA_ARG_SSL_KEY_FILE", status="by_design"),
+       value=Text(), metavar="FNAME", env="LLAMA_ARG_SSL_KEY_FILE", status="by_design",
+       router_only=True),
     _s(("--ssl-cert-file",), "ssl_cert_file",
        "PEM certificate for HTTPS (with --ssl-key-file)", value=Text(), metavar="FNAME",
-       env="LLAMA_ARG_SSL_CERT_FILE", status="by_design"),
+       env="LLAMA_ARG_SSL_CERT_FILE", status="by_design", router_only=True),
     not_applicable(("--threads-http",), "threads_http", "threads serving HTTP requests",
                    value=Int(), metavar="N", default=-1, env="LLAMA_ARG_THREADS_HTTP",
                    why="mlxcel-trio serves HTTP from one Trio event loop with no thread pool",
@@ -164,18 +166,18 @@ ENDPOINTS: tuple[Option, ...] = (
            "router mode (no -m): serve every checkpoint directory under PATH, and the "
            "Hugging Face cache's, each loaded on its first request",
            value=Directory(), metavar="PATH", default_text="disabled",
-           env="LLAMA_ARG_MODELS_DIR", section="server", owner=ROUTER_ISSUE),
+           env="LLAMA_ARG_MODELS_DIR", section="server", owner=ROUTER_ISSUE, router_only=True),
     Option(("--models-preset",), "models_preset",
            "router mode (no -m): INI file of model presets ([name] sections with "
            "model = PATH or hf-repo = owner/name and options; [*] for every model)",
            value=Text(), metavar="PATH", default_text="disabled",
-           env="LLAMA_ARG_MODELS_PRESET", section="server", owner=ROUTER_ISSUE),
+           env="LLAMA_ARG_MODELS_PRESET", section="server", owner=ROUTER_ISSUE, router_only=True),
     Option(("--models-max",), "models_max",
            "router mode: most models loaded at once (the least recently used is unloaded)",
            value=Int(), metavar="N", default=4, default_text="4, 0 = unlimited",
-           env="LLAMA_ARG_MODELS_MAX", section="server", owner=ROUTER_ISSUE),
+           env="LLAMA_ARG_MODELS_MAX", section="server", owner=ROUTER_ISSUE, router_only=True),
     Option(("--models-autoload",), "models_autoload",
            "router mode: load a model on its first request (?autoload= per request)",
            kind="bool", negations=("--no-models-autoload",), default=True,
-           env="LLAMA_ARG_MODELS_AUTOLOAD", section="server", owner=ROUTER_ISSUE),
+           env="LLAMA_ARG_MODELS_AUTOLOAD", section="server", owner=ROUTER_ISSUE, router_only=True),
 )

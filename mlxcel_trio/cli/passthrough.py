@@ -15,13 +15,10 @@ from typing import Sequence
 from mlxcel_trio.cli.options import OPTIONS
 from mlxcel_trio.cli.parser import build_parser, underscores_as_dashes
 
-# what the router keeps to itself: its listening address and TLS, the model
-# source and the model set, the log file (each child's output is relayed)
-ROUTER_ONLY = frozenset({
-    "host", "port", "reuse_port", "ssl_key_file", "ssl_cert_file", "model", "hf_repo",
-    "hf_file", "aliases", "models_dir", "models_preset", "models_max",
-    "models_autoload", "log_file",
-})
+# what the router keeps to itself (the rows marked router_only): its listening
+# address and TLS, the model source and the model set, the log file (each
+# child's output is relayed)
+ROUTER_ONLY = frozenset(opt.dest for opt in OPTIONS if opt.router_only)
 
 
 def child_argv(argv: Sequence[str]) -> tuple[str, ...]:

@@ -106,6 +106,10 @@ class Option:
     superseded_by: tuple[str, ...] = ()
     """Dests whose presence (argv or env) means this option is not
     classified at all (the deprecated loaders yield to --load-mode)."""
+    router_only: bool = False
+    """What only a router means (where it listens, which models it serves,
+    its log file): left off each model's server's command line and out of
+    its environment (cli/passthrough.py)."""
     quiet: Callable[[Any], bool] | None = None
     """Set for a tuning option (its only effect upstream is speed, memory or
     placement inside GGML): every valid value is accepted, and a given value
