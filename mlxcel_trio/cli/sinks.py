@@ -95,7 +95,7 @@ def _check_tls(parsed: Parsed) -> None:
                        "matching pair") from None
 
 
-def _secrets(parsed: Parsed, env: Mapping[str, str], keys: list[str]) -> tuple[str, ...]:
+def secret_values(parsed: Parsed, env: Mapping[str, str], keys: list[str]) -> tuple[str, ...]:
     found = set(keys)
     found.update(k for k in env.get("LLAMA_API_KEY", "").split(",") if k)
     for token in (parsed.values.get("hf_token"), env.get("HF_TOKEN"),
@@ -118,4 +118,4 @@ def resolve(parsed: Parsed, env: Mapping[str, str]) -> dict[str, Any]:
     log_file = _log_file(parsed, env)
     _check_tls(parsed)
     return {"log_file": log_file, "api_keys": tuple(keys),
-            "secrets": _secrets(parsed, env, keys)}
+            "secrets": secret_values(parsed, env, keys)}

@@ -126,7 +126,7 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-def _open_confined(real: str, root: str, reference: str) -> int:
+def open_confined(real: str, root: str, reference: str) -> int:
     """Open `real` (canonical, inside `root`) walking down from the root
     with O_NOFOLLOW on every component: a swapped-in symlink fails with
     ELOOP (or ENOTDIR for a directory component) rather than being followed."""
@@ -182,7 +182,7 @@ def read_file(reference: str, root: str | None, max_bytes: int) -> bytes:
     real = resolve(reference, root)
     if not _is_regular(real, reference):
         raise not_allowed(reference)  # a directory, FIFO, socket or device: never opened
-    fd = _open_confined(real, root, reference)
+    fd = open_confined(real, root, reference)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):  # replaced between the stat and the open

@@ -129,12 +129,12 @@ def parse_form(raw: bytes, content_type: str) -> tuple[dict, dict[str, bytes]]:
     return fields, files
 
 
-def _text(fields: dict, name: str, default: str) -> str:
+def form_text(fields: dict, name: str, default: str) -> str:
     value = fields.get(name, default)
     return default if value is _REPEATED else value
 
 
-def _max_tokens(fields: dict) -> int | None:
+def form_max_tokens(fields: dict) -> int | None:
     raw = fields.get("max_tokens")
     if raw is None or raw is _REPEATED:
         return None
@@ -145,7 +145,7 @@ def _max_tokens(fields: dict) -> int | None:
     return None if m.group(1) == "-" and int(m.group(2)) else int(m.group(2))
 
 
-def _temperature(fields: dict) -> float:
+def form_temperature(fields: dict) -> float:
     raw = fields.get("temperature")
     if raw is None or raw is _REPEATED:
         return 0.0
@@ -171,11 +171,11 @@ async def transcribe(served: Served) -> Response:
     clip = files.get("file")
     if clip is None:
         raise _bad("No input file found for transcription")
-    if _text(fields, "response_format", "json") != "json":
+    if form_text(fields, "response_format", "json") != "json":
         raise _bad("Only 'json' response_format is supported for transcription")
-    stream = _text(fields, "stream", "false") == "true"
-    max_tokens = _max_tokens(fields)
-    temperature = _temperature(fields)
+    stream = form_text(fields, "stream", "false") == "true"
+    max_tokens = form_max_tokens(fields)
+    temperature = form_temperature(fields)
     if through_chat:
         return await _through_chat(served, clip, fields, stream, max_tokens, temperature)
     try:
@@ -183,8 +183,8 @@ async def transcribe(served: Served) -> Response:
     except audio.AudioError as exc:
         raise _bad(str(exc)) from None
     job = TranscribeJob(bridge.next_job_id(), samples,
-                        language=_text(fields, "language", "") or None,
-                        prompt=_text(fields, "prompt", "") or None,
+                        language=form_text(fields, "language", "") or None,
+                        prompt=form_text(fields, "prompt", "") or None,
                         temperature=temperature, max_tokens=max_tokens)
     if stream:
         return await stream_jobs(served, [job], _render, served.defaults.sse_ping_interval,
@@ -215,8 +215,8 @@ async def _through_chat(served: Served, clip: bytes, fields: dict, stream: bool,
     from ..request.media_input import decode_audio, new_marker
     from .openai_chat import chat_jobs, final_message, plan_with_media
 
-    prompt = _text(fields, "prompt", "") or ASR_PROMPT
-    language = _text(fields, "language", "")
+    prompt = form_text(fields, "prompt", "") or ASR_PROMPT
+    language = form_text(fields, "language", "")
     if language:
         prompt += f" (language: {language})"
     marker = new_marker()

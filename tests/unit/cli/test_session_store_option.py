@@ -47,4 +47,4 @@ def test_memory_is_the_default_and_help_says_what_it_is() -> None:
 
 def test_the_password_is_redacted_from_logs() -> None:
     parsed = parse(["-m", "x", "--session-store", "rediss://u:s3cret@cache:6380/1"], env={})
-    assert "s3cret" in sinks._secrets(parsed, {}, [])
+    assert "s3cret" in sinks.secret_values(parsed, {}, [])

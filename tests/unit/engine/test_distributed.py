@@ -1,7 +1,9 @@
 """engine/distributed.py without a second process: where a process stands in
 mlx.launch's world, how a checkpoint is split (and every refusal, each
 naming the option, the value and what to do instead), and the per-step
-record's framing.  tests/e2e/test_distributed.py runs two real ranks."""
+record's framing.  tests/e2e/test_distributed.py runs two real ranks.
+
+White-box: reads the module's private `_portable` (what crosses ranks)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
 """engine/samplers/history.py: logit bias, repetition penalties and DRY
-against the numpy reference, and the breaker derivation on a toy vocab."""
+against the numpy reference, and the breaker derivation on a toy vocab.
+
+White-box: reads the history's private `_z_values`."""
 
 from __future__ import annotations
 

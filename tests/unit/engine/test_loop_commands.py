@@ -1,7 +1,9 @@
 """The engine loop's commands: one that throws fails its own job, not the
 engine (as a failed step does), and later ones are served; a ForceEnd
 reaches the running job's constraint before its next draw; the loop's
-counters leave with the steps' events (EngineStats)."""
+counters leave with the steps' events (EngineStats).
+
+White-box: replaces the scheduler's private `_sampling_plan` to make a step throw."""
 
 from __future__ import annotations
 

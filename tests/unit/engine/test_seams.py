@@ -1,5 +1,7 @@
 """Where the engine's features meet: slot restore x prompt cache x the slot
-bound, sleep x the prompt cache's reported state, internal jobs x /metrics."""
+bound, sleep x the prompt cache's reported state, internal jobs x /metrics.
+
+White-box: makes the scheduler's private `_Sequence` throw and fills its `_pending`."""
 
 from __future__ import annotations
 

@@ -147,20 +147,20 @@ def test_a_symlink_leaving_the_root_is_an_escape(tree):
 
 def test_a_symlink_swapped_in_after_resolution_fails_with_eloop(tree, monkeypatch):
     root, outside = tree
-    real_open = paths._open_confined
+    real_open = paths.open_confined
 
     def swap_then_open(real, root_, reference):
         os.unlink(real)  # the race: the checked file becomes a link out
         os.symlink(os.path.join(outside, "secret.txt"), real)
         return real_open(real, root_, reference)
 
-    monkeypatch.setattr(paths, "_open_confined", swap_then_open)
+    monkeypatch.setattr(paths, "open_confined", swap_then_open)
     assert refused("cat.png", root) == "file path is not allowed: cat.png"
 
 
 def test_a_directory_component_swapped_for_a_symlink_is_refused(tree, monkeypatch):
     root, outside = tree
-    real_open = paths._open_confined
+    real_open = paths.open_confined
     os.makedirs(os.path.join(outside, "sub"))
     with open(os.path.join(outside, "sub", "dog.png"), "wb") as f:
         f.write(b"outside dog")
@@ -170,7 +170,7 @@ def test_a_directory_component_swapped_for_a_symlink_is_refused(tree, monkeypatc
         os.symlink(os.path.join(outside, "sub"), os.path.join(root, "sub"))
         return real_open(real, root_, reference)
 
-    monkeypatch.setattr(paths, "_open_confined", swap_then_open)
+    monkeypatch.setattr(paths, "open_confined", swap_then_open)
     assert refused("sub/dog.png", root) == "file path is not allowed: sub/dog.png"
 
 

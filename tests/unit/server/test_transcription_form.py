@@ -32,8 +32,8 @@ def test_files_are_parts_with_a_filename_and_a_repeated_file_keeps_the_last():
 def test_a_repeated_text_field_falls_back_to_its_default():
     fields, _ = T.parse_form(_form(("response_format", b"text", None),
                                    ("response_format", b"verbose_json", None)), CTYPE)
-    assert T._text(fields, "response_format", "json") == "json"
-    assert T._temperature(fields | {"temperature": fields["response_format"]}) == 0.0
+    assert T.form_text(fields, "response_format", "json") == "json"
+    assert T.form_temperature(fields | {"temperature": fields["response_format"]}) == 0.0
 
 
 def test_a_body_that_is_not_a_form_has_no_file():
@@ -62,12 +62,12 @@ def test_a_truncated_form_is_a_400():
 @pytest.mark.parametrize("raw, want", [("12", 12), (" 7tokens", 7), ("+3", 3), ("-1", None),
                                        ("0", 0)])
 def test_max_tokens_reads_as_stoul(raw, want):
-    assert T._max_tokens({"max_tokens": raw}) == want
+    assert T.form_max_tokens({"max_tokens": raw}) == want
 
 
 @pytest.mark.parametrize("raw, want", [("0.5", 0.5), (" 1e-1x", 0.1), ("-2", 0.0), (".5", 0.5)])
 def test_temperature_reads_as_stof(raw, want):
-    assert T._temperature({"temperature": raw}) == pytest.approx(want)
+    assert T.form_temperature({"temperature": raw}) == pytest.approx(want)
 
 
 @pytest.mark.parametrize("name, raw, message", [
@@ -76,7 +76,7 @@ def test_temperature_reads_as_stof(raw, want):
     ("temperature", "nan", "Invalid 'temperature': expected a finite number, got 'nan'"),
 ])
 def test_a_field_with_no_number_in_front_is_a_400(name, raw, message):
-    read = T._max_tokens if name == "max_tokens" else T._temperature
+    read = T.form_max_tokens if name == "max_tokens" else T.form_temperature
     with pytest.raises(ApiError) as err:
         read({name: raw})
     assert err.value.status == 400 and err.value.message == message
