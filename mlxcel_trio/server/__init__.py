@@ -1,8 +1,9 @@
 """The HTTP side: a QuartTrio app in rooms, lowest first.
 
-    routes.py      the route table (method, path, handler name, flags)
+    load_choices.py  the startup line naming the load choices
     http/          what any route meets before and after its handler:
-                   listen (hypercorn glue), CORS, API-key scope, body reading
+                   listen (hypercorn glue), app_shell.py (what both apps wrap
+                   around their routes), CORS, API-key scope, body reading
                    and limits, upstream's error envelopes, SSE framing
     adapters.py    the LoRA adapter table
     request/       from a JSON body to engine jobs: the parsing generated
@@ -13,6 +14,7 @@
                    (X-Conversation-Id), realtime control, stored responses,
                    slot files, and the session store they speak to
     state.py       AppState
+    drain.py       SIGTERM's drain
     surfaces/      one module per API family: native /completion, OpenAI
                    completions and chat, Anthropic messages, Responses,
                    infill, tokenize, info (/health /props /models /slots),
@@ -22,8 +24,9 @@
     router/        router mode: the catalog, the pool of child servers, the proxy
     runner.py      the process: root nursery, hypercorn, the bridge (or the router)
 
-A module imports only its own room and the rooms above it in this list
-(tests/unit/test_layering.py checks it); nothing here imports the engine's
+The route table they mount is protocol/routes.py.  A module imports only
+its own room and the rooms above it in this list (tests/unit/test_layering.py
+checks it); nothing here imports the engine's
 internals, only the records that cross the seam, the bridge, and (the
 runner) the engine's pre-load checks.  docs/architecture.md walks one
 request and one token through these rooms.
