@@ -206,9 +206,17 @@ def number_overflow(text: str) -> ApiError:
                     BAD_BODY)
 
 
-def type_error(expected: str, value) -> ApiError:
-    """A request value of the wrong type read outside the completion
-    handler's try-block (e.g. /tokenize `content`): upstream's ex_wrapper
-    answers 500 with the library text; we answer 400 with the same text."""
-    return ApiError(f"[json.exception.type_error.302] type must be {expected}, "
-                    f"but is {json_type_name(value)}", BAD_BODY)
+def type_mismatch(expected: str, value, field: str | None = None) -> str:
+    """nlohmann's text for a value of the wrong type (`expected`: "string",
+    "number", ...), as upstream's json_value and get<T> throw it; with
+    `field`, prefixed as upstream's params_from_json reports a field."""
+    text = f"[json.exception.type_error.302] type must be {expected}, but is " \
+           f"{json_type_name(value)}"
+    return text if field is None else f"Field '{field}': {text}"
+
+
+def type_error(expected: str, value, field: str | None = None) -> ApiError:
+    """A request value of the wrong type: upstream answers 500 with the
+    library text where it is read outside the completion handler's
+    try-block (e.g. /tokenize `content`); we answer 400 with the same text."""
+    return ApiError(type_mismatch(expected, value, field), BAD_BODY)

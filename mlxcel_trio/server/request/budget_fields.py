@@ -20,13 +20,11 @@ request that carries no template:
 
 from __future__ import annotations
 
-from typing import Any
-
 import attrs
 
 from ...chat.budget import BudgetGrammar
 from ...protocol.records import Job
-from ..http.errors import ApiError, json_type_name
+from ..http.errors import type_error
 from .schema import NativeRequest
 
 
@@ -48,11 +46,6 @@ def wrap(jobs: list[Job], vocab, *, budget: int, start: str, ends: list[str], me
         for job in jobs]
 
 
-def _type_error(spelling: str, value: Any) -> ApiError:
-    return ApiError(f"Field '{spelling}': [json.exception.type_error.302] type must be string, "
-                    f"but is {json_type_name(value)}")
-
-
 def native_end_tags(body: dict) -> list[str]:
     """The end tags as upstream's handler reads them (which spelling, which shape)."""
     if "reasoning_budget_end_tags" in body:
@@ -61,13 +54,13 @@ def native_end_tags(body: dict) -> list[str]:
             if isinstance(value, dict) else [] if value is None else [value]
         for item in items:
             if not isinstance(item, str):
-                raise _type_error("reasoning_budget_end_tags", item)
+                raise type_error("string", item, "reasoning_budget_end_tags")
         return [t for t in items if t]
     value = body.get("reasoning_budget_end_tag")
     if value is None:
         return []
     if not isinstance(value, str):
-        raise _type_error("reasoning_budget_end_tag", value)
+        raise type_error("string", value, "reasoning_budget_end_tag")
     return [value] if value else []
 
 

@@ -18,7 +18,7 @@ import attrs
 
 from ...chat.parser import REASONING_FORMATS, Syntax
 from ...chat.settings import ChatSettings
-from ..http.errors import ApiError, dumps, json_type_name
+from ..http.errors import ApiError, dumps, type_mismatch
 
 
 def bad(message: str) -> ApiError:
@@ -103,10 +103,6 @@ def check_messages(body: dict) -> list:
     return messages
 
 
-def type_error(expected: str, value: Any) -> str:
-    return f"[json.exception.type_error.302] type must be {expected}, but is {json_type_name(value)}"
-
-
 def parse_messages(messages: list) -> None:
     """common_chat_msgs_parse_oaicompat's checks (its errors are 500s)."""
     def fail(why: str):
@@ -116,7 +112,7 @@ def parse_messages(messages: list) -> None:
         if "role" not in msg:
             raise fail(f"Missing 'role' in message: {dump(msg)}")
         if not isinstance(msg["role"], str):
-            raise fail(type_error("string", msg["role"]))
+            raise fail(type_mismatch("string", msg["role"]))
         content = msg.get("content")
         if isinstance(content, list):
             for part in content:
@@ -125,7 +121,7 @@ def parse_messages(messages: list) -> None:
                 if "text" not in part:
                     raise fail("[json.exception.out_of_range.403] key 'text' not found")
                 if not isinstance(part["text"], str):
-                    raise fail(type_error("string", part["text"]))
+                    raise fail(type_mismatch("string", part["text"]))
         if "tool_calls" in msg:
             calls = msg["tool_calls"]
             for call in (calls.values() if isinstance(calls, dict)
@@ -140,14 +136,14 @@ def parse_messages(messages: list) -> None:
                 if not isinstance(fn, dict) or "name" not in fn:
                     raise fail(f"Missing tool call name: {dump(call)}")
                 if not isinstance(fn["name"], str):
-                    raise fail(type_error("string", fn["name"]))
+                    raise fail(type_mismatch("string", fn["name"]))
                 if "arguments" not in fn:
                     raise fail("[json.exception.out_of_range.403] key 'arguments' not found")
                 if "id" in call and not isinstance(call["id"], str):
-                    raise fail(type_error("string", call["id"]))
+                    raise fail(type_mismatch("string", call["id"]))
         for key in ("reasoning_content", "name", "tool_call_id"):
             if key in msg and not isinstance(msg[key], str):
-                raise fail(type_error("string", msg[key]))
+                raise fail(type_mismatch("string", msg[key]))
 
 
 def parse_tools(tools: Any) -> tuple[dict, ...]:
@@ -171,7 +167,7 @@ def parse_tools(tools: Any) -> tuple[dict, ...]:
         if not isinstance(fn, dict) or "name" not in fn:
             raise fail("[json.exception.out_of_range.403] key 'name' not found")
         if not isinstance(fn["name"], str):
-            raise fail(type_error("string", fn["name"]))
+            raise fail(type_mismatch("string", fn["name"]))
     return tuple(tools)
 
 
@@ -279,7 +275,7 @@ def read_reasoning_format(body: dict, settings: ChatSettings) -> str:
         return settings.reasoning_format
     fmt = body["reasoning_format"]
     if not isinstance(fmt, str):
-        raise failed(type_error("string", fmt))
+        raise failed(type_mismatch("string", fmt))
     if fmt not in REASONING_FORMATS:
         raise failed(f"Unknown reasoning format: {fmt}")
     return fmt

@@ -27,7 +27,7 @@ import trio
 
 from ...grammar.compile import Compiler, GrammarError, GrammarSpec
 from ...grammar.constraint import Triggers
-from ..http.errors import ApiError, json_type_name
+from ..http.errors import ApiError, json_type_name, type_error
 from .schema import NativeRequest
 
 log = logging.getLogger("mlxcel.grammar")
@@ -59,11 +59,6 @@ def _read(path: str) -> str:
         return f.read()
 
 
-def _type_error(field: str, want: str, value) -> ApiError:
-    return ApiError(f"Field '{field}': [json.exception.type_error.302] type must be {want}, "
-                    f"but is {json_type_name(value)}")
-
-
 def _items(value) -> list:
     if isinstance(value, list):
         return value
@@ -78,7 +73,7 @@ def _preserved(body: dict, vocab) -> tuple[int, ...]:
         return ()
     for t in _items(body["preserved_tokens"]):
         if not isinstance(t, str):
-            raise _type_error("preserved_tokens", "string", t)
+            raise type_error("string", t, "preserved_tokens")
         ids = vocab.tokenize(t, add_special=False, parse_special=True)
         if len(ids) == 1:
             out.add(ids[0])
@@ -96,10 +91,10 @@ def _trigger(t, field: str) -> dict:
     kind, value = t["type"], t["value"]
     if not isinstance(kind, int) or isinstance(kind, bool):
         if not isinstance(kind, (int, float)) or isinstance(kind, bool):
-            raise _type_error(field, "number", kind)
+            raise type_error("number", kind, field)
         kind = int(kind)
     if not isinstance(value, str):
-        raise _type_error(field, "string", value)
+        raise type_error("string", value, field)
     out = {"type": kind, "value": value}
     if kind == TOKEN:
         if "token" not in t:
@@ -107,7 +102,7 @@ def _trigger(t, field: str) -> dict:
                            "not found")
         tok = t["token"]
         if not isinstance(tok, (int, float)) or isinstance(tok, bool):
-            raise _type_error(field, "number", tok)
+            raise type_error("number", tok, field)
         out["token"] = int(tok)
     elif kind not in (WORD, PATTERN, PATTERN_FULL):
         raise ApiError(f"Field '{field}': unknown grammar trigger type {kind}")

@@ -31,7 +31,7 @@ import numpy as np
 
 from ...protocol.records import DEFAULT_DRY_BREAKERS, SamplingParams
 from ...protocol import sampler_names as names
-from ..http.errors import ApiError, json_type_name
+from ..http.errors import ApiError, type_error
 from ...protocol.fields import NATIVE_FIELDS, default
 from .schema import NativeRequest
 
@@ -149,8 +149,7 @@ def _strings(value, field: str) -> list[str]:
     items = []
     for item in value:
         if not isinstance(item, str):
-            raise ApiError(f"Field '{field}': [json.exception.type_error.302] type must be "
-                           f"string, but is {json_type_name(item)}")
+            raise type_error("string", item, field)
         items.append(item)
     return items
 

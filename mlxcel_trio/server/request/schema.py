@@ -37,7 +37,7 @@ import cattrs
 import numpy as np
 
 from ...grammar.compile import GrammarSpec
-from ..http.errors import ApiError, json_type_name
+from ..http.errors import ApiError, type_mismatch
 from ...protocol.fields import NATIVE_FIELDS, Field
 
 # -- kinds: one structure hook each ------------------------------------------------
@@ -59,8 +59,7 @@ class _Absent(Exception):
 
 
 def _type_error(want: str, value: Any) -> ValueError:
-    return ValueError(f"[json.exception.type_error.302] type must be {want}, "
-                      f"but is {json_type_name(value)}")
+    return ValueError(type_mismatch(want, value))
 
 
 def _wrap(value: int, bits: int, signed: bool) -> int:

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ...protocol.records import Embedded, EmbedJob
-from ..http.errors import ApiError, json_response, json_type_name, not_supported
+from ..http.errors import ApiError, json_response, not_supported, type_error
 from ..request.jobs import run_all, tokenize_prompts
 from ..request.served import Served, off_loop
 
@@ -105,8 +105,7 @@ async def embeddings(served: Served, default_normalize: int, read_body, oai: boo
     if "encoding_format" in body:
         fmt = body["encoding_format"]
         if not isinstance(fmt, str):
-            raise ApiError("[json.exception.type_error.302] type must be string, but is "
-                           f"{json_type_name(fmt)}")
+            raise type_error("string", fmt)
         if fmt == "base64":
             use_base64 = True
         elif fmt != "float":
@@ -120,8 +119,7 @@ async def embeddings(served: Served, default_normalize: int, read_body, oai: boo
     if "embd_normalize" in body:
         value = body["embd_normalize"]
         if not (_is_int(value) or isinstance(value, bool)):
-            raise ApiError("[json.exception.type_error.302] type must be number, but is "
-                           f"{json_type_name(value)}")
+            raise type_error("number", value)
         # the C++ int member: a number past int32 is clamped rather than wrapped
         normalize = max(-2**31, min(2**31 - 1, int(value)))
     bridge = served.bridge

@@ -20,7 +20,7 @@ from quart import Response
 
 from . import completion as native
 from ..request.served import Served, off_loop
-from ..http.errors import ApiError, json_type_name
+from ..http.errors import ApiError, json_type_name, type_error
 
 SNIPPET_SEPARATOR = "\n\n--- snippet ---\n\n"
 
@@ -47,8 +47,7 @@ def _check(body: Any, vocab) -> list[dict]:
                                          and isinstance(item, (int, float))):
                 continue
             want = "number" if isinstance(value, list) else "string"
-            raise ApiError(f"[json.exception.type_error.302] type must be {want}, but is "
-                           f"{json_type_name(item)}")
+            raise type_error(want, item)
     extra = body.get("input_extra", [])
     if "input_extra" in body and not isinstance(extra, list):
         raise ApiError('"input_extra" must be an array of {"filename": string, "text": string}')
