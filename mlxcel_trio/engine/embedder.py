@@ -122,9 +122,9 @@ class Embedder:
         n = len(job.tokens)
         vocab = self.info.vocab_size
         if n == 0:
-            out.append(Failed(job.id, "invalid_request_error", "Input content cannot be empty"))
+            out.append(Failed.coded(job.id, "empty_input"))
         elif any(t < 0 or t >= vocab for t in job.tokens):
-            out.append(Failed(job.id, "invalid_request_error", "Prompt contains invalid tokens"))
+            out.append(Failed.coded(job.id, "invalid_tokens"))
         elif n > self.n_batch:
             out.append(Failed(job.id, "server_error", too_large(n, self.n_batch)))
         elif n > self.info.max_positions:

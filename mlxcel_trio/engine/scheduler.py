@@ -255,10 +255,10 @@ class Scheduler:
 
     def submit(self, job: Job, out: list) -> None:
         if job.id_slot >= self.n_slots or job.id_slot < -1:
-            out.append(Failed(job.id, "invalid_request_error", "Invalid slot ID"))
+            out.append(Failed.coded(job.id, "invalid_slot"))
             return
         if not self._in_vocab(job.prompt):
-            out.append(Failed(job.id, "invalid_request_error", "Prompt contains invalid tokens"))
+            out.append(Failed.coded(job.id, "invalid_tokens"))
             return
         if len(job.prompt) >= self.n_ctx_slot:
             out.append(Failed.exceeds_context(job.id, len(job.prompt), self.n_ctx_slot))
@@ -266,26 +266,26 @@ class Scheduler:
         if job.images or job.audio:
             problem = self._image_problem(job)
             if problem is not None:
-                out.append(Failed(job.id, *problem))
+                out.append(problem)
                 return
         self._pending.append(job)
         self._admit(out)
 
-    def _image_problem(self, job: Job) -> tuple[str, str] | None:
+    def _image_problem(self, job: Job) -> Failed | None:
         """The worker's own copy of the route's refusal: a job with images
         never degrades to text on a checkpoint without an image tower."""
         if job.audio:
             if self._audio is None:
-                return ("not_supported_error", "audio input is not supported - hint: the "
-                        "loaded checkpoint has no audio tower")
+                return Failed(job.id, "not_supported_error", "audio input is not supported - "
+                              "hint: the loaded checkpoint has no audio tower")
             if job.images or not self._audio.spans_ok(job.prompt, job.audio):
-                return ("invalid_request_error", "Failed to tokenize prompt")
+                return Failed.coded(job.id, "untokenizable")
             return None
         if self._vision is None:
-            return ("not_supported_error", "image input is not supported - hint: the loaded "
-                    "checkpoint has no image tower")
+            return Failed(job.id, "not_supported_error", "image input is not supported - hint: "
+                          "the loaded checkpoint has no image tower")
         if not self._vision.spans_ok(job.prompt, job.images):
-            return ("invalid_request_error", "Failed to tokenize prompt")
+            return Failed.coded(job.id, "untokenizable")
         return None
 
     def cancel(self, job_id: int, out: list) -> None:
@@ -331,7 +331,7 @@ class Scheduler:
         erase); a slot serving a job answers busy."""
         slot = cmd.id_slot
         if not 0 <= slot < self.n_slots:
-            out.append(Failed(cmd.job_id, "invalid_request_error", "Invalid slot ID"))
+            out.append(Failed.coded(cmd.job_id, "invalid_slot"))
             return
         if slot not in self._free:
             out.append(Failed(cmd.job_id, "unavailable_error",

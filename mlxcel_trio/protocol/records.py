@@ -561,20 +561,35 @@ class EngineStats:
     n_busy_slots: int     # sum over those steps of the slots computed
 
 
+# The failures the engine names by code; their type and sentence are the
+# server's (server/http/errors.py ENGINE_FAILURES, one row per code).
+FAILURE_CODES = frozenset({"invalid_slot", "invalid_tokens", "empty_input", "untokenizable",
+                           "exceeds_context"})
+
+
 @attrs.frozen
 class Failed:
+    """A job that ended in error.  A failure upstream words the same way
+    wherever it happens carries a `code` (FAILURE_CODES) and the numbers its
+    sentence names in `extra`; the rest (an exception's text, a
+    checkpoint's limits) carries its own `kind` and `message`."""
+
     job_id: int
-    kind: str                 # upstream error type, e.g. "exceed_context_size_error"
-    message: str
-    extra: tuple[tuple[str, int], ...] = ()
+    kind: str = ""            # upstream error type, e.g. "server_error" ("" with a code)
+    message: str = ""
+    extra: tuple[tuple[str, int], ...] = ()   # also on the wire, in the error body
+    code: str = ""
+
+    @classmethod
+    def coded(cls, job_id: int, code: str, **numbers: int) -> "Failed":
+        if code not in FAILURE_CODES:
+            raise ValueError(f"unknown failure code {code!r}")
+        return cls(job_id, extra=tuple(numbers.items()), code=code)
 
     @classmethod
     def exceeds_context(cls, job_id: int, n_prompt: int, n_ctx: int) -> "Failed":
         """Upstream's refusal of a prompt its slot cannot hold."""
-        return cls(job_id, "exceed_context_size_error",
-                   f"request ({n_prompt} tokens) exceeds the available context size "
-                   f"({n_ctx} tokens), try increasing it",
-                   (("n_prompt_tokens", n_prompt), ("n_ctx", n_ctx)))
+        return cls.coded(job_id, "exceeds_context", n_prompt_tokens=n_prompt, n_ctx=n_ctx)
 
 
 class PromptTooLong(Exception):

@@ -233,13 +233,13 @@ class FakeEngine:
         if isinstance(cmd, Submit) and isinstance(cmd.job, EmbedJob):
             job = cmd.job
             if any(not 0 <= t < 1000 for t in job.tokens):
-                out.append(Failed(job.id, "invalid_request_error", "Prompt contains invalid tokens"))
+                out.append(Failed.coded(job.id, "invalid_tokens"))
             else:
                 out.append(Embedded(job.id, fake_vectors(job), len(job.tokens)))
         elif isinstance(cmd, Submit):
             job = cmd.job
             if not -1 <= job.id_slot < self._info.n_slots:
-                out.append(Failed(job.id, "invalid_request_error", "Invalid slot ID"))
+                out.append(Failed.coded(job.id, "invalid_slot"))
                 return
             self._pending.append(job)
             self._admit()
@@ -297,7 +297,7 @@ class FakeEngine:
     def _slot_action(self, cmd: SlotAction, out: list) -> None:
         slot = cmd.id_slot
         if not 0 <= slot < self._info.n_slots:
-            out.append(Failed(cmd.job_id, "invalid_request_error", "Invalid slot ID"))
+            out.append(Failed.coded(cmd.job_id, "invalid_slot"))
             return
         if slot not in self._free:
             out.append(Failed(cmd.job_id, "unavailable_error",

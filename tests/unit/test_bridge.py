@@ -175,7 +175,7 @@ async def test_slot_action_answers_with_the_slots_tokens(nursery):
         saved = await bridge.slot_action(0, None)
         bad = await bridge.slot_action(7, None)
     assert isinstance(saved, SlotTokens) and saved.tokens == (1, 2, 3, ord("a"), ord("b"))
-    assert isinstance(bad, Failed) and bad.message == "Invalid slot ID"
+    assert isinstance(bad, Failed) and bad.code == "invalid_slot"
 
 
 async def test_a_load_failure_is_reported_not_raised(nursery):

@@ -30,6 +30,19 @@ STATUS_OF_TYPE = {
 
 JSON_TYPE = "application/json; charset=utf-8"
 
+# The engine's coded failures (protocol/records.py FAILURE_CODES), which the
+# server also raises where it finds the same fault first: upstream's type and
+# sentence, filled from the numbers the failure carries (also in the body).
+ENGINE_FAILURES: dict[str, tuple[str, str]] = {
+    "invalid_slot": ("invalid_request_error", "Invalid slot ID"),
+    "invalid_tokens": ("invalid_request_error", "Prompt contains invalid tokens"),
+    "empty_input": ("invalid_request_error", "Input content cannot be empty"),
+    "untokenizable": ("invalid_request_error", "Failed to tokenize prompt"),
+    "exceeds_context": ("exceed_context_size_error",
+                        "request ({n_prompt_tokens} tokens) exceeds the available context "
+                        "size ({n_ctx} tokens), try increasing it"),
+}
+
 
 class ApiError(Exception):
     """An error with an upstream type; the HTTP status follows from it."""
@@ -44,7 +57,10 @@ class ApiError(Exception):
 
     @classmethod
     def from_failed(cls, ev: "Failed") -> "ApiError":
-        """An engine job's failure, as the error the client is answered."""
+        """An engine job's failure, as the error the client is answered: a
+        coded one in the words of ENGINE_FAILURES."""
+        if ev.code:
+            return engine_failure(ev.code, **dict(ev.extra))
         return cls(ev.message, ev.kind, dict(ev.extra))
 
     @property
@@ -57,6 +73,13 @@ class ApiError(Exception):
         err = {"code": self.status, "message": self.message, "type": self.type}
         err.update(self.extra)
         return {"error": err}
+
+
+def engine_failure(code: str, **numbers: int) -> ApiError:
+    """ENGINE_FAILURES' error for `code`; the numbers fill the sentence and
+    follow it in the body (upstream's n_prompt_tokens, n_ctx)."""
+    kind, sentence = ENGINE_FAILURES[code]
+    return ApiError(sentence.format(**numbers), kind, numbers or None)
 
 
 def _finite(obj):

@@ -22,7 +22,7 @@ from ...media import MediaError, MediaPolicy, read_media
 from ...media import decode_image as decode_bounded
 from ...media.data_url import decode_base64 as decode_base64_within
 from ...protocol.records import AudioInfo, AudioInput, ImageInput, VisionInfo
-from ..http.errors import ApiError
+from ..http.errors import ApiError, engine_failure
 from .served import off_loop
 
 # content part types that carry media, and the kind upstream's refusal names
@@ -207,7 +207,7 @@ def place(text: str, marker: str, images: Sequence, vision: VisionInfo | None,
     failure."""
     pieces = text.split(marker)
     if len(pieces) - 1 != len(images):
-        raise ApiError("Failed to tokenize prompt")
+        raise engine_failure("untokenizable")
     clip_at = [isinstance(im, tuple) for im in images]
     out = MediaPrompt()
     placed, clips = [], []
@@ -224,7 +224,7 @@ def place(text: str, marker: str, images: Sequence, vision: VisionInfo | None,
             im = images[k]
             if clip_at[k]:
                 if audio is None:
-                    raise ApiError("Failed to tokenize prompt")
+                    raise engine_failure("untokenizable")
                 for piece_of_clip in im:
                     out.append(audio.begin_token)
                     clips.append(AudioInput(piece_of_clip.samples, piece_of_clip.digest,
@@ -233,7 +233,7 @@ def place(text: str, marker: str, images: Sequence, vision: VisionInfo | None,
                     out.append(audio.end_token)
                 continue
             if vision is None:
-                raise ApiError("Failed to tokenize prompt")
+                raise engine_failure("untokenizable")
             placed.append(ImageInput(im.rgb, im.width, im.height, im.digest, len(out)))
             out.extend(vision.layout(im.width, im.height))
     out.images = tuple(placed)

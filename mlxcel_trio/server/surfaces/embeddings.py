@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ...protocol.records import Embedded, EmbedJob
-from ..http.errors import ApiError, json_response, not_supported, type_error
+from ..http.errors import ApiError, engine_failure, json_response, not_supported, type_error
 from ..request.jobs import run_all, tokenize_prompts
 from ..request.served import Served, off_loop
 
@@ -114,7 +114,7 @@ async def embeddings(served: Served, default_normalize: int, read_body, oai: boo
     vocab = served.bridge.embed_vocab
     prompts = await off_loop(served, tokenize_prompts, {"prompt": prompt}, vocab)
     if any(not p for p in prompts):
-        raise ApiError("Input content cannot be empty")
+        raise engine_failure("empty_input")
     normalize = default_normalize
     if "embd_normalize" in body:
         value = body["embd_normalize"]

@@ -13,6 +13,7 @@ from tokenizers import Tokenizer
 
 from mlxcel_trio.engine.embedder import Embedder, normalize, pool
 from mlxcel_trio.protocol.records import EmbedJob, Embedded, Failed
+from mlxcel_trio.server.http.errors import ApiError
 
 TEXTS = ["The cat jumps over the fence.", "a", "some longer sentence about the harbour and tea"]
 
@@ -133,10 +134,12 @@ def test_submission_refusals_use_upstreams_words(bert_dir):
     emb.submit(EmbedJob(4, tuple(range(5, 14))), out)
     emb.submit(EmbedJob(5, (2, 5, 3), "rank"), out)
     assert not emb.pending and all(isinstance(ev, Failed) for ev in out)
-    assert [(ev.job_id, ev.kind) for ev in out] == [
+    answered = [ApiError.from_failed(ev) for ev in out]  # coded ones in the server's words
+    assert [(ev.job_id, a.type) for ev, a in zip(out, answered)] == [
         (1, "invalid_request_error"), (2, "invalid_request_error"),
         (3, "invalid_request_error"), (4, "server_error"), (5, "not_supported_error")]
-    assert out[1].message == out[2].message == "Prompt contains invalid tokens"
+    assert answered[0].message == "Input content cannot be empty"
+    assert answered[1].message == answered[2].message == "Prompt contains invalid tokens"
     assert out[3].message == ("input (9 tokens) is too large to process. increase the "
                               "physical batch size (current batch size: 8)")
 

@@ -75,7 +75,7 @@ def test_prompt_too_long_fails_at_admission(loaded):
     s, out = make(loaded, n_ctx_slot=20), []
     s.submit(job(1, prompt=[5] * 20), out)
     (f,) = of(out, Failed)
-    assert f.kind == "exceed_context_size_error" and dict(f.extra) == {"n_prompt_tokens": 20, "n_ctx": 20}
+    assert f.code == "exceeds_context" and dict(f.extra) == {"n_prompt_tokens": 20, "n_ctx": 20}
     assert not s.busy
 
 
@@ -107,7 +107,7 @@ def test_id_slot(loaded):
     s.submit(job(1, id_slot=1), out)
     assert of(out, Started, 1)[0].id_slot == 1
     s.submit(job(2, id_slot=5), out)
-    assert of(out, Failed, 2)[0].message == "Invalid slot ID"
+    assert of(out, Failed, 2)[0].code == "invalid_slot"
 
 
 def test_stop_word(loaded):

@@ -137,7 +137,7 @@ def test_slot_tokens_read_write_and_busy(loaded):
     s.slot_action(SlotAction(101, fin.id_slot, ()), out)
     assert of(out, SlotTokens, 101)[0].previous == len(PROMPT) + 4
     s.slot_action(SlotAction(102, 7), out)
-    assert out[-1].message == "Invalid slot ID"
+    assert out[-1].code == "invalid_slot"
     s.submit(job(2, n_predict=30, id_slot=0), out)
     s.slot_action(SlotAction(103, 0), out)
     assert out[-1].kind == "unavailable_error"
