@@ -93,6 +93,7 @@ def test_sigterm_with_an_idle_keep_alive_client_exits_promptly(tiny_model, start
     kept.close()
 
 
+@pytest.mark.slow
 def test_a_kept_alive_connection_closes_after_the_keep_alive(server):
     """After a response, a connection that sends nothing more is closed once
     the keep-alive (KEEP_ALIVE_S, upstream's 5 s) has passed, not at
