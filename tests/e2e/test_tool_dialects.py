@@ -36,6 +36,7 @@ FAMILIES = {
     "deepseek-ai-DeepSeek-V3.2.jinja": "｜DSML｜invoke",
     "GLM-4.6.jinja": "<arg_key>",
     "Kimi-K2-Instruct.jinja": "<|tool_call_argument_begin|>",
+    "Kimi-K3.jinja": '<|open|>argument key="city" type="string"<|sep|>Paris<|close|>argument',
     "MiniMax-M2.jinja": '<parameter name="',
     "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja": '"tool_name"',
     "ibm-granite-granite-3.3-2B-Instruct.jinja": "<|tool_call|>",
