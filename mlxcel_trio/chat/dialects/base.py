@@ -67,6 +67,10 @@ class Dialect:
     reads_without_tools: bool = False
     none_is_flat: bool = True
     drops_after_calls: bool = False  # text after the last call is no part of the message
+    # where the prompt opened a thinking block, a call section starting with
+    # one of these (a call to an offered tool) ends the thoughts unclosed, as
+    # upstream's grammar makes the block optional before calls
+    calls_end_thoughts: tuple[str, ...] = ()
 
 
 def held_suffix(text: str, marker: str) -> int:
