@@ -214,7 +214,16 @@ def parse(text: str, syntax: Syntax, partial: bool) -> ChatMsg:
         head = text[:r_start] or (syntax.opener if syntax.thinking_open else "")
         return ChatMsg(content=head + thoughts + (end + answer if closed else ""),
                        tool_calls=calls)
-    if closed or not partial:
+    if syntax.tool_format is not None and _dialect(syntax).raw_thoughts:
+        # upstream's autoparser reads the thoughts from the prompt's opener on,
+        # untrimmed; a stream holds only trailing blanks back
+        if syntax.thinking_open and syntax.opener.startswith(start):
+            thoughts = syntax.opener[len(start):] + thoughts
+        reasoning = thoughts if closed or not partial or syntax.raw_partials \
+            else thoughts.rstrip()
+        if partial and not closed and not reasoning.strip():
+            reasoning = ""
+    elif closed or not partial:
         reasoning = thoughts.strip()
     else:  # upstream's partials keep the thoughts' blanks; the server's stream trims them
         reasoning = thoughts if syntax.raw_partials else thoughts.strip()

@@ -71,6 +71,9 @@ class Dialect:
     # one of these (a call to an offered tool) ends the thoughts unclosed, as
     # upstream's grammar makes the block optional before calls
     calls_end_thoughts: tuple[str, ...] = ()
+    # the thoughts as upstream's autoparser returns them: from the prompt's
+    # opener on (the blank it ends with included), not trimmed
+    raw_thoughts: bool = False
 
 
 def held_suffix(text: str, marker: str) -> int:

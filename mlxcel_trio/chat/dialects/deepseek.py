@@ -31,6 +31,7 @@ def v3_1_opener(name: str | None) -> str:
 
 
 R1 = Dialect("deepseek_r1", _is_r1, marked("deepseek_r1", CALLS, _R1), opener=r1_opener,
+             raw_thoughts=True,
              grammar=json_grammar(FENCE, "\n```" + CALL_END + CALLS_END))
 V3_1 = Dialect("deepseek_v3_1", lambda src: CALLS in src and not _is_r1(src),
                marked("deepseek_v3_1", CALLS, _V3_1), opener=v3_1_opener,
