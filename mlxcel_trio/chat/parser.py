@@ -125,12 +125,13 @@ def _split_tools(rest: str, syntax: Syntax, partial: bool) -> tuple[str, tuple[T
         # as upstream: blank-only text beside a call is dropped, other text
         # keeps its blanks; a partial parse holds back only marker prefixes
         if (k + 1 < len(items) and isinstance(items[k + 1], ToolCall)
-                or k > 0 and isinstance(items[k - 1], ToolCall)) and not item.strip():
+                or k > 0 and isinstance(items[k - 1], ToolCall)) and not item.strip() \
+                and not dialect.blank_content:
             continue
         if k > 0 and isinstance(items[k - 1], ToolCall):
             item = item.lstrip()
         texts.append(item)
-    if partial and texts and not texts[-1].strip():
+    if partial and texts and not texts[-1].strip() and not dialect.blank_content:
         texts.pop()  # blanks that may yet stand before a call
     return "".join(texts), tuple(calls)
 
@@ -227,6 +228,8 @@ def parse(text: str, syntax: Syntax, partial: bool) -> ChatMsg:
         reasoning = thoughts.strip()
     else:  # upstream's partials keep the thoughts' blanks; the server's stream trims them
         reasoning = thoughts if syntax.raw_partials else thoughts.strip()
+        if syntax.tool_format is not None and _dialect(syntax).trims_thought_lead:
+            reasoning = reasoning.lstrip()
     if fmt == "deepseek-legacy":
         body = start + thoughts + (end + answer if closed else "")
         return ChatMsg(content=body, reasoning_content=reasoning, tool_calls=calls)

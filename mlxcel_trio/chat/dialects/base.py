@@ -74,6 +74,8 @@ class Dialect:
     # the thoughts as upstream's autoparser returns them: from the prompt's
     # opener on (the blank it ends with included), not trimmed
     raw_thoughts: bool = False
+    blank_content: bool = False  # blank lines beside a call stay content, as upstream's
+    trims_thought_lead: bool = False  # arriving thoughts lose their leading blanks, as upstream's
 
 
 def held_suffix(text: str, marker: str) -> int:
