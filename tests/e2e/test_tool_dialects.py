@@ -49,6 +49,8 @@ FAMILIES = {
     "unsloth-Apriel-1.5.jinja": "</tool_calls>",
     "GigaChat3-10B-A1.8B.jinja": "function call<|role_sep|>",
     "openbmb-MiniCPM5-1B.jinja": "</param>",
+    "LFM2.5-8B-A1B.jinja": 'city="Paris")]<|tool_call_end|>',
+    "google-gemma-4-31B-it.jinja": 'city:<|"|>Paris<|"|>}<tool_call|>',
     "Qwen-Qwen3-0.6B.jinja": "</tool_call>",
     "meta-llama-Llama-3.1-8B-Instruct.jinja": '"parameters"',
 }

@@ -10,8 +10,45 @@ import ast
 import json
 import re
 
-from .base import (INVALID, UNDECIDED, Dialect, ToolCall, args_object, hold,
-                   marked, read_name, tag_grammar, tagged_params)
+from .base import (INVALID, UNDECIDED, Dialect, ToolCall, args_object, functions, hold, lark,
+                   marked, read_name, schema_rule, tag_grammar, tagged_params)
+
+# -- forced calls ----------------------------------------------------------------------------
+
+def _is_text(spec: dict) -> bool:
+    values = spec.get("enum") or []
+    return spec.get("type") == "string" or bool(values) and all(isinstance(v, str) for v in values)
+
+
+def keyword_grammar(after_name: str, key: str, text, other, between: str, tail: str):
+    """A forced call written `NAME after_name k1<key>v1<between>k2<key>v2 tail`
+    (the opener wrote up to the name, or for a named call up to after_name):
+    the required parameters in the schema's order (the optional ones left
+    out); `text(spec)` is a string parameter's rule, `other(spec)` another's."""
+
+    def grammar(tools, name, parallel) -> str:
+        rules, alts = [], []
+        for i, fn in enumerate(functions(tools, name)):
+            params = fn.get("parameters") or {}
+            required = set(params.get("required") or ())
+            parts = [] if name else [lark(fn["name"] + after_name)]
+            for k, (pkey, spec) in enumerate((params.get("properties") or {}).items()):
+                if pkey not in required:
+                    continue
+                spec = spec if isinstance(spec, dict) else {}
+                rules.append(f"v{i}_{k}: " + (text(spec) if _is_text(spec) else other(spec)))
+                if len(parts) > (0 if name else 1):
+                    parts.append(lark(between))
+                parts += [lark(pkey + key), f"v{i}_{k}"]
+            alts.append("(" + " ".join(parts + [lark(tail)]) + ")")
+        return "start: call\ncall: " + " | ".join(alts) + "\n" + "\n".join(rules) + "\n"
+    return grammar
+
+
+def _literals(spec: dict, quote) -> str | None:
+    values = spec.get("enum")
+    return " | ".join(lark(quote(v)) for v in values) if values else None
+
 
 # -- LFM2 -----------------------------------------------------------------------------------
 
@@ -44,7 +81,12 @@ def _lfm_block(s: str, j: int, partial: bool, tools):
 LFM2 = Dialect("lfm2", lambda src: LFM_OPEN in src or "List of tools: [" in src or
                "<|tool_list_start|>" in src, marked("lfm2", LFM_OPEN, _lfm_block),
                opener=lambda name: LFM_OPEN + "[" + (name + "(" if name else ""),
-               grammar=None)
+               grammar=keyword_grammar(
+                   "(", "=",
+                   lambda spec: _literals(spec, lambda v: json.dumps(v)) or r'/"([^"\\\n]|\\.)*"/',
+                   lambda spec: '"True" | "False"' if spec.get("type") == "boolean"
+                   else schema_rule({"parameters": spec}),
+                   ", ", ")]" + LFM_CLOSE))
 
 # -- Gemma 4 --------------------------------------------------------------------------------
 
@@ -136,7 +178,12 @@ GEMMA4 = Dialect("gemma4", lambda src: "'<|tool_call>call:'" in src,
                  marked("gemma4", G_OPEN, _gemma_block),
                  think=("<|channel>thought", "<channel|>"), blank_content=True,
                  trims_thought_lead=True,
-                 opener=lambda name: G_OPEN + (name + "{" if name else ""), grammar=None)
+                 opener=lambda name: G_OPEN + (name + "{" if name else ""),
+                 grammar=keyword_grammar(
+                     "{", ":",
+                     lambda spec: _literals(spec, lambda v: G_QUOTE + v + G_QUOTE)
+                     or f"{lark(G_QUOTE)} /[^<]*/ {lark(G_QUOTE)}",
+                     lambda spec: schema_rule({"parameters": spec}), ",", "}" + G_CLOSE))
 
 # -- MiniCPM 5 ------------------------------------------------------------------------------
 
