@@ -125,12 +125,13 @@ def _split_tools(rest: str, syntax: Syntax, partial: bool) -> tuple[str, tuple[T
         # as upstream: blank-only text beside a call is dropped, other text
         # keeps its blanks; a partial parse holds back only marker prefixes
         if (k + 1 < len(items) and isinstance(items[k + 1], ToolCall)
-                or k > 0 and isinstance(items[k - 1], ToolCall)) and not item.strip():
+                or k > 0 and isinstance(items[k - 1], ToolCall)) and not item.strip() \
+                and not dialect.blank_content:
             continue
         if k > 0 and isinstance(items[k - 1], ToolCall):
             item = item.lstrip()
         texts.append(item)
-    if partial and texts and not texts[-1].strip():
+    if partial and texts and not texts[-1].strip() and not dialect.blank_content:
         texts.pop()  # blanks that may yet stand before a call
     return "".join(texts), tuple(calls)
 
@@ -191,26 +192,64 @@ def parse(text: str, syntax: Syntax, partial: bool) -> ChatMsg:
 
     e = text.find(end, r_start)
     closed = e >= 0
-    if closed:
+    markers = _dialect(syntax).calls_end_thoughts \
+        if syntax.thinking_open and syntax.calls and syntax.tool_format is not None else ()
+    c = _calls_start(text, r_start, e, markers, syntax, partial) if markers else -1
+    if c >= 0:  # thoughts cut short by a call section (upstream keeps their blanks)
+        thoughts, rest, closed = text[r_start:c], text[c:], True
+        answer, calls = _split_tools(rest, syntax, partial)
+        if syntax.reasoning_format != "none":
+            return ChatMsg(content=answer.lstrip(), tool_calls=calls,
+                           reasoning_content=thoughts if thoughts.strip() else "")
+    elif closed:
         thoughts, rest = text[r_start:e], text[e + len(end):]
     else:
         thoughts, rest = text[r_start:], ""
         if partial:
-            thoughts = thoughts[:len(thoughts) - held_suffix(thoughts, end)]
+            thoughts = hold(thoughts, end, *markers)
+            if markers and not thoughts.strip():
+                thoughts = ""
     answer, calls = _split_tools(rest, syntax, partial) if closed else ("", ())
     fmt = syntax.reasoning_format
     if fmt == "none":
         head = text[:r_start] or (syntax.opener if syntax.thinking_open else "")
         return ChatMsg(content=head + thoughts + (end + answer if closed else ""),
                        tool_calls=calls)
-    if closed or not partial:
+    if syntax.tool_format is not None and _dialect(syntax).raw_thoughts:
+        # upstream's autoparser reads the thoughts from the prompt's opener on,
+        # untrimmed; a stream holds only trailing blanks back
+        if syntax.thinking_open and syntax.opener.startswith(start):
+            thoughts = syntax.opener[len(start):] + thoughts
+        reasoning = thoughts if closed or not partial or syntax.raw_partials \
+            else thoughts.rstrip()
+        if partial and not closed and not reasoning.strip():
+            reasoning = ""
+    elif closed or not partial:
         reasoning = thoughts.strip()
     else:  # upstream's partials keep the thoughts' blanks; the server's stream trims them
         reasoning = thoughts if syntax.raw_partials else thoughts.strip()
+        if syntax.tool_format is not None and _dialect(syntax).trims_thought_lead:
+            reasoning = reasoning.lstrip()
     if fmt == "deepseek-legacy":
         body = start + thoughts + (end + answer if closed else "")
         return ChatMsg(content=body, reasoning_content=reasoning, tool_calls=calls)
     return ChatMsg(content=answer.lstrip(), reasoning_content=reasoning, tool_calls=calls)
+
+
+def _calls_start(text: str, start: int, end: int, markers, syntax: Syntax, partial: bool) -> int:
+    """Where a call section ends the thoughts before their closing marker
+    (-1: none does): it must hold a call to an offered tool, or, partial,
+    may still become one."""
+    stop = end if end >= 0 else len(text)
+    for i in sorted(i for m in markers if 0 <= (i := text.find(m, start, stop + len(m)))):
+        if i >= stop:
+            break
+        _, calls = _split_tools(text[i:], syntax, partial)
+        if calls:
+            return i
+        if partial and not _split_tools(text[i:], syntax, True)[0].strip():
+            return i  # the section is still undecided
+    return -1
 
 
 # -- streaming ----------------------------------------------------------------------------

@@ -36,6 +36,7 @@ FAMILIES = {
     "deepseek-ai-DeepSeek-V3.2.jinja": "｜DSML｜invoke",
     "GLM-4.6.jinja": "<arg_key>",
     "Kimi-K2-Instruct.jinja": "<|tool_call_argument_begin|>",
+    "Kimi-K3.jinja": '<|open|>argument key="city" type="string"<|sep|>Paris<|close|>argument',
     "MiniMax-M2.jinja": '<parameter name="',
     "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja": '"tool_name"',
     "ibm-granite-granite-3.3-2B-Instruct.jinja": "<|tool_call|>",
@@ -48,6 +49,8 @@ FAMILIES = {
     "unsloth-Apriel-1.5.jinja": "</tool_calls>",
     "GigaChat3-10B-A1.8B.jinja": "function call<|role_sep|>",
     "openbmb-MiniCPM5-1B.jinja": "</param>",
+    "LFM2.5-8B-A1B.jinja": 'city="Paris")]<|tool_call_end|>',
+    "google-gemma-4-31B-it.jinja": 'city:<|"|>Paris<|"|>}<tool_call|>',
     "Qwen-Qwen3-0.6B.jinja": "</tool_call>",
     "meta-llama-Llama-3.1-8B-Instruct.jinja": '"parameters"',
 }

@@ -67,6 +67,15 @@ class Dialect:
     reads_without_tools: bool = False
     none_is_flat: bool = True
     drops_after_calls: bool = False  # text after the last call is no part of the message
+    # where the prompt opened a thinking block, a call section starting with
+    # one of these (a call to an offered tool) ends the thoughts unclosed, as
+    # upstream's grammar makes the block optional before calls
+    calls_end_thoughts: tuple[str, ...] = ()
+    # the thoughts as upstream's autoparser returns them: from the prompt's
+    # opener on (the blank it ends with included), not trimmed
+    raw_thoughts: bool = False
+    blank_content: bool = False  # blank lines beside a call stay content, as upstream's
+    trims_thought_lead: bool = False  # arriving thoughts lose their leading blanks, as upstream's
 
 
 def held_suffix(text: str, marker: str) -> int:

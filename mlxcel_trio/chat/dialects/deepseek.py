@@ -31,6 +31,7 @@ def v3_1_opener(name: str | None) -> str:
 
 
 R1 = Dialect("deepseek_r1", _is_r1, marked("deepseek_r1", CALLS, _R1), opener=r1_opener,
+             raw_thoughts=True,
              grammar=json_grammar(FENCE, "\n```" + CALL_END + CALLS_END))
 V3_1 = Dialect("deepseek_v3_1", lambda src: CALLS in src and not _is_r1(src),
                marked("deepseek_v3_1", CALLS, _V3_1), opener=v3_1_opener,
@@ -58,9 +59,18 @@ def _dsml_block(section: str):
                     return (calls, None) if calls else UNDECIDED
                 return (calls, k if tail or partial else None) if calls else INVALID
             got = read_name(s, k + len(inv), '">', partial)
+            offered = [t["function"].get("name", "") for t in tools or ()
+                       if isinstance(t, dict) and isinstance(t.get("function"), dict)]
+            if offered and (got == UNDECIDED and not any(
+                    n.startswith(hold(s[k + len(inv):], '">')) for n in offered)
+                    or isinstance(got, tuple) and got[0] not in offered):
+                got = INVALID  # not (the start of) an offered tool's name, as upstream's
             if got in (UNDECIDED, INVALID):
                 return (calls, None if partial else k) if calls else got
             name, v = got
+            if partial and v >= len(s):
+                # as upstream's stream: the name counts once something follows it
+                return (calls, None) if calls else UNDECIDED
             pairs: list[tuple[str, str]] = []
             while True:
                 v = skip_ws(s, v)
@@ -79,7 +89,16 @@ def _dsml_block(section: str):
                 he = s.find('">', v)
                 ve = s.find(param_close, he) if he >= 0 else -1
                 if ve < 0:
-                    calls.append(ToolCall(name, args_object(pairs, not partial), complete=False))
+                    args = args_object(pairs, False)  # a call cut short stays open
+                    key, _, attrs_ = s[v + len(param):max(he, v)].partition('"')
+                    if partial and he >= 0:
+                        # a value streams as written (`{"city":"Pari`, `{"n":1`)
+                        so_far = hold(s[he + 2:], param_close)
+                        so_far = json.dumps(so_far, ensure_ascii=False)[:-1] \
+                            if 'string="true' in attrs_ else so_far.strip()
+                        args += ("," if pairs else "") + json.dumps(key, ensure_ascii=False) \
+                            + ":" + so_far
+                    calls.append(ToolCall(name, args, complete=False))
                     return calls, None
                 key, _, attrs_ = s[v + len(param):he].partition('"')
                 value = s[he + 2:ve]
@@ -95,7 +114,11 @@ def _dsml_split(rest: str, partial: bool, tools=None) -> list:
             return marked("deepseek_dsml", "<" + D + section + ">", _dsml_block(section))(
                 rest, partial, tools)
     opens = ("<" + D + "tool_calls>", "<" + D + "function_calls>")
-    return [hold(rest, *opens) if partial else rest]
+    return [hold(rest, *opens, *DSML_SECTIONS) if partial else rest]
+
+
+# the section as upstream's grammar expects it, blank lines first
+DSML_SECTIONS = ("\n\n<" + D + "function_calls>", "\n\n<" + D + "tool_calls>")
 
 
 def _dsml_section(src: str) -> str:
@@ -112,6 +135,7 @@ DSML = Dialect(
     lambda src: "dsml_token" in src and "DSML" in src and (
         "function_calls" in src or "tool_calls" in src),
     _dsml_split, opener=dsml_opener,
+    calls_end_thoughts=DSML_SECTIONS,
     grammar=tag_grammar('">\n', "<" + D + 'parameter name="', '" string="true">',
                         "</" + D + "parameter>\n",
                         "</" + D + "invoke>\n</" + D + "function_calls>",

@@ -4,7 +4,7 @@ not the package, which imports the parser)."""
 
 from __future__ import annotations
 
-from . import deepseek, generic, glm_4_5, gpt_oss, hermes, kimi_k2, llama3, minimax_m2, \
+from . import deepseek, generic, glm_4_5, gpt_oss, hermes, kimi_k2, kimi_k3, llama3, minimax_m2, \
     mistral, others, pythonic, qwen3_coder, seed_oss
 from .base import Dialect
 
@@ -22,6 +22,7 @@ TABLE: tuple[Dialect, ...] = (
     gpt_oss.DIALECT,               # <|channel|>
     others.FUNCTIONARY_V3_2,       # >>>all
     kimi_k2.DIALECT,               # <|tool_calls_section_begin|>
+    kimi_k3.DIALECT,               # <|open|>TAG<|sep|> ... <|close|>TAG<|sep|>
     others.COHERE2,                # <|START_TEXT|> + <|START_ACTION|>
     pythonic.LFM2,                 # <|tool_call_start|>[f(...)]
     others.GIGACHAT3,              # <|role_sep|> <|message_sep|>

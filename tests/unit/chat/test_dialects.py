@@ -34,6 +34,7 @@ DETECTED = {
     "GLM-4.7-Flash.jinja": "glm_4_5",
     "Kimi-K2-Instruct.jinja": "kimi_k2",
     "Kimi-K2-Thinking.jinja": "kimi_k2",
+    "Kimi-K3.jinja": "kimi_k3",
     "MiniMax-M2.jinja": "minimax_m2",
     "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja": "command_r7b",
     "ibm-granite-granite-3.3-2B-Instruct.jinja": "granite",
@@ -105,6 +106,13 @@ CASES = [
     ("kimi_k2", "<think>hmm</think><|tool_calls_section_begin|><|tool_call_begin|>functions.f:0"
      "<|tool_call_argument_begin|>" + A1 + "<|tool_call_end|><|tool_calls_section_end|>", "",
      "hmm", [("f", {"arg1": 1}, "functions.f:0")]),
+    ("kimi_k3", "hmm<|close|>think<|sep|><|open|>response<|sep|>Let me look.<|close|>response"
+     '<|sep|><|open|>tools<|sep|><|open|>call tool="f" index="1"<|sep|><|open|>argument '
+     'key="city" type="string"<|sep|>Paris<|close|>argument<|sep|><|open|>argument key="n" '
+     'type="number"<|sep|>2<|close|>argument<|sep|><|close|>call<|sep|><|open|>call tool="g" '
+     'index="2"<|sep|><|open|>json type="object"<|sep|>{"q": "a&b"}<|close|>json<|sep|>'
+     "<|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|>", "Let me look.", "hmm",
+     [("f", {"city": "Paris", "n": 2}, ""), ("g", {"q": "a&b"}, "")]),
     ("minimax_m2", '<think>hmm</think>\n<minimax:tool_call>\n<invoke name="f">\n<parameter '
      'name="arg1">1</parameter>\n</invoke>\n<invoke name="g">\n</invoke>\n</minimax:tool_call>',
      "", "hmm", [("f", {"arg1": 1}, ""), ("g", {}, "")]),
@@ -145,7 +153,7 @@ CASES = [
     ("none", "<tool_call>x</tool_call>", "<tool_call>x</tool_call>", "", []),
 ]
 
-THINKING_OPEN = {"nemotron_v2"}  # the template opens the block in the prompt
+THINKING_OPEN = {"nemotron_v2", "kimi_k3"}  # the template opens the block in the prompt
 
 
 def _parse(name, text, partial=False):
@@ -182,6 +190,8 @@ def test_every_prefix_is_a_prefix_of_the_final_parse(name, text, content, reason
     ("kimi_k2", "<|tool_calls_section_begin|>garbage"),
     ("deepseek_v3_1", "<｜tool▁calls▁begin｜>nothing here"),
     ("glm_4_5", "<tool_call>bad name here</tool_call>"),
+    ("kimi_k3", '<|open|>tools<|sep|><|open|>call index="1"<|sep|><|close|>call<|sep|>'
+     '<|close|>tools<|sep|>'),
 ])
 def test_malformed_calls_are_content(name, text, caplog):
     got = parse(name, text)
@@ -191,7 +201,7 @@ def test_malformed_calls_are_content(name, text, caplog):
 
 def test_every_contract_dialect_is_in_the_table():
     names = ("hermes llama3 qwen3_coder gpt_oss mistral_nemo mistral_small deepseek_r1 "
-             "deepseek_v3_1 deepseek_dsml glm_4_5 kimi_k2 minimax_m2 functionary_v3_1 "
+             "deepseek_v3_1 deepseek_dsml glm_4_5 kimi_k2 kimi_k3 minimax_m2 functionary_v3_1 "
              "functionary_v3_2 firefunction_v2 command_r7b granite lfm2 apertus seed_oss "
              "nemotron_v2 apriel gemma4 gigachat3 minicpm5 smollm3 xiaomi_mimo generic none")
     assert set(names.split()) <= set(BY_NAME)
