@@ -35,7 +35,8 @@ from ..config import ServerConfig
 from .surfaces import (info, infill, completion as native, embeddings, openai_completions,
                        tokens, transcriptions)
 from .http import limits
-from .sessions import slot_files, streams
+from .sessions import slot_files, streams, takeover
+from .http import request_tape
 from .state import AppState
 from . import drain
 from .surfaces.vertex import Predictor
@@ -253,6 +254,8 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
                 if bridge.info.transcriber is not None:
                     return transcriptions.no_chat_model()
                 return not_generating(config.encoder_mode or "--embeddings")
+            if request.headers.get(streams.HEADER):   # its draws, for a continuation
+                request_tape.start(takeover.played(request.scope))
             if route.body:
                 body = await read_json_body(request)
                 limits.check(body)
@@ -281,6 +284,10 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
             return loading()
         if state.draining:
             return shutting_down(drain.MESSAGE)
+        internal = takeover.continuation(request.scope)
+        if internal is not None:   # a killed server's stream, rebuilt in this process
+            g.key_scope = internal.key_scope
+            return None
         if keys and request.path not in public:
             which = _authorized(keys)
             if which < 0:
@@ -297,6 +304,8 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
     inner = _PerRequest(app.asgi_app, state.watchdog)
     if predictor is not None:  # instances are dispatched below CORS, through the gate
         predictor.asgi = inner
+    if state.takeover is not None:  # so are continued streams
+        state.takeover.asgi = inner
     app.asgi_app = CorsMiddleware(inner, policy, [("Server", "llama.cpp")])
     return app
 

@@ -90,9 +90,12 @@ class StreamLog:
     def _stream(scope: int, cid: str, gen: str = "") -> str:
         return f"{P}s:{scope}:{cid}:{gen}"
 
-    async def open_stream(self, scope: int, cid: str) -> tuple[str, tuple[str, str] | None]:
+    async def open_stream(self, scope: int, cid: str, record: dict | None = None
+                          ) -> tuple[str, tuple[str, str] | None]:
         """Claim (scope, cid) for this replica; (the new gen, (owner, gen) of
-        the session it replaces when another replica owns that one)."""
+        the session it replaces when another replica owns that one).  The
+        request `record` (takeover.py) is not kept here yet: a Redis
+        session is not continued by a peer."""
         gen = uuid.uuid4().hex
         args = [gen, self.replica, str(int(time.time())), self.stream_ttl_ms,
                 self._stream(scope, cid)]
@@ -103,9 +106,11 @@ class StreamLog:
 
     def queue(self, gen: str, scope: int, cid: str, start: int, data: bytes, *,
               end: bool = False, drop: bool = False,
-              then: Callable[[bool], None] | None = None) -> None:
+              then: Callable[[bool], None] | None = None,
+              tokens: list[list[int]] | None = None) -> None:
         """Queue a chunk (or the end, or the removal) for the writer; `then`
-        runs after the flush with whether it reached the store."""
+        runs after the flush with whether it reached the store.  `tokens`
+        (the chunk's token ids, takeover.py) is not kept here yet."""
         pending = self._pending.get(gen)
         if pending is None:
             pending = self._pending[gen] = Pending(gen, scope, cid, start)
