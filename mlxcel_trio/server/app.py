@@ -192,7 +192,7 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
     state = app.mlxcel_state = AppState.create(config, bridge)
     public = {r.path for r in ROUTES if r.public}
     served: Served | None = None
-    metrics = Metrics(bridge, state.watchdog)
+    metrics = Metrics(bridge, state.watchdog, state.takeover)
 
     def ctx() -> Served:
         nonlocal served

@@ -82,7 +82,7 @@ def _chat_ids(raw: bytes) -> set[str]:
 def test_a_killed_server_s_streams_continue_after_a_restart(tiny_model, start_server,
                                                               tmp_path):
     store = f"file://{tmp_path / 'sessions'}"
-    args = ("-c", "12288", "-np", "6", "--session-store", store)
+    args = ("-c", "12288", "-np", "6", "--session-store", store, "--metrics")
     first = start_server(tiny_model, *args)
     cases = dict(CASES)
     ref = {name: _plain(first.url, path, body) for name, (path, body) in cases.items()}
@@ -119,6 +119,9 @@ def test_a_killed_server_s_streams_continue_after_a_restart(tiny_model, start_se
             assert len(_chat_ids(full)) == 1, name  # the continuation kept its id
     for conv in convs.values():   # each was cut mid-stream, not finished before the kill
         second.wait_for_text(f"stream {conv!r} continued from byte")
+    metrics = httpx.get(second.url + "/metrics", timeout=10).text
+    assert f'mlxcel_stream_takeovers_total{{outcome="continued"}} {len(cases)}.0' in metrics
+    assert f"mlxcel_stream_takeover_first_token_seconds_count {len(cases)}.0" in metrics
 
 
 def test_a_session_it_cannot_rebuild_ends_with_an_error_frame(tiny_model, start_server,

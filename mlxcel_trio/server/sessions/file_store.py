@@ -73,6 +73,7 @@ class Recovered:
     attempts: int = 0
     done: bool = False
     completed_at: int = 0
+    length: int = 0                    # the log's bytes up to its last whole record
 
     @property
     def total(self) -> int:
@@ -103,10 +104,12 @@ def read_log(path: str, max_bytes: int) -> Recovered | None:
         if len(payload) < n or raw[nl + 1 + n:nl + 2 + n] != b"\n":
             break   # torn
         pos = nl + 2 + n
+        if rec is not None:
+            rec.length = pos
         kind = head.get("k")
         if kind == "o":
             rec = Recovered(int(head["scope"]), head["cid"], head["gen"],
-                            int(head.get("started_at", 0)), head.get("req"))
+                            int(head.get("started_at", 0)), head.get("req"), length=pos)
         elif rec is None:
             return None
         elif kind == "d":
@@ -197,6 +200,8 @@ class FileStore:
             if rec is None or (rec.done and now - rec.completed_at > self.stream_ttl_s):
                 _unlink(path)
                 continue
+            if rec.length < os.path.getsize(path):
+                os.truncate(path, rec.length)   # a torn last record: appends follow the whole ones
             self._paths[rec.gen] = path
             if rec.done:
                 self._ended[path] = rec.completed_at

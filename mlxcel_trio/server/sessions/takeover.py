@@ -193,7 +193,8 @@ class Takeover:
         self.asgi = None
         self.continued = 0            # sessions continued (the first continued token reached)
         self.failed = 0               # sessions ended with an error frame
-        self.first_token_s: list[float] = []   # claim -> first continued byte, per session
+        self.first_token_sum = 0.0    # claim -> first continued byte, summed over sessions
+        self.first_token_n = 0
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         recovered = self.store.recovered()
@@ -231,7 +232,8 @@ class Takeover:
         self.continued += 1
         start = rec.total
         async for _ in session.follow(start):   # until the first continued byte
-            self.first_token_s.append(time.perf_counter() - t0)
+            self.first_token_sum += time.perf_counter() - t0
+            self.first_token_n += 1
             break
 
     async def _dispatch(self, req: dict, plan: Continuation) -> tuple[int, bytes]:
