@@ -51,7 +51,7 @@ import attrs
 import trio
 
 from ... import store_url
-from .store_streams import Pending, RemoteSession
+from .store_streams import Pending, RemoteSession, applied, enqueue
 
 log = logging.getLogger("mlxcel.session_store")
 
@@ -151,7 +151,6 @@ class FileStore:
         self._ended: dict[str, float] = {}         # path -> time.time() it ended
         self._pending: OrderedDict[str, Pending] = OrderedDict()
         self._opened: dict[str, bytes] = {}        # gen -> its open record, not yet written
-        self._tokens: dict[str, list] = {}         # gen -> token ids queued with its chunks
         self._wake = trio.Event()
         self._ticks: list[Callable[[], None]] = []
         self._last_sync = 0.0
@@ -271,16 +270,7 @@ class FileStore:
               end: bool = False, drop: bool = False,
               then: Callable[[bool], None] | None = None,
               tokens: list[list[int]] | None = None) -> None:
-        pending = self._pending.get(gen)
-        if pending is None:
-            pending = self._pending[gen] = Pending(gen, scope, cid, start)
-        if data and tokens:   # before a drop or end, so they are written with their bytes
-            self._tokens.setdefault(gen, []).append((start + len(data), tokens))
-        pending.data += data
-        pending.end |= end
-        pending.drop |= drop
-        if then is not None:
-            pending.then.append(then)
+        enqueue(self._pending, gen, scope, cid, start, data, end, drop, then, tokens)
         self._wake.set()
 
     async def _writer(self) -> None:
@@ -290,25 +280,20 @@ class FileStore:
             batch, self._pending = list(self._pending.values()), OrderedDict()
             if not batch:
                 continue
-            work = [(p, self._opened.pop(p.gen, None), self._tokens.pop(p.gen, [])) for p in batch]
+            work = [(p, self._opened.pop(p.gen, None)) for p in batch]
             ok = True
             try:
                 await trio.to_thread.run_sync(self._flush, work)
             except OSError as exc:
                 ok = False
                 log.warning("session store %s: a write failed (%s)", self.shown, exc)
-            for pending in batch:
-                for then in pending.then:
-                    try:
-                        then(ok)
-                    except Exception:  # one session's bug never stops the writer
-                        log.exception("session store: applying a flushed chunk failed")
+            applied(batch, ok)
 
     def _flush(self, work) -> None:
         """Worker thread: append each session's records; fsync by the policy."""
         now = time.monotonic()
         periodic = now - self._last_sync >= FSYNC_S
-        for p, opened, tokens in work:
+        for p, opened in work:
             path = self._paths.get(p.gen)
             if path is None:
                 continue
@@ -325,14 +310,7 @@ class FileStore:
                 f = self._files[p.gen] = open(path, "ab")
             out = bytearray(opened or b"")
             if p.data:
-                # each job's ids queued with these bytes, joined into one record
-                per_job: list[list[int]] = []
-                for _end, toks in tokens:
-                    for i, t in enumerate(toks):
-                        while len(per_job) <= i:
-                            per_job.append([])
-                        per_job[i].extend(t)
-                out += _header("d", bytes(p.data), at=p.start, t=per_job or None)
+                out += _header("d", bytes(p.data), at=p.start, t=p.tokens or None)
             if p.end:
                 out += _header("e", completed_at=int(time.time()))
             f.write(out)

@@ -77,6 +77,35 @@ class Pending:
     end: bool = False
     drop: bool = False
     then: list[Callable[[bool], None]] = attrs.field(factory=list)   # applied after the flush
+    tokens: list[list[int]] = attrs.field(factory=list)   # per job: the ids of data's frames
+
+
+def enqueue(pending_by_gen: "OrderedDict[str, Pending]", gen: str, scope: int, cid: str,
+            start: int, data: bytes, end: bool, drop: bool,
+            then: Callable[[bool], None] | None, tokens: list[list[int]] | None) -> None:
+    """Join a chunk (or the end, or the removal) into its session's pending write."""
+    pending = pending_by_gen.get(gen)
+    if pending is None:
+        pending = pending_by_gen[gen] = Pending(gen, scope, cid, start)
+    pending.data += data
+    pending.end |= end
+    pending.drop |= drop
+    if then is not None:
+        pending.then.append(then)
+    for i, ids in enumerate(tokens or ()):
+        while len(pending.tokens) <= i:
+            pending.tokens.append([])
+        pending.tokens[i].extend(ids)
+
+
+def applied(batch: list[Pending], ok: bool) -> None:
+    """Run each flushed chunk's callbacks with whether it reached the store."""
+    for pending in batch:
+        for then in pending.then:
+            try:
+                then(ok)
+            except Exception:  # one session's bug never stops the writer
+                log.exception("session store: applying a flushed chunk failed")
 
 
 class StreamLog:
@@ -111,14 +140,7 @@ class StreamLog:
         """Queue a chunk (or the end, or the removal) for the writer; `then`
         runs after the flush with whether it reached the store.  `tokens`
         (the chunk's token ids, takeover.py) is not kept here yet."""
-        pending = self._pending.get(gen)
-        if pending is None:
-            pending = self._pending[gen] = Pending(gen, scope, cid, start)
-        pending.data += data
-        pending.end |= end
-        pending.drop |= drop
-        if then is not None:
-            pending.then.append(then)
+        enqueue(self._pending, gen, scope, cid, start, data, end, drop, then, tokens)
         self._wake.set()
 
     async def _writer(self) -> None:
@@ -145,12 +167,7 @@ class StreamLog:
                 await self.call(self._flush, batch)
             except StoreDown:
                 ok = False
-            for pending in batch:
-                for then in pending.then:
-                    try:
-                        then(ok)
-                    except Exception:  # one session's bug never stops the writer
-                        log.exception("session store: applying a flushed chunk failed")
+            applied(batch, ok)
 
     def _flush(self, r, batch: list[Pending]) -> None:
         pipe = r.pipeline(transaction=False)
