@@ -85,8 +85,7 @@ class AppState:
                    responses=ResponseStore(shared=peers), shared=shared, media=media,
                    watchdog=(RequestWatchdog(bridge.monitor) if hasattr(bridge, "monitor")
                              else None),
-                   takeover=(Takeover(streams, shared, bridge)
-                             if isinstance(shared, FileStore) else None))
+                   takeover=Takeover(streams, shared, bridge) if shared is not None else None)
 
     def chat_settings(self) -> chat_settings.ChatSettings:
         """The server's chat settings, built on first use: they need the

@@ -21,6 +21,8 @@ import uuid
 import httpx
 import pytest
 
+from tests.store_server import StoreServer
+
 from .test_stream_resume import (
     GREEDY,
     HEADER,
@@ -169,3 +171,39 @@ def test_a_second_server_on_the_same_directory_is_refused(tiny_model, start_serv
     out = subprocess.run([sys.executable, "-m", "mlxcel_trio", "-m", str(tiny_model),
                           "--session-store", store], capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "another server is using" in out.stderr, out.stderr
+
+
+# a replica counts as gone 3 s after its last heartbeat (test_replicas.py's reasons)
+REPLICA_ENV = {"MLXCEL_INTERNAL_REPLICA_TTL_S": "3"}
+
+
+def test_a_killed_replica_s_streams_continue_on_the_survivor(tiny_model, start_server):
+    store = StoreServer().start()
+    try:
+        args = ("-c", "12288", "-np", "6", "--session-store", store.url, "--metrics")
+        owner = start_server(tiny_model, *args, env=REPLICA_ENV)
+        survivor = start_server(tiny_model, *args, env=REPLICA_ENV)
+        cases = {k: v for k, v in CASES.items()}
+        ref = {name: _plain(survivor.url, path, body) for name, (path, body) in cases.items()}
+        convs = {name: f"replica-{name}-{uuid.uuid4()}" for name in cases}
+        have = {}
+        for name, (path, body) in cases.items():
+            got, ended = post_cut(owner.url, path, body, convs[name], 200)
+            assert not ended
+            have[name] = got
+        owner.signal(signal.SIGKILL)
+        owner.wait(10)
+        for name, (path, _body) in cases.items():   # read through the survivor
+            tail, ended = get_cut(survivor.url, convs[name], len(have[name]))
+            assert ended, name
+            full = have[name] + tail
+            assert _comparable(full) == _comparable(ref[name]), name
+            assert get_cut(survivor.url, convs[name], 0)[0] == full, name
+            if path == "/v1/chat/completions":
+                assert len(_chat_ids(full)) == 1, name
+        for conv in convs.values():
+            survivor.wait_for_text(f"stream {conv!r} continued from byte")
+        metrics = httpx.get(survivor.url + "/metrics", timeout=10).text
+        assert f'mlxcel_stream_takeovers_total{{outcome="continued"}} {len(cases)}.0' in metrics
+    finally:
+        store.stop()

@@ -51,33 +51,12 @@ import attrs
 import trio
 
 from ... import store_url
-from .store_streams import Pending, RemoteSession, applied, enqueue
+from .store_streams import Pending, Recovered, RemoteSession, applied, enqueue
 
 log = logging.getLogger("mlxcel.session_store")
 
 FSYNC_S = 1.0
 SUFFIX = ".log"
-
-
-@attrs.define(eq=False)
-class Recovered:
-    """A session read back from its log at startup."""
-    scope: int
-    cid: str
-    gen: str
-    started_at: int
-    request: dict | None
-    first: int = 0                     # the offset of data[0] (front-drop)
-    data: bytearray = attrs.field(factory=bytearray)
-    tokens: list[list[int]] = attrs.field(factory=list)   # per job
-    attempts: int = 0
-    done: bool = False
-    completed_at: int = 0
-    length: int = 0                    # the log's bytes up to its last whole record
-
-    @property
-    def total(self) -> int:
-        return self.first + len(self.data)
 
 
 def _header(kind: str, payload: bytes = b"", **fields) -> bytes:

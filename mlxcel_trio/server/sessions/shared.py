@@ -65,7 +65,7 @@ from ... import store_url
 from .store_control import ControlBus
 from .store_heartbeat import Heartbeat
 from .store_records import RESPONSE_TTL_ENV, RESPONSE_TTL_S, CompletionRecords, ResponseRecords
-from .store_streams import APPEND, CLAIM, REMOVE, Pending, StreamLog
+from .store_streams import APPEND, CLAIM, REMOVE, TAKEOVER, Pending, StreamLog
 from .store_transport import BLOCK_MS, THREADS, StoreDown, Transport, seconds_from_env
 
 log = logging.getLogger("mlxcel.session_store")
@@ -94,6 +94,7 @@ class SharedStore(Transport, Heartbeat, ControlBus, StreamLog, CompletionRecords
         self._append = self._redis.register_script(APPEND)
         self._claim = self._redis.register_script(CLAIM)
         self._remove = self._redis.register_script(REMOVE)
+        self._takeover = self._redis.register_script(TAKEOVER)
         self._limiter = trio.CapacityLimiter(THREADS)
         self._down_until = 0.0          # trio clock
         self._backoff = 0.0

@@ -56,15 +56,15 @@ import trio
 from ...protocol.records import Finished, PromptProgress, Started, TokenPiece
 from ..http.errors import ApiError
 from ..http.sse import error_frame
+from .store_streams import MAX_ATTEMPTS, Recovered
+from .store_transport import StoreDown
 
 if TYPE_CHECKING:
-    from .file_store import Recovered
     from .streams import StreamRegistry, StreamSession
 
 log = logging.getLogger("mlxcel.takeover")
 
 SCOPE_KEY = "mlxcel.continuation"   # ASGI scope key: never settable by a client
-MAX_ATTEMPTS = 3
 FINISHED = -1                       # in a job's recorded ids: its final frame was rendered
 _SECRET_HEADERS = frozenset({b"authorization", b"x-api-key", b"cookie", b"proxy-authorization",
                              b"content-length"})
@@ -184,7 +184,9 @@ def request_record(request, body: bytes, key_scope: int, tape) -> dict:
 
 class Takeover:
     """Continues the unfinished sessions a restarted server finds in its
-    file store.  `asgi` (the app below CORS) is set by server/app.py."""
+    file store, and (with a Redis store) those a gone replica owned, which
+    this one claims on each heartbeat.  `asgi` (the app below CORS) is set
+    by server/app.py."""
 
     def __init__(self, registry: "StreamRegistry", store, bridge) -> None:
         self.registry = registry
@@ -204,15 +206,27 @@ class Takeover:
             if session is not None and not rec.done:
                 pending.append((rec, session))
         task_status.started()
-        if not pending:
+        claims = getattr(self.store, "claim_orphans", None)
+        if not pending and claims is None:
             return
         await self.bridge.loaded.wait()
         async with trio.open_nursery() as nursery:
             for rec, session in pending:
-                nursery.start_soon(self._continue, rec, session)
+                nursery.start_soon(self._continue, rec, session, self.store.claim(rec))
+            if claims is None:
+                return
+            while True:   # a peer's orphans, once per heartbeat
+                await trio.sleep(self.store.replica_ttl_s / 3)
+                try:
+                    claimed = await claims()
+                except StoreDown:
+                    continue
+                for rec in claimed:
+                    session = self.registry.restore(rec)
+                    if session is not None:
+                        nursery.start_soon(self._continue, rec, session, rec.attempts)
 
-    async def _continue(self, rec: "Recovered", session: "StreamSession") -> None:
-        attempt = self.store.claim(rec)
+    async def _continue(self, rec: Recovered, session: "StreamSession", attempt: int) -> None:
         t0 = time.perf_counter()
         if self.bridge.load_error is not None or not self.bridge.info.generates:
             return self._fail(session, "this server has no model that generates")
