@@ -17,8 +17,12 @@ Keys (all under `mlxcel:`, every one with an expiry, refreshed on write):
     m:<scope>:<id>    the session's hash: gen (one per session: a replaced
                       session's late writes are refused by the Lua scripts),
                       replica (the owner), started_at, completed_at, total, done
-    r:<replica>       the owner's heartbeat; absent: the owner is gone and
-                      its sessions count as ended
+    t:<scope>:<id>:<gen>  the session's token ids, one JSON entry per chunk
+                      (takeover.py; never trimmed)
+    r:<replica>       the owner's heartbeat; absent: the owner is gone, and
+                      a live replica takes its sessions over (TAKEOVER:
+                      the hash's replica, epoch and attempts; req holds
+                      the request record); one without a record ends
     c:<replica>       the owner's control stream: cancel a stream, force a
                       reasoning end, cancel a background response
     cc:<id>           a controllable completion: owner, scope, armed

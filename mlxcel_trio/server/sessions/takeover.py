@@ -15,8 +15,10 @@ records in its store's log, beside the published bytes:
   one list append per token: batched into the write the chunk makes).
 
 A server that finds an unfinished session in its store (`Takeover.run`:
-after a restart on the same file:// directory) rebuilds the request from its
-record and dispatches it into its own app below CORS (as the Vertex AI
+after a restart on the same file:// directory; with Redis, a session whose
+owner's heartbeat lapsed, claimed atomically on a heartbeat tick:
+store_streams.py's TAKEOVER) rebuilds the request from its record and
+dispatches it into its own app below CORS (as the Vertex AI
 predict route does), with a `Continuation` in the ASGI scope.  The request
 then runs the ordinary route code, so the rebuilt renderer is the one the
 first process had; `stream_jobs` (surfaces/streaming.py) hands its job the
