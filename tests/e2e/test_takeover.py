@@ -73,6 +73,41 @@ def _comparable(raw: bytes) -> list:
     return strip(frames(raw))
 
 
+def _cut_then_kill(server, cases: dict, prefix: str) -> tuple[dict, dict]:
+    """Start every case as a resumable stream on `server`, keep each one's
+    first bytes, SIGKILL the server: (ids, bytes kept) by case."""
+    convs = {name: f"{prefix}-{name}-{uuid.uuid4()}" for name in cases}
+    have = {}
+    for name, (path, body) in cases.items():
+        got, ended = post_cut(server.url, path, body, convs[name], 200)
+        assert not ended
+        have[name] = got
+    server.signal(signal.SIGKILL)
+    server.wait(10)
+    return convs, have
+
+
+def _resume_all(server, cases: dict, convs: dict, have: dict, ref: dict) -> None:
+    """Each client resumes through `server` from the bytes it kept and gets
+    the uninterrupted run's stream; the server says it continued each one
+    (so none had finished before the kill) and counts them."""
+    for name, (path, _body) in cases.items():
+        conv = convs[name]
+        tail, ended = get_cut(server.url, conv, len(have[name]))
+        assert ended, name
+        full = have[name] + tail
+        assert _comparable(full) == _comparable(ref[name]), name
+        assert get_cut(server.url, conv, 0)[0] == full, name   # the log is the one stream
+        (info,) = lookup(server.url, conv)
+        assert info["is_done"] and info["total_bytes"] == len(full), name
+        if path == "/v1/chat/completions":
+            assert len(_chat_ids(full)) == 1, name  # the continuation kept its id
+    for conv in convs.values():
+        server.wait_for_text(f"stream {conv!r} continued from byte")
+    metrics = httpx.get(server.url + "/metrics", timeout=10).text
+    assert f'mlxcel_stream_takeovers_total{{outcome="continued"}} {len(cases)}.0' in metrics
+
+
 def _chat_ids(raw: bytes) -> set[str]:
     out = set()
     for block in raw.decode().split("\n\n"):
@@ -97,32 +132,10 @@ def test_a_killed_server_s_streams_continue_after_a_restart(tiny_model, start_se
     ref[STOP_CASE] = _plain(first.url, *cases[STOP_CASE])
     assert b'"stop_type":"word"' in ref[STOP_CASE]
 
-    convs = {name: f"takeover-{name}-{uuid.uuid4()}" for name in cases}
-    have = {}
-    for name, (path, body) in cases.items():
-        got, ended = post_cut(first.url, path, body, convs[name], 200)
-        assert not ended
-        have[name] = got
-    first.signal(signal.SIGKILL)
-    first.wait(10)
-
+    convs, have = _cut_then_kill(first, cases, "takeover")
     second = start_server(tiny_model, *args)
-    for name, (path, _body) in cases.items():
-        conv = convs[name]
-        tail, ended = get_cut(second.url, conv, len(have[name]))
-        assert ended, name
-        full = have[name] + tail
-        assert _comparable(full) == _comparable(ref[name]), name
-        whole, _ = get_cut(second.url, conv, 0)
-        assert whole == full, name               # the log is the one stream
-        (info,) = lookup(second.url, conv)
-        assert info["is_done"] and info["total_bytes"] == len(full), name
-        if path == "/v1/chat/completions":
-            assert len(_chat_ids(full)) == 1, name  # the continuation kept its id
-    for conv in convs.values():   # each was cut mid-stream, not finished before the kill
-        second.wait_for_text(f"stream {conv!r} continued from byte")
+    _resume_all(second, cases, convs, have, ref)
     metrics = httpx.get(second.url + "/metrics", timeout=10).text
-    assert f'mlxcel_stream_takeovers_total{{outcome="continued"}} {len(cases)}.0' in metrics
     assert f"mlxcel_stream_takeover_first_token_seconds_count {len(cases)}.0" in metrics
 
 
@@ -183,27 +196,9 @@ def test_a_killed_replica_s_streams_continue_on_the_survivor(tiny_model, start_s
         args = ("-c", "12288", "-np", "6", "--session-store", store.url, "--metrics")
         owner = start_server(tiny_model, *args, env=REPLICA_ENV)
         survivor = start_server(tiny_model, *args, env=REPLICA_ENV)
-        cases = {k: v for k, v in CASES.items()}
+        cases = dict(CASES)
         ref = {name: _plain(survivor.url, path, body) for name, (path, body) in cases.items()}
-        convs = {name: f"replica-{name}-{uuid.uuid4()}" for name in cases}
-        have = {}
-        for name, (path, body) in cases.items():
-            got, ended = post_cut(owner.url, path, body, convs[name], 200)
-            assert not ended
-            have[name] = got
-        owner.signal(signal.SIGKILL)
-        owner.wait(10)
-        for name, (path, _body) in cases.items():   # read through the survivor
-            tail, ended = get_cut(survivor.url, convs[name], len(have[name]))
-            assert ended, name
-            full = have[name] + tail
-            assert _comparable(full) == _comparable(ref[name]), name
-            assert get_cut(survivor.url, convs[name], 0)[0] == full, name
-            if path == "/v1/chat/completions":
-                assert len(_chat_ids(full)) == 1, name
-        for conv in convs.values():
-            survivor.wait_for_text(f"stream {conv!r} continued from byte")
-        metrics = httpx.get(survivor.url + "/metrics", timeout=10).text
-        assert f'mlxcel_stream_takeovers_total{{outcome="continued"}} {len(cases)}.0' in metrics
+        convs, have = _cut_then_kill(owner, cases, "replica")
+        _resume_all(survivor, cases, convs, have, ref)   # read through the survivor
     finally:
         store.stop()
