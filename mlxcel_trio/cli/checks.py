@@ -65,15 +65,15 @@ def check_blas(parsed: Parsed) -> None:
 
 
 def check_session_store(parsed: Parsed) -> None:
-    """--session-store is memory or a usable redis:// URL; the password a
-    URL carries never appears in the message."""
+    """--session-store is memory, a usable file:// directory or a redis://
+    URL; the password a URL carries never appears in the message."""
     raw = parsed.values.get("session_store", store_url.MEMORY)
     reason = store_url.problem(raw)
     if reason is not None:
         source = parsed.given.get("session_store", "argv")
         origin = "" if source == "argv" else f" (from {source})"
         raise CliError(f"--session-store {store_url.redacted(raw)!r}{origin}: {reason}")
-    if raw != store_url.MEMORY:
+    if raw != store_url.MEMORY and not store_url.is_file(raw):
         try:
             import redis  # noqa: F401  (the `redis` extra)
         except ImportError:

@@ -27,9 +27,10 @@ RUNTIME: tuple[Option, ...] = (
            default="auto", env="MLXCEL_WEIGHTS", upstream=False, owner=PERF_ISSUE),
     Option(("--session-store",), "session_store",
            "mlxcel-trio: where resumable streams (X-Conversation-Id), stored responses and "
-           "control entries live: memory (this process), or a Valkey/Redis URL "
-           "(redis://[:PASSWORD@]HOST:PORT/DB, rediss:// for TLS) shared by every replica "
+           "control entries live: memory (this process), file://DIR (this server's "
+           "streams on local disk: a restarted server continues them), or a Valkey/Redis "
+           "URL (redis://[:PASSWORD@]HOST:PORT/DB, rediss:// for TLS) shared by every replica "
            "behind a load balancer; the password is never logged",
-           value=Text(), metavar="{memory,URL}", default="memory",
+           value=Text(), metavar="{memory,file://DIR,URL}", default="memory",
            env="MLXCEL_SESSION_STORE", secret=True, upstream=False, owner=SESSIONS_ISSUE),
 )

@@ -489,10 +489,31 @@ class Scheduler:
             self._finish(seq, time.perf_counter(), out)
             return
         seq.sampler, seq.processors, seq.row = self._sampling_plan(job)
+        if job.replay:
+            self._replay(seq, out)
+            if seq.done:
+                self._finish(seq, time.perf_counter(), out)
+                return
         if not self.cont_batching and self._decoding():
             self._held.append(seq)
             return
         self._insert(seq)
+
+    def _replay(self, seq: _Sequence, out: list) -> None:
+        """A continued generation: the tokens already published go through
+        the stop matcher, detokenizer and counters as if drawn (the server
+        drops their frames), join the KV the prefill builds (the grammar and
+        the penalties read them from there), and the seeded stream skips
+        their draws, so the next draw is the one the first process made."""
+        now = time.perf_counter()
+        for token in seq.job.replay:
+            seq.kv.append(token)
+            self._on_token(seq, token, now, out)
+            if seq.done:
+                return
+        row = seq.row
+        if row is not None and row.draws:
+            row.rng_restore(row.rng_state(), len(seq.job.replay))
 
     def _image_prefill(self, seq: _Sequence) -> list:
         """Run the tower over the job's images and prefill its prompt (all but

@@ -147,6 +147,10 @@ class Job:
     # the request's audio clips, in prompt order (engine/audio_chat.py); each
     # one's placeholder run is already in `prompt`
     audio: tuple[AudioInput, ...] = ()
+    # a continued generation (server/sessions/takeover.py): the tokens an
+    # earlier process already published, replayed through the stop, grammar
+    # and sampler state and prefilled after the prompt; () = a fresh one
+    replay: tuple[int, ...] = ()
 
 
 @attrs.frozen(eq=False)

@@ -33,7 +33,8 @@ from ..protocol.routes import ROUTES, UI_ROUTES, Route, quart_rule
 from .surfaces import (info, infill, completion as native, embeddings, openai_completions,
                        tokens, transcriptions)
 from .http import limits
-from .sessions import slot_files, streams
+from .sessions import slot_files, streams, takeover
+from .http import request_tape
 from .state import AppState
 from . import drain
 from .surfaces.vertex import Predictor
@@ -70,7 +71,7 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
     state = app.mlxcel_state = AppState.create(config, bridge)
     public = {r.path for r in ROUTES if r.public}
     served: Served | None = None
-    metrics = Metrics(bridge, state.watchdog)
+    metrics = Metrics(bridge, state.watchdog, state.takeover)
 
     def ctx() -> Served:
         nonlocal served
@@ -132,6 +133,8 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
                 if bridge.info.transcriber is not None:
                     return transcriptions.no_chat_model()
                 return not_generating(config.encoder_mode or "--embeddings")
+            if request.headers.get(streams.HEADER):   # its draws, for a continuation
+                request_tape.start(takeover.played(request.scope))
             if route.body:
                 body = await read_json_body(request)
                 limits.check(body)
@@ -160,6 +163,10 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
             return loading()
         if state.draining:
             return shutting_down(drain.MESSAGE)
+        internal = takeover.continuation(request.scope)
+        if internal is not None:   # a killed server's stream, rebuilt in this process
+            g.key_scope = internal.key_scope
+            return None
         if keys and request.path not in public:
             which = api_key_index(keys)
             if which < 0:
@@ -176,6 +183,8 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
     inner = PerRequest(app.asgi_app, state.watchdog)
     if predictor is not None:  # instances are dispatched below CORS, through the gate
         predictor.asgi = inner
+    if state.takeover is not None:  # so are continued streams
+        state.takeover.asgi = inner
     app.asgi_app = CorsMiddleware(inner, policy, [("Server", "llama.cpp")])
     return app
 

@@ -168,6 +168,8 @@ async def _serve(config, bridge, app, shutdown, signals, status, sock,
             await root.start(app.mlxcel_state.watchdog.run)
         if app.mlxcel_state.shared is not None:
             await root.start(app.mlxcel_state.shared.run)
+        if app.mlxcel_state.takeover is not None:   # before listening: resumable at once
+            await root.start(app.mlxcel_state.takeover.run)
         async with trio.open_nursery() as http:
             await http.start(partial(listen.serve, app, hc, [sock], write_timeout=config.timeout,
                                      # one second later than Quart's body timeout, so a

@@ -9,8 +9,10 @@ through `app.mlxcel_state` (it runs the two tasks below in its root nursery).
     streams     X-Conversation-Id sessions (their producers are detached work)
     control     completions POST /v1/chat/completions/control can reach
     responses   stored Responses (background runs are detached work)
-    shared      the session store shared with other replicas (--session-store),
-                or None: everything above stays in this process
+    shared      the session store (--session-store): shared with other replicas
+                (redis://), or this server's streams on disk (file://, with
+                `takeover` continuing what a killed server left), or None:
+                everything above stays in this process
     slot_identities   slot-file identity digests, by model path
     heavy_work  bounds the worker threads tokenizing and rendering requests
     media       what a request's media reference may read (media/policy.py)
@@ -32,7 +34,10 @@ from .http.watchdog import RequestWatchdog
 from .sessions.control import ControlRegistry
 from .sessions.detached import Detached
 from .sessions.response_store import ResponseStore
+from .sessions.file_store import FileStore
+from .sessions.session_store import SessionStore
 from .sessions.shared import SharedStore
+from .sessions.takeover import Takeover
 from .sessions.streams import MAX_BYTES as STREAM_MAX_BYTES
 from .sessions.streams import StreamRegistry
 
@@ -45,7 +50,8 @@ class AppState:
     streams: StreamRegistry
     control: ControlRegistry
     responses: ResponseStore = attrs.field(factory=ResponseStore)
-    shared: SharedStore | None = None
+    shared: SessionStore | None = None
+    takeover: Takeover | None = None   # continues a file store's unfinished streams
     slot_identities: dict[str, dict[str, str]] = attrs.field(factory=dict)
     adapters: AdapterTable = attrs.field(factory=AdapterTable)  # LoRA: paths, global scales
     # Tokenizing and template rendering run on worker threads (request/jobs.py
@@ -66,15 +72,20 @@ class AppState:
             media = MediaPolicy.from_settings(config.media_path, config.max_image_payload_size,
                                               config.max_images)
             url = config.session_store
-        shared = None
-        if url != store_url.MEMORY:
-            shared = SharedStore(url, stream_ttl_s=StreamRegistry.ttl_from_env(),
-                                 max_bytes=STREAM_MAX_BYTES)
-        return cls(config, bridge, detached, StreamRegistry.from_env(detached, shared),
-                   ControlRegistry(bridge, shared), adapters=AdapterTable.from_config(config),
-                   responses=ResponseStore(shared=shared), shared=shared, media=media,
+        shared = peers = None
+        if store_url.is_file(url):   # this server's streams on disk; the rest in-process
+            shared = FileStore(url, stream_ttl_s=StreamRegistry.ttl_from_env(),
+                               max_bytes=STREAM_MAX_BYTES)
+        elif url != store_url.MEMORY:
+            shared = peers = SharedStore(url, stream_ttl_s=StreamRegistry.ttl_from_env(),
+                                         max_bytes=STREAM_MAX_BYTES)
+        streams = StreamRegistry.from_env(detached, shared)
+        return cls(config, bridge, detached, streams,
+                   ControlRegistry(bridge, peers), adapters=AdapterTable.from_config(config),
+                   responses=ResponseStore(shared=peers), shared=shared, media=media,
                    watchdog=(RequestWatchdog(bridge.monitor) if hasattr(bridge, "monitor")
-                             else None))
+                             else None),
+                   takeover=Takeover(streams, shared, bridge) if shared is not None else None)
 
     def chat_settings(self) -> chat_settings.ChatSettings:
         """The server's chat settings, built on first use: they need the

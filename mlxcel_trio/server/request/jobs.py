@@ -18,6 +18,7 @@ import attrs
 from ...protocol.records import Failed, Finished, Job, PromptTooLong
 from ...protocol.speculative import SpecRequest
 from ..http.errors import ApiError, json_type_name
+from ..http.request_tape import taped
 from . import (
     budget_fields as reasoning_budget,
 )
@@ -252,4 +253,4 @@ async def run_all(served: Served, jobs: Sequence, result: type = Finished,
 # -- shared renderers (generation_settings / reduced_settings: settings.py) ------------
 
 def now_s() -> int:
-    return int(time.time())
+    return taped(lambda: int(time.time()))   # a continued stream's first process's time

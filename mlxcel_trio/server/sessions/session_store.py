@@ -1,10 +1,15 @@
 """What the session rooms ask of a session store: `SessionStore`.
 
 streams.py, control.py and response_store.py speak to a store through this
-interface alone; shared.py's `SharedStore` (Valkey / Redis) implements it.
-Without --session-store there is no store and the rooms keep everything in
-this process (they still test `shared is None` for that case; an in-memory
-implementation of this protocol, and the file store, would take its place).
+interface alone; shared.py's `SharedStore` (Valkey / Redis) and
+file_store.py's `FileStore` (file://DIR: one server's streams on local disk)
+implement it.  Without --session-store there is no store and the rooms keep
+everything in this process (they still test `shared is None` for that case;
+an in-memory implementation of this protocol would take its place).
+
+A stream's log also carries what a continuation needs (takeover.py): the
+request record given to `open_stream`, and each chunk's token ids given to
+`queue`.
 Every call may raise store_transport.StoreDown.
 """
 
@@ -38,11 +43,13 @@ class SessionStore(Protocol):
     async def send_control(self, replica: str, op: str, **fields: str) -> None: ...
 
     # the stream log
-    async def open_stream(self, scope: int, cid: str) -> tuple[str, tuple[str, str] | None]: ...
+    async def open_stream(self, scope: int, cid: str, record: dict | None = None
+                          ) -> tuple[str, tuple[str, str] | None]: ...
 
     def queue(self, gen: str, scope: int, cid: str, start: int, data: bytes, *,
               end: bool = False, drop: bool = False,
-              then: Callable[[bool], None] | None = None) -> None: ...
+              then: Callable[[bool], None] | None = None,
+              tokens: list[list[int]] | None = None) -> None: ...
 
     async def describe(self, scope: int, cid: str) -> RemoteSession | None: ...
 

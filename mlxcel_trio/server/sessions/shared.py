@@ -17,8 +17,12 @@ Keys (all under `mlxcel:`, every one with an expiry, refreshed on write):
     m:<scope>:<id>    the session's hash: gen (one per session: a replaced
                       session's late writes are refused by the Lua scripts),
                       replica (the owner), started_at, completed_at, total, done
-    r:<replica>       the owner's heartbeat; absent: the owner is gone and
-                      its sessions count as ended
+    t:<scope>:<id>:<gen>  the session's token ids, one JSON entry per chunk
+                      (takeover.py; never trimmed)
+    r:<replica>       the owner's heartbeat; absent: the owner is gone, and
+                      a live replica takes its sessions over (TAKEOVER:
+                      the hash's replica, epoch and attempts; req holds
+                      the request record); one without a record ends
     c:<replica>       the owner's control stream: cancel a stream, force a
                       reasoning end, cancel a background response
     cc:<id>           a controllable completion: owner, scope, armed
@@ -65,7 +69,7 @@ from ... import store_url
 from .store_control import ControlBus
 from .store_heartbeat import Heartbeat
 from .store_records import RESPONSE_TTL_ENV, RESPONSE_TTL_S, CompletionRecords, ResponseRecords
-from .store_streams import APPEND, CLAIM, REMOVE, Pending, StreamLog
+from .store_streams import APPEND, CLAIM, REMOVE, TAKEOVER, Pending, StreamLog
 from .store_transport import BLOCK_MS, THREADS, StoreDown, Transport, seconds_from_env
 
 log = logging.getLogger("mlxcel.session_store")
@@ -94,6 +98,7 @@ class SharedStore(Transport, Heartbeat, ControlBus, StreamLog, CompletionRecords
         self._append = self._redis.register_script(APPEND)
         self._claim = self._redis.register_script(CLAIM)
         self._remove = self._redis.register_script(REMOVE)
+        self._takeover = self._redis.register_script(TAKEOVER)
         self._limiter = trio.CapacityLimiter(THREADS)
         self._down_until = 0.0          # trio clock
         self._backoff = 0.0

@@ -48,11 +48,13 @@ from ...bridge import JobHandle
 from ..http.body import read_json_body
 from ..http.errors import ApiError, json_response, not_found
 from ..http.key_scope import key_scope
+from ..http import request_tape
 from ..http.resources import RequestResources
 from .detached import Detached
 from .session_store import SessionStore
 from .store_streams import RemoteSession
 from .store_transport import StoreDown, unavailable
+from .takeover import Tap, request_record
 
 log = logging.getLogger("mlxcel.streams")
 
@@ -94,6 +96,7 @@ class StreamSession:
         self.scope = trio.CancelScope()  # the producer's; cancelled by DELETE / replace
         self.gen: str | None = None      # with a shared store: this session's generation there
         self.queued = 0                  # bytes handed to the shared store's writer
+        self.tap = None                  # with a store: records its token ids (takeover.py)
         self._cap = max_bytes
         self._buf = bytearray()
         self._head = 0
@@ -114,6 +117,10 @@ class StreamSession:
             if self._head >= max(1, self._cap // 4):
                 self._compact()
         self._wake()
+
+    def preload(self, first: int, data: bytes) -> None:
+        """Bytes an earlier process published, from absolute offset `first`."""
+        self.dropped, self._buf, self._head = first, bytearray(data), 0
 
     def _compact(self) -> None:
         del self._buf[:self._head]
@@ -222,20 +229,33 @@ class StreamRegistry:
 
     async def open(self, owner: int, conversation_id: str, handle: JobHandle,
                    frames: AsyncIterator[bytes],
-                   resources: RequestResources | None = None) -> StreamSession:
+                   resources: RequestResources | None = None,
+                   tap: Tap | None = None) -> StreamSession:
         """Install a session whose producer drains `frames` (replacing, and
         stopping, an earlier one with the same key, as upstream, on whichever
         replica owns it); the producer's task takes `handle` over from the
-        request's `resources`."""
+        request's `resources`.  `tap` records the session's token ids and
+        its request for the store; a continuation's (takeover.py) resumes
+        the session it names instead of opening one."""
         key = (owner, conversation_id)
         running = self._running and self._detached.running
+        plan = tap.plan if tap is not None else None
+        if plan is not None:
+            session = plan.session
+            if self._sessions.get(key) is not session or session.done:
+                raise ApiError("the continued stream session is gone", "unavailable_error")
+            session.tap = tap
+            self._detached.start(self._produce, key, session, frames, moving=(handle,),
+                                 source=resources, name=f"stream {conversation_id!r}")
+            return session
         if not running or (key not in self._sessions and self.live >= self.max_live):
             raise ApiError(f"too many live stream sessions ({self.max_live}); retry when one "
                            "finishes", "unavailable_error")
         gen = None
         if self.shared is not None:
             try:
-                gen, replaced = await self.shared.open_stream(owner, conversation_id)
+                gen, replaced = await self.shared.open_stream(
+                    owner, conversation_id, tap.request if tap is not None else None)
                 if replaced is not None:
                     await self.shared.send_control(replaced[0], "cancel", scope=str(owner),
                                                    cid=conversation_id, gen=replaced[1])
@@ -244,6 +264,7 @@ class StreamRegistry:
         self.cancel(owner, conversation_id)
         session = StreamSession(conversation_id, owner, self.max_bytes)
         session.gen = gen
+        session.tap = tap
         self._sessions[key] = session
         self._detached.start(self._produce, key, session, frames, moving=(handle,),
                              source=resources, name=f"stream {conversation_id!r}")
@@ -276,8 +297,9 @@ class StreamRegistry:
         if session.done or not chunk:
             return
         start, session.queued = session.queued, session.queued + len(chunk)
+        tokens = session.tap.take() if session.tap is not None else None
         self.shared.queue(session.gen, session.owner, session.conversation_id, start, chunk,
-                          then=lambda ok: session.append(chunk))
+                          then=lambda ok: session.append(chunk), tokens=tokens)
 
     def _finish(self, session: StreamSession) -> None:
         if session.gen is None or self.shared is None or session.done:
@@ -285,6 +307,35 @@ class StreamRegistry:
             return
         self.shared.queue(session.gen, session.owner, session.conversation_id, session.queued,
                           b"", end=True, then=lambda ok: session.finish())
+
+    # -- continued sessions (takeover.py) -----------------------------------------------
+
+    def restore(self, rec) -> StreamSession | None:
+        """A session an earlier process left in the store (file_store.Recovered),
+        installed with its retained bytes: ended, or live until its
+        continuation ends it."""
+        key = (rec.scope, rec.cid)
+        if key in self._sessions:
+            return None
+        session = StreamSession(rec.cid, rec.scope, self.max_bytes)
+        session.gen, session.queued, session.started_at = rec.gen, rec.total, rec.started_at
+        session.preload(rec.first, rec.data)
+        self._sessions[key] = session
+        if rec.done:
+            session.finish()
+            session.completed_at = rec.completed_at
+            session.ended = trio.current_time() - max(0.0, time.time() - rec.completed_at)
+            self._completed[key] = session
+        return session
+
+    def end_continued(self, session: StreamSession, frame: bytes = b"") -> None:
+        """A continuation that will not run: its last frame (an error), then its end."""
+        if frame:
+            self._append(session, frame)
+        self._finish(session)
+        key = (session.owner, session.conversation_id)
+        if self._sessions.get(key) is session:
+            self._completed[key] = session
 
     def _cancel_message(self, msg: dict[str, str]) -> None:
         """Another replica's DELETE (or replacement) of a session this one owns."""
@@ -388,7 +439,8 @@ def owner_of(key: Key) -> int:
 # -- the request side ---------------------------------------------------------------
 
 async def sse_response(registry: StreamRegistry, resources: RequestResources,
-                       handle: JobHandle, frames: AsyncIterator[bytes]) -> Response:
+                       handle: JobHandle, frames: AsyncIterator[bytes],
+                       tap: Tap | None = None) -> Response:
     """The response of every streaming route (surfaces/streaming.py).
     Without the header: the frames themselves, cancelled with the request.
     With it: the frames go to a session that outlives the request (taking
@@ -400,8 +452,12 @@ async def sse_response(registry: StreamRegistry, resources: RequestResources,
         handle.close()
         raise ApiError(f"Invalid {HEADER} header: expected 1 to {MAX_ID_CHARS} printable "
                        "ASCII characters without spaces")
+    if tap is not None and tap.plan is None and registry.shared is not None:
+        tap.record(request_record(request, await request.get_data(), key_scope(),
+                                  request_tape.current()))
     try:
-        session = await registry.open(key_scope(), conversation_id, handle, frames, resources)
+        session = await registry.open(key_scope(), conversation_id, handle, frames, resources,
+                                      tap)
     except ApiError:
         handle.close()
         raise

@@ -22,7 +22,7 @@ server answers without waking and nothing is read across threads.
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 from prometheus_client.utils import floatToGoString
 from quart import Response
 
@@ -95,9 +95,11 @@ def _upstream_block(values: dict[str, float]) -> str:
 class _Ours:
     """prometheus-client collector for the mlxcel_ families."""
 
-    def __init__(self, bridge: Bridge, watchdog: RequestWatchdog | None = None) -> None:
+    def __init__(self, bridge: Bridge, watchdog: RequestWatchdog | None = None,
+                 takeover=None) -> None:
         self.bridge = bridge
         self.watchdog = watchdog
+        self.takeover = takeover   # sessions/takeover.Takeover, with a file:// store
 
     def collect(self):
         monitor = self.bridge.monitor
@@ -140,6 +142,21 @@ class _Ours:
             yield GaugeMetricFamily("mlxcel_requests_stalled_now",
                                     "Requests without progress past the bound right now",
                                     value=self.watchdog.stalled_now)
+        if self.takeover is not None:
+            yield from _takeovers(self.takeover)
+
+
+def _takeovers(t):
+    """Streams a killed server left unfinished, continued or ended here."""
+    done = CounterMetricFamily("mlxcel_stream_takeovers", "Unfinished streams of a killed "
+                               "server taken over, by outcome (failed: ended with an error "
+                               "frame)", labels=("outcome",))
+    done.add_metric(("continued",), t.continued)
+    done.add_metric(("failed",), t.failed)
+    yield done
+    yield SummaryMetricFamily("mlxcel_stream_takeover_first_token_seconds",
+                              "From a takeover's claim to its first continued byte",
+                              count_value=t.first_token_n, sum_value=t.first_token_sum)
 
 
 def _prompt_cache(st: CacheStats | None):
@@ -175,10 +192,11 @@ def _prompt_cache_tiers(st):
 
 
 class Metrics:
-    def __init__(self, bridge: Bridge, watchdog: RequestWatchdog | None = None) -> None:
+    def __init__(self, bridge: Bridge, watchdog: RequestWatchdog | None = None,
+                 takeover=None) -> None:
         self.bridge = bridge
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_Ours(bridge, watchdog))
+        self.registry.register(_Ours(bridge, watchdog, takeover))
 
     def scrape(self) -> Response:
         bridge = self.bridge

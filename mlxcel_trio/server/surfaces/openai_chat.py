@@ -31,6 +31,7 @@ from ..request.schema import NativeRequest
 from ..request.jobs import make_jobs, now_s, resolve, run_all
 from ..request.served import Served, off_loop
 from ..http.errors import json_response
+from ..http.request_tape import taped
 from .completion import ProbsRenderer, final_object, final_probs
 from ..http.resources import request_resources
 from ..http.sse import DONE, frame
@@ -40,7 +41,7 @@ _ALNUM = string.digits + string.ascii_uppercase + string.ascii_lowercase
 
 
 def random_string() -> str:
-    return "".join(secrets.choice(_ALNUM) for _ in range(32))
+    return taped(lambda: "".join(secrets.choice(_ALNUM) for _ in range(32)))
 
 
 async def chat_plan(served: Served, config, body: Any, generating: bool = True) -> ChatPlan:

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from typing import AsyncIterator, Callable, Iterable, Sequence
 
-from quart import Response
+from quart import Response, request
 
 from ...bridge import JobHandle
 from ..http.resources import request_resources
 from ..http.sse import event_stream, first_event
 from ..request.served import Served
-from ..sessions.streams import sse_response
+from ..sessions.streams import HEADER, sse_response
+from ..sessions.takeover import Tap, continuation
 
 Frames = AsyncIterator[bytes]
 
@@ -31,6 +32,14 @@ async def stream_jobs(served: Served, jobs: Sequence, render: Callable[[object],
     `opened` sees the handle before the first event is awaited (to make
     the completion controllable while its prompt is processed); `wrap`
     re-frames the stream (Anthropic's error events)."""
+    tap = None
+    if served.state.streams.shared is not None and request.headers.get(HEADER):
+        # resumable, with a store: its log records what a continuation needs
+        plan = continuation(request.scope)
+        if plan is not None:
+            jobs = plan.jobs(jobs)
+        tap = Tap(jobs, plan)
+        render = tap.render(render)
     resources = request_resources()
     handle = resources.own(served.bridge.open(*jobs))
     if opened is not None:
@@ -38,4 +47,4 @@ async def stream_jobs(served: Served, jobs: Sequence, render: Callable[[object],
     first = await first_event(handle)
     frames = event_stream(handle, first, render, ping_s, trailer)
     return await sse_response(served.state.streams, resources, handle,
-                        wrap(frames) if wrap is not None else frames)
+                              wrap(frames) if wrap is not None else frames, tap)

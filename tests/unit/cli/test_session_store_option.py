@@ -14,7 +14,7 @@ from mlxcel_trio.cli.parser import help_text, parse
 from ._proc import run_cli
 
 BAD = [
-    ("http://cache:6379", "expected memory, or a redis://"),
+    ("http://cache:6379", "expected memory, file://DIR, or a redis://"),
     ("redis://:6379/0", "names no host"),
     ("redis://cache:6379/zero", "the database must be a number"),
     ("redis://:s3cret@cache:99999/0", "not a URL"),
@@ -48,3 +48,21 @@ def test_memory_is_the_default_and_help_says_what_it_is() -> None:
 def test_the_password_is_redacted_from_logs() -> None:
     parsed = parse(["-m", "x", "--session-store", "rediss://u:s3cret@cache:6380/1"], env={})
     assert "s3cret" in sinks.secret_values(parsed, {}, [])
+
+
+def test_a_file_store_that_is_not_a_directory_stops_startup(tmp_path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    run = run_cli(["-m", "x", "--session-store", f"file://{blocker}"])
+    assert run.rc == 1 and len(run.stderr_lines) == 1, run.stderr
+    line = run.stderr_lines[0]
+    assert line.startswith(f"error: --session-store 'file://{blocker}'")
+    assert "is not a directory" in line and "or memory" in line
+
+
+def test_a_file_store_directory_is_created_and_accepted(tmp_path) -> None:
+    from mlxcel_trio import store_url
+
+    target = tmp_path / "new" / "sessions"
+    assert store_url.problem(f"file://{target}") is None
+    assert target.is_dir() and store_url.file_dir(f"file://{target}") == str(target)

@@ -267,3 +267,36 @@ def test_the_redis_store_speaks_the_whole_session_store_protocol():
         if callable(want) and callable(ours):
             assert list(inspect.signature(ours).parameters) == \
                 list(inspect.signature(want).parameters), name
+
+
+async def test_a_gone_owner_s_session_is_claimed_once_and_its_late_writes_fenced(
+        store, store_server):  # noqa: F811
+    from mlxcel_trio.server.sessions.store_streams import Pending
+
+    owner = SharedStore(store_server.url, stream_ttl_s=5, max_bytes=64)
+    peer = SharedStore(store_server.url, stream_ttl_s=5, max_bytes=64)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(peer.run)
+        async with trio.open_nursery() as owner_nursery:
+            await owner_nursery.start(owner.run)
+            gen, _ = await owner.open_stream(0, "claimed", {"path": "/completion"})
+            assert await flushed(owner, gen, 0, "claimed", 0, b"one ", tokens=[[1, 2]])
+            assert await flushed(owner, gen, 0, "claimed", 4, b"two ", tokens=[[3]])
+            assert await store.claim_orphans() == []      # the owner is alive: nothing
+            owner_nursery.cancel_scope.cancel()            # its heartbeat stops
+        with trio.fail_after(BOUND_S):   # gone, yet not ended: it waits for a takeover
+            while await store.owner_alive(owner.replica):
+                await trio.sleep(0.05)
+        assert not (await store.describe(0, "claimed")).done
+        claimed = await store.claim_orphans()
+        assert await peer.claim_orphans() == []            # one replica wins it
+        (rec,) = claimed
+        assert (rec.cid, rec.gen, rec.attempts, bytes(rec.data), rec.tokens, rec.request) == (
+            "claimed", gen, 1, b"one two ", [[1, 2, 3]], {"path": "/completion"})
+        # the old owner's late write is fenced off
+        await owner.call(owner._flush, [Pending(gen, 0, "claimed", 8, bytearray(b"late "))])
+        assert await flushed(store, gen, 0, "claimed", 8, b"three", end=True)
+        remote = await store.describe(0, "claimed")
+        assert remote.done and remote.replica == store.replica
+        assert await collect(store.follow(remote, 0, 0)) == b"one two three"
+        nursery.cancel_scope.cancel()

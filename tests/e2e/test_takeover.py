@@ -1,0 +1,204 @@
+"""Streams that outlive their process, end to end: a lone server with
+`--session-store file://DIR` is SIGKILLed in the middle of resumable
+streams, a new server starts on the same directory, continues each
+unfinished generation, and a client resuming with the usual
+`GET /v1/stream?conv_id=&from=N` (from the bytes it had) receives the
+stream an uninterrupted run sends: frame for frame (only timings and, for
+the native route, nothing else may differ), one final event, no gap and no
+repeat.  The continued chat chunks keep the first process's id.
+
+Every case is killed after its first bytes reached the client, and the new
+server's log must say the stream was continued from a byte offset (a case
+the first server had already finished would prove nothing).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import uuid
+
+import httpx
+import pytest
+
+from tests.store_server import StoreServer
+
+from .test_stream_resume import (
+    GREEDY,
+    HEADER,
+    PROMPT,
+    frames,
+    get_cut,
+    lookup,
+    post_cut,
+)
+
+pytestmark = pytest.mark.e2e
+
+LONG = 1000  # tokens: a SIGKILL right after the first bytes lands mid-stream
+# no prompt cache: the reference runs would report cached tokens the fresh
+# server's continuation cannot have (the one field that depends on history)
+GREEDY = {**GREEDY, "cache_prompt": False}
+CHAT = [{"role": "user", "content": "Tell me a story about the engine."}]
+CASES = {
+    "completion": ("/completion", {"prompt": PROMPT, "n_predict": LONG, **GREEDY}),
+    "chat": ("/v1/chat/completions",
+             {"model": "m", "messages": CHAT, "max_tokens": LONG, **GREEDY}),
+    "v1-completions": ("/v1/completions",
+                       {"model": "m", "prompt": PROMPT, "max_tokens": LONG, **GREEDY}),
+    "grammar": ("/completion", {"prompt": PROMPT, "n_predict": LONG, **GREEDY,
+                                "grammar": 'root ::= ("ab" | "cd" | " " | "e")+'}),
+    "seeded": ("/completion", {"prompt": PROMPT, "n_predict": LONG, "stream": True,
+                               "temperature": 0.9, "seed": 1234, "ignore_eos": True,
+                               "cache_prompt": False}),
+}
+# a stop string met late in the greedy text: found in the reference run
+STOP_CASE = "stop"
+
+
+def _plain(url: str, path: str, body: dict) -> bytes:
+    raw, ended = post_cut(url, path, body, None, 1 << 30)
+    assert ended
+    return raw
+
+
+def _comparable(raw: bytes) -> list:
+    """frames() less the slot that served it (any free slot may continue it)."""
+    def strip(obj):
+        if isinstance(obj, dict):
+            return {k: strip(v) for k, v in obj.items() if k != "id_slot"}
+        if isinstance(obj, (list, tuple)):
+            return [strip(v) for v in obj]
+        return obj
+    return strip(frames(raw))
+
+
+def _cut_then_kill(server, cases: dict, prefix: str) -> tuple[dict, dict]:
+    """Start every case as a resumable stream on `server`, keep each one's
+    first bytes, SIGKILL the server: (ids, bytes kept) by case."""
+    convs = {name: f"{prefix}-{name}-{uuid.uuid4()}" for name in cases}
+    have = {}
+    for name, (path, body) in cases.items():
+        got, ended = post_cut(server.url, path, body, convs[name], 200)
+        assert not ended
+        have[name] = got
+    server.signal(signal.SIGKILL)
+    server.wait(10)
+    return convs, have
+
+
+def _resume_all(server, cases: dict, convs: dict, have: dict, ref: dict) -> None:
+    """Each client resumes through `server` from the bytes it kept and gets
+    the uninterrupted run's stream; the server says it continued each one
+    (so none had finished before the kill) and counts them."""
+    for name, (path, _body) in cases.items():
+        conv = convs[name]
+        tail, ended = get_cut(server.url, conv, len(have[name]))
+        assert ended, name
+        full = have[name] + tail
+        assert _comparable(full) == _comparable(ref[name]), name
+        assert get_cut(server.url, conv, 0)[0] == full, name   # the log is the one stream
+        (info,) = lookup(server.url, conv)
+        assert info["is_done"] and info["total_bytes"] == len(full), name
+        if path == "/v1/chat/completions":
+            assert len(_chat_ids(full)) == 1, name  # the continuation kept its id
+    for conv in convs.values():
+        server.wait_for_text(f"stream {conv!r} continued from byte")
+    metrics = httpx.get(server.url + "/metrics", timeout=10).text
+    assert f'mlxcel_stream_takeovers_total{{outcome="continued"}} {len(cases)}.0' in metrics
+
+
+def _chat_ids(raw: bytes) -> set[str]:
+    out = set()
+    for block in raw.decode().split("\n\n"):
+        if block.startswith("data: {"):
+            out.add(json.loads(block[6:]).get("id"))
+    return out
+
+
+def test_a_killed_server_s_streams_continue_after_a_restart(tiny_model, start_server,
+                                                              tmp_path):
+    store = f"file://{tmp_path / 'sessions'}"
+    args = ("-c", "12288", "-np", "6", "--session-store", store, "--metrics")
+    first = start_server(tiny_model, *args)
+    cases = dict(CASES)
+    ref = {name: _plain(first.url, path, body) for name, (path, body) in cases.items()}
+    # a stop string taken from the middle of the greedy text
+    text = "".join(json.loads(b[6:])["content"] for b in ref["completion"].split(b"\n\n")
+                   if b.startswith(b"data: {"))
+    stop = text[len(text) // 2:len(text) // 2 + 6]
+    cases[STOP_CASE] = ("/completion", {"prompt": PROMPT, "n_predict": LONG, **GREEDY,
+                                        "stop": [stop]})
+    ref[STOP_CASE] = _plain(first.url, *cases[STOP_CASE])
+    assert b'"stop_type":"word"' in ref[STOP_CASE]
+
+    convs, have = _cut_then_kill(first, cases, "takeover")
+    second = start_server(tiny_model, *args)
+    _resume_all(second, cases, convs, have, ref)
+    metrics = httpx.get(second.url + "/metrics", timeout=10).text
+    assert f"mlxcel_stream_takeover_first_token_seconds_count {len(cases)}.0" in metrics
+
+
+def test_a_session_it_cannot_rebuild_ends_with_an_error_frame(tiny_model, start_server,
+                                                                tmp_path):
+    store = f"file://{tmp_path / 'sessions'}"
+    args = ("-c", "4096", "-np", "2", "--session-store", store)
+    first = start_server(tiny_model, *args)
+    conv = f"cannot-{uuid.uuid4()}"
+    body = {"model": "m", "messages": CHAT, "max_tokens": LONG, **GREEDY}
+    got, ended = post_cut(first.url, "/v1/chat/completions", body, conv, 200)
+    assert not ended
+    first.signal(signal.SIGKILL)
+    first.wait(10)
+    # another chat template renders another prompt: the recorded one cannot be rebuilt
+    second = start_server(tiny_model, *args, "--chat-template", "llama3")
+    tail, ended = get_cut(second.url, conv, len(got))
+    assert ended
+    last = tail.rstrip().split(b"\n\n")[-1]
+    err = json.loads(last[6:])["error"]
+    assert err["type"] == "unavailable_error"
+    assert "cannot be continued" in err["message"] and "prompt" in err["message"], err
+    assert b"[DONE]" not in tail
+
+
+def test_an_unusable_directory_is_refused_before_the_model_loads(tiny_model, tmp_path):
+    import subprocess
+    import sys
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    out = subprocess.run([sys.executable, "-m", "mlxcel_trio", "-m", str(tiny_model),
+                          "--session-store", f"file://{blocker}"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert "--session-store" in out.stderr and "is not a directory" in out.stderr, out.stderr
+    assert "memory" in out.stderr
+
+
+def test_a_second_server_on_the_same_directory_is_refused(tiny_model, start_server, tmp_path):
+    import subprocess
+    import sys
+
+    store = f"file://{tmp_path / 'sessions'}"
+    start_server(tiny_model, "-c", "2048", "-np", "1", "--session-store", store)
+    out = subprocess.run([sys.executable, "-m", "mlxcel_trio", "-m", str(tiny_model),
+                          "--session-store", store], capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "another server is using" in out.stderr, out.stderr
+
+
+# a replica counts as gone 3 s after its last heartbeat (test_replicas.py's reasons)
+REPLICA_ENV = {"MLXCEL_INTERNAL_REPLICA_TTL_S": "3"}
+
+
+def test_a_killed_replica_s_streams_continue_on_the_survivor(tiny_model, start_server):
+    store = StoreServer().start()
+    try:
+        args = ("-c", "12288", "-np", "6", "--session-store", store.url, "--metrics")
+        owner = start_server(tiny_model, *args, env=REPLICA_ENV)
+        survivor = start_server(tiny_model, *args, env=REPLICA_ENV)
+        cases = dict(CASES)
+        ref = {name: _plain(survivor.url, path, body) for name, (path, body) in cases.items()}
+        convs, have = _cut_then_kill(owner, cases, "replica")
+        _resume_all(survivor, cases, convs, have, ref)   # read through the survivor
+    finally:
+        store.stop()
