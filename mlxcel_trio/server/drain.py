@@ -24,6 +24,8 @@ async def drain(state, shutdown: trio.Event, grace_s: float) -> None:
     """Wait for `shutdown`, mark `state` draining, then end what still runs."""
     await shutdown.wait()
     state.draining = True
+    if state.takeover is not None:   # with a session store: a peer continues them
+        await state.takeover.hand_off()   # (bounded and shielded; the runner repeats it)
     await trio.sleep(max(grace_s - ENDING_MARGIN_S, 0.0))
     ended = state.bridge.fail_all("unavailable_error", MESSAGE)
     if ended:

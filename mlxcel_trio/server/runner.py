@@ -181,6 +181,8 @@ async def _serve(config, bridge, app, shutdown, signals, status, sock,
             warn_open_cors(config)
             _note_ui(config)
             root.start_soon(_watch_load, bridge, shutdown, status, lifecycle)
+        if app.mlxcel_state.takeover is not None:   # before the store's writer stops
+            await app.mlxcel_state.takeover.hand_off()
         root.cancel_scope.cancel()
     return status["code"]
 

@@ -241,7 +241,8 @@ def test_the_owner_killed_mid_stream_loses_no_written_byte(pair, store, tiny_mod
     victim = start_server(tiny_model, "-c", "8192", "-np", "1", "--session-store", store.url,
                           env=ENV)
     conv = f"kill-{uuid.uuid4()}"
-    body = {"prompt": PROMPT, "n_predict": -1, **GREEDY}
+    # bounded: a live replica continues it to its end (its slot, not the victim's)
+    body = {"prompt": PROMPT, "n_predict": 600, **GREEDY}
     with httpx.Client(timeout=60) as c, c.stream("POST", victim.url + "/completion", json=body,
                                                   headers={HEADER: conv}) as r:
         got = b""

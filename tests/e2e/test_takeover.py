@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 import uuid
 
 import httpx
@@ -200,5 +201,45 @@ def test_a_killed_replica_s_streams_continue_on_the_survivor(tiny_model, start_s
         ref = {name: _plain(survivor.url, path, body) for name, (path, body) in cases.items()}
         convs, have = _cut_then_kill(owner, cases, "replica")
         _resume_all(survivor, cases, convs, have, ref)   # read through the survivor
+    finally:
+        store.stop()
+
+
+def test_a_rolling_restart_hands_every_stream_on(tiny_model, start_server):
+    """SIGTERM on a replica hands its live streams to its peer at once (no
+    wait for the heartbeat to lapse); restarting A, then B, under live
+    streams cuts none: each client, reading through the replica still up,
+    gets the uninterrupted stream."""
+    store = StoreServer().start()
+    try:
+        # the default 10 s replica TTL: a peer that claimed within it was handed the streams
+        args = ("-c", "12288", "-np", "6", "--session-store", store.url, "--metrics")
+        a = start_server(tiny_model, *args)
+        b = start_server(tiny_model, *args)
+        cases = {name: CASES[name] for name in ("completion", "chat", "grammar", "seeded")}
+        ref = {name: _plain(b.url, path, body) for name, (path, body) in cases.items()}
+        convs = {name: f"rolling-{name}-{uuid.uuid4()}" for name in cases}
+        have = {}
+        for name, (path, body) in cases.items():
+            got, ended = post_cut(a.url, path, body, convs[name], 200)
+            assert not ended
+            have[name] = got
+        t0 = time.monotonic()
+        a.signal(signal.SIGTERM)
+        assert a.wait(15) == 0
+        for conv in convs.values():
+            b.wait_for_text(f"stream {conv!r} continued from byte", timeout=8)
+        assert time.monotonic() - t0 < 8    # handed off, not left to the 10 s TTL
+        a2 = start_server(tiny_model, *args)
+        for name in cases:                  # B holds them now: read a little through B
+            got, _ = get_cut(b.url, convs[name], len(have[name]), 100)
+            have[name] += got
+        b.signal(signal.SIGTERM)            # then B restarts too
+        assert b.wait(15) == 0
+        for name, (path, _body) in cases.items():
+            tail, ended = get_cut(a2.url, convs[name], len(have[name]))
+            assert ended, name
+            full = have[name] + tail
+            assert _comparable(full) == _comparable(ref[name]), name
     finally:
         store.stop()

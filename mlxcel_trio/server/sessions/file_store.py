@@ -133,6 +133,7 @@ class FileStore:
         self._wake = trio.Event()
         self._ticks: list[Callable[[], None]] = []
         self._last_sync = 0.0
+        self._flushing = False                     # the writer has a batch in flight
         self._recovered: list[Recovered] = []
 
     @property
@@ -204,6 +205,15 @@ class FileStore:
 
     # -- heartbeat and control: one server, no peers --------------------------------------
 
+    async def release(self) -> None:
+        """SIGTERM's hand-off: every queued chunk written (and synced), so a
+        restart on this directory continues the sessions left unfinished."""
+        with trio.move_on_after(10.0):
+            await trio.sleep(0.05)   # the producers just cancelled queue their last chunks
+            while self._pending or self._flushing:
+                await trio.sleep(0.01)
+        self._last_sync = 0.0
+
     def on_tick(self, fn: Callable[[], None]) -> None:
         self._ticks.append(fn)
 
@@ -262,10 +272,13 @@ class FileStore:
             work = [(p, self._opened.pop(p.gen, None)) for p in batch]
             ok = True
             try:
+                self._flushing = True
                 await trio.to_thread.run_sync(self._flush, work)
             except OSError as exc:
                 ok = False
                 log.warning("session store %s: a write failed (%s)", self.shown, exc)
+            finally:
+                self._flushing = False
             applied(batch, ok)
 
     def _flush(self, work) -> None:

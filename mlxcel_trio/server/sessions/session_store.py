@@ -37,6 +37,8 @@ class SessionStore(Protocol):
 
     async def owner_alive(self, replica: str) -> bool: ...
 
+    async def release(self) -> None: ...   # SIGTERM: hand live sessions to peers
+
     # the control bus
     def on_control(self, op: str, fn: Callable[[dict[str, str]], None]) -> None: ...
 

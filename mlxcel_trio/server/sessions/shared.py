@@ -103,6 +103,8 @@ class SharedStore(Transport, Heartbeat, ControlBus, StreamLog, CompletionRecords
         self._down_until = 0.0          # trio clock
         self._backoff = 0.0
         self._was_down = False
+        self._released = False          # SIGTERM handed the sessions off: no more beats
+        self._flushing = False          # the writer has a batch in flight
         self._pending: OrderedDict[str, Pending] = OrderedDict()   # by session gen
         self._wake = trio.Event()
         self._handlers: dict[str, Callable[[dict[str, str]], None]] = {}

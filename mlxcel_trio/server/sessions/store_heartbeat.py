@@ -27,11 +27,26 @@ class Heartbeat:
                              if self._was_down else self.replica_ttl_s / 3)
             for tick in self._ticks:
                 tick()
-            if self.up:
+            if self.up and not self._released:
                 try:
                     await self._beat()
                 except StoreDown:
                     pass
+
+    async def release(self) -> None:
+        """SIGTERM's hand-off: once every queued chunk is written, stop
+        beating and remove the heartbeat, so peers take this replica's
+        sessions over at their next beat instead of after the TTL."""
+        with trio.move_on_after(self.replica_ttl_s):
+            await trio.sleep(0.05)   # the producers just cancelled queue their last chunks
+            while self._pending or self._flushing:
+                await trio.sleep(0.01)
+        self._released = True
+        key = P + "r:" + self.replica
+        try:
+            await self.call(lambda r: r.delete(key))
+        except StoreDown:
+            pass   # the TTL does it
 
     def on_tick(self, fn: Callable[[], None]) -> None:
         """Call `fn()` at every heartbeat (a third of the replica TTL)."""

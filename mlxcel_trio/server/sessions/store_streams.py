@@ -215,9 +215,12 @@ class StreamLog:
                 continue
             ok = True
             try:
+                self._flushing = True
                 await self.call(self._flush, batch)
             except StoreDown:
                 ok = False
+            finally:
+                self._flushing = False
             applied(batch, ok)
 
     def _flush(self, r, batch: list[Pending]) -> None:

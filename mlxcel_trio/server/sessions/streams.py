@@ -97,6 +97,7 @@ class StreamSession:
         self.gen: str | None = None      # with a shared store: this session's generation there
         self.queued = 0                  # bytes handed to the shared store's writer
         self.tap = None                  # with a store: records its token ids (takeover.py)
+        self.handed_off = False          # SIGTERM: left unfinished in the store for a peer
         self._cap = max_bytes
         self._buf = bytearray()
         self._head = 0
@@ -302,6 +303,9 @@ class StreamRegistry:
                           then=lambda ok: session.append(chunk), tokens=tokens)
 
     def _finish(self, session: StreamSession) -> None:
+        if session.handed_off:   # no end entry: another process continues it
+            session.finish()
+            return
         if session.gen is None or self.shared is None or session.done:
             session.finish()
             return
@@ -327,6 +331,18 @@ class StreamRegistry:
             session.ended = trio.current_time() - max(0.0, time.time() - rec.completed_at)
             self._completed[key] = session
         return session
+
+    def hand_off(self) -> int:
+        """SIGTERM with a store: stop every live session's producer without
+        ending the session in the store, so a peer (or this server after a
+        restart) continues it; how many there were."""
+        n = 0
+        for session in list(self._sessions.values()):
+            if session.gen is not None and self.shared is not None and not session.done:
+                session.handed_off = True
+                session.scope.cancel()
+                n += 1
+        return n
 
     def end_continued(self, session: StreamSession, frame: bytes = b"") -> None:
         """A continuation that will not run: its last frame (an error), then its end."""

@@ -67,6 +67,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("mlxcel.takeover")
 
 SCOPE_KEY = "mlxcel.continuation"   # ASGI scope key: never settable by a client
+RELEASE_S = 5.0                     # SIGTERM: the longest the hand-off waits for its writes
 FINISHED = -1                       # in a job's recorded ids: its final frame was rendered
 _SECRET_HEADERS = frozenset({b"authorization", b"x-api-key", b"cookie", b"proxy-authorization",
                              b"content-length"})
@@ -199,6 +200,9 @@ class Takeover:
         self.failed = 0               # sessions ended with an error frame
         self.first_token_sum = 0.0    # claim -> first continued byte, summed over sessions
         self.first_token_n = 0
+        self.stopping = False         # SIGTERM: claim nothing more
+        self.handed = 0               # ... the live streams it left to a peer
+        self.released = False         # ... once their last chunks are written
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         recovered = self.store.recovered()
@@ -219,6 +223,8 @@ class Takeover:
                 return
             while True:   # a peer's orphans, once per heartbeat
                 await trio.sleep(self.store.replica_ttl_s / 3)
+                if self.stopping:
+                    return
                 try:
                     claimed = await claims()
                 except StoreDown:
@@ -288,6 +294,20 @@ class Takeover:
                 log.exception("continuing a stream failed")
                 return 500, str(exc).encode()
         return status, b"".join(chunks)
+
+    async def hand_off(self) -> None:
+        """SIGTERM: this server's live streams are left to a peer at once
+        (their last chunks written, then this replica's heartbeat removed,
+        so the next peer heartbeat claims them), or to a restart on the
+        same file:// directory."""
+        self.stopping = True
+        self.handed += self.registry.hand_off()
+        if self.handed and not self.released:
+            with trio.CancelScope(shield=True), trio.move_on_after(RELEASE_S):
+                await self.store.release()
+                self.released = True
+                log.info("shutdown: %d live stream(s) handed off through the session store",
+                         self.handed)
 
     def _fail(self, session: "StreamSession", why: str) -> None:
         self.failed += 1
