@@ -326,33 +326,55 @@ void prepare(const float* x, int M, int K, int bits, int group, Prepared& p) {
   }
 }
 
-template <int MR, int BITS>
+// One weight row's scales and biases as float32, once per row (G values),
+// so the group loop reads them without a dtype switch.
+inline void row_params(const void* scales, const void* biases, int sdtype, long off, int G,
+                       float* s, float* b) {
+  for (int g = 0; g < G; ++g) {
+    s[g] = scalar_at(scales, sdtype, off + g);
+    b[g] = scalar_at(biases, sdtype, off + g);
+  }
+}
+
+// GROUP is a template parameter so the per-group loop is unrolled: the group
+// step (one scale multiply per activation row) is most of the cost at small
+// groups otherwise.
+template <int MR, int BITS, int GROUP>
 void rows_q(const Prepared& p, int K, const uint8_t* w, const void* scales, const void* biases,
-            int sdtype, int group, const float* bias, float* y, int N, int m0, int n0, int n1) {
-  const int G = K / group;
+            int sdtype, const float* bias, float* y, int N, int m0, int n0, int n1) {
+  const int G = K / GROUP;
   const long row_bytes = long(K) * BITS / 8;
   const float* xp = p.xp.data() + long(m0) * K;
   const float* gs = p.gsum.data() + long(m0) * G;
+  std::vector<float> sb(2 * size_t(G));
+  float* srow = sb.data();
+  float* brow = srow + G;
   for (int n = n0; n < n1; ++n) {
     const uint8_t* wr = w + n * row_bytes;
+    row_params(scales, biases, sdtype, long(n) * G, G, srow, brow);
     vf acc[MR];
     float bsum[MR];
-    for (int r = 0; r < MR; ++r) acc[r] = vzero(), bsum[r] = 0.f;
+    for (int r = 0; r < MR; ++r) {
+      acc[r] = vzero();
+      float t = 0.f;
+      for (int g = 0; g < G; ++g) t += brow[g] * gs[long(r) * G + g];
+      bsum[r] = t;
+    }
     for (int g = 0; g < G; ++g) {
       vf t0[MR], t1[MR];
       for (int r = 0; r < MR; ++r) t0[r] = t1[r] = vzero();
-      const int k0 = g * group;
-      if constexpr (BITS == 4) {
-        for (int k = k0; k < k0 + group; k += 2 * L) {
+      const int k0 = g * GROUP;
+#pragma GCC unroll 8
+      for (int i = 0; i < GROUP; i += 2 * L) {
+        const int k = k0 + i;
+        if constexpr (BITS == 4) {
           vf lo, hi;
           widen_u4(wr + k / 2, lo, hi);
           for (int r = 0; r < MR; ++r) {
             t0[r] = vfma(vload(xp + long(r) * K + k), lo, t0[r]);
             t1[r] = vfma(vload(xp + long(r) * K + k + L), hi, t1[r]);
           }
-        }
-      } else {
-        for (int k = k0; k < k0 + group; k += 2 * L) {
+        } else {
           vf q0 = widen_u8(wr + k), q1 = widen_u8(wr + k + L);
           for (int r = 0; r < MR; ++r) {
             t0[r] = vfma(vload(xp + long(r) * K + k), q0, t0[r]);
@@ -360,33 +382,40 @@ void rows_q(const Prepared& p, int K, const uint8_t* w, const void* scales, cons
           }
         }
       }
-      const long si = long(n) * G + g;
-      const float s = scalar_at(scales, sdtype, si), bb = scalar_at(biases, sdtype, si);
-      for (int r = 0; r < MR; ++r) {
-        acc[r] = vfma(vadd(t0[r], t1[r]), vset1(s), acc[r]);
-        bsum[r] += bb * gs[long(r) * G + g];
-      }
+      const vf s = vset1(srow[g]);
+      for (int r = 0; r < MR; ++r) acc[r] = vfma(vadd(t0[r], t1[r]), s, acc[r]);
     }
     for (int r = 0; r < MR; ++r)
       y[long(m0 + r) * N + n] = vsum(acc[r]) + bsum[r] + (bias ? bias[n] : 0.f);
   }
 }
 
-template <int BITS>
+template <int BITS, int GROUP>
 void gemm_q(const float* x, int M, int K, const uint8_t* w, const void* scales,
-            const void* biases, int sdtype, int group, int N, const float* bias, float* y) {
+            const void* biases, int sdtype, int N, const float* bias, float* y) {
   Prepared p;
-  prepare(x, M, K, BITS, group, p);
+  prepare(x, M, K, BITS, GROUP, p);
   parallel_rows(N, [&](int n0, int n1) {
     for (int m = 0; m < M; m += 4) {
       switch (M - m) {
-        case 1: rows_q<1, BITS>(p, K, w, scales, biases, sdtype, group, bias, y, N, m, n0, n1); break;
-        case 2: rows_q<2, BITS>(p, K, w, scales, biases, sdtype, group, bias, y, N, m, n0, n1); break;
-        case 3: rows_q<3, BITS>(p, K, w, scales, biases, sdtype, group, bias, y, N, m, n0, n1); break;
-        default: rows_q<4, BITS>(p, K, w, scales, biases, sdtype, group, bias, y, N, m, n0, n1); break;
+        case 1: rows_q<1, BITS, GROUP>(p, K, w, scales, biases, sdtype, bias, y, N, m, n0, n1); break;
+        case 2: rows_q<2, BITS, GROUP>(p, K, w, scales, biases, sdtype, bias, y, N, m, n0, n1); break;
+        case 3: rows_q<3, BITS, GROUP>(p, K, w, scales, biases, sdtype, bias, y, N, m, n0, n1); break;
+        default: rows_q<4, BITS, GROUP>(p, K, w, scales, biases, sdtype, bias, y, N, m, n0, n1); break;
       }
     }
   });
+}
+
+template <int BITS>
+int gemm_q_group(const float* x, int M, int K, const uint8_t* w, const void* scales,
+                 const void* biases, int sdtype, int group, int N, const float* bias, float* y) {
+  switch (group) {
+    case 32: gemm_q<BITS, 32>(x, M, K, w, scales, biases, sdtype, N, bias, y); return 0;
+    case 64: gemm_q<BITS, 64>(x, M, K, w, scales, biases, sdtype, N, bias, y); return 0;
+    case 128: gemm_q<BITS, 128>(x, M, K, w, scales, biases, sdtype, N, bias, y); return 0;
+    default: return -1;
+  }
 }
 
 }  // namespace
@@ -435,19 +464,15 @@ int mlxn_gemm_16(const float* x, int M, int K, const uint16_t* w, int dtype, int
 }
 
 // MLX affine layout: w uint32 [N, K * bits / 32]; scales, biases [N, K / group]
-// of sdtype (0 float32, 1 bfloat16, 2 float16).  group: a multiple of 32.
+// of sdtype (0 float32, 1 bfloat16, 2 float16).  group: 32, 64 or 128.
 int mlxn_gemm_affine(const float* x, int M, int K, const uint32_t* w, const void* scales,
                      const void* biases, int sdtype, int bits, int group, int N,
                      const float* bias, float* y) {
   if (M <= 0 || K <= 0 || N <= 0 || group % 32 != 0 || K % group != 0) return -1;
   const uint8_t* wb = reinterpret_cast<const uint8_t*>(w);
-  if (bits == 4)
-    gemm_q<4>(x, M, K, wb, scales, biases, sdtype, group, N, bias, y);
-  else if (bits == 8)
-    gemm_q<8>(x, M, K, wb, scales, biases, sdtype, group, N, bias, y);
-  else
-    return -1;
-  return 0;
+  if (bits == 4) return gemm_q_group<4>(x, M, K, wb, scales, biases, sdtype, group, N, bias, y);
+  if (bits == 8) return gemm_q_group<8>(x, M, K, wb, scales, biases, sdtype, group, N, bias, y);
+  return -1;
 }
 
 }  // extern "C"
