@@ -153,6 +153,7 @@ class ServerConfig:
     sse_ping_interval: int = _row("sse_ping_interval")  # seconds; <= 0 disables
     # -- prompt cache and slot files --
     cache_prompt: bool = _row("cache_prompt")  # the per-request cache_prompt default
+    cache_reuse: int = _row("n_cache_reuse")  # --cache-reuse: the default n_cache_reuse
     cache_ram: int = 8192            # MiB; -1 = no limit, 0 = no prompt cache
     cache_ram_auto: bool = False     # --cache-ram not given: sized to the machine (memory_fit.py)
     cache_disk: str | None = None    # --cache-disk: the disk tier's directory (cache_disk.py)

@@ -4,14 +4,15 @@
 (engine/scheduler.py, engine/rope.py); values no MLX rotation can express
 are refused here, before any model is resolved.
 
---cache-prompt and --cache-ram drive the prompt cache (engine/prompt_cache.py);
+--cache-prompt, --cache-ram and --cache-reuse drive the prompt cache
+(engine/prompt_cache.py, engine/kv_shift.py);
 --cache-disk and --cache-disk-mib, mlxcel-trio's own, its disk tier
 (engine/cache_disk.py).
 The per-slot prompt machinery (--ctx-checkpoints, --checkpoint-min-step,
 --slot-prompt-similarity, --cache-idle-slots) is not applicable: it accepts
 only the value that turns it off (its upstream default asks for behaviour
 that does not exist here) and refuses the rest saying what is missing.
---cache-reuse and --ubatch-size have no MLX meaning; --kv-unified and
+--ubatch-size has no MLX meaning; --kv-unified and
 --swa-full only shape memory, so they are tuning options (accepted, and
 named at startup as having no effect).
 """
@@ -35,11 +36,6 @@ CACHE_DISK_DEFAULT_MIB = 16384
 # cache holds only what finished requests donated, LRU-evicted past it).
 CACHE_RAM_DEFAULT_MIB = 8192
 
-NO_KV_SHIFT = (
-    "upstream reuses a cached chunk that is not a prefix of the prompt by "
-    "shifting the RoPE rotation of the cached keys; this prompt cache reuses "
-    "strict token prefixes and nothing re-rotates a cached key, so a positive "
-    "value would behave exactly as 0")
 NO_CHECKPOINTS = ("there are no context checkpoints: a sequence's KV is kept whole "
                   "and prefixes are reused through the process-wide prompt cache")
 
@@ -120,13 +116,11 @@ CONTEXT: tuple[Option, ...] = (
            "default of the per-request cache_prompt: reuse a cached prompt prefix's KV",
            kind="bool", negations=("--no-cache-prompt",), default=row_default("cache_prompt"),
            env="LLAMA_ARG_CACHE_PROMPT", section="server", owner=CONTEXT_ISSUE),
-    not_applicable(("--cache-reuse",), "cache_reuse",
-                   "smallest chunk reused from the cache by shifting it",
-                   value=Int(0, INT32_MAX), metavar="N", default=0,
-                   env="LLAMA_ARG_CACHE_REUSE", owner=CONTEXT_ISSUE, section="server",
-                   why=NO_KV_SHIFT, inert=equals(0), accepts="0",
-                   instead="omit it: a cached prefix of the prompt is reused "
-                   "automatically (--cache-prompt)"),
+    Option(("--cache-reuse",), "cache_reuse",
+           "min chunk size to attempt reusing from the cache via KV shifting, requires "
+           "prompt caching to be enabled (the default of the per-request n_cache_reuse)",
+           value=Int(0, INT32_MAX), metavar="N", default=row_default("n_cache_reuse"),
+           env="LLAMA_ARG_CACHE_REUSE", section="server", owner=CONTEXT_ISSUE),
     _slot_machinery(("-sps", "--slot-prompt-similarity"), "slot_prompt_similarity",
                     "how closely a prompt must match a slot's to reuse that slot",
                     value=Float(0.0, 1.0), metavar="SIMILARITY", default=0.1,

@@ -375,6 +375,7 @@ class Loading:
                          n_ctx_slot=self._n_ctx_slot,
                          batch_size=self.spec.batch_size, special=self.spec.special,
                          context_shift=self.spec.context_shift,
+                         cache_reuse=self.spec.cache_reuse,
                          cont_batching=self.spec.cont_batching,
                          kv_types=self.spec.kv_types, n_adapters=len(self.spec.lora),
                          vision=self._vision, audio=self._audio,

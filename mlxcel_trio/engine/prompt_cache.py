@@ -45,7 +45,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import cache_kinds
+from . import cache_kinds, kv_shift
 
 log = logging.getLogger("mlxcel.engine.cache")
 
@@ -116,6 +116,7 @@ class PromptCache:
         self.evictions = 0   # entries dropped for the budget (/metrics)
         self.disk_hits = 0
         self.reused = {"memory": 0, "disk": 0}   # prompt tokens supplied, by tier
+        self.shifted = 0     # of those, tokens in chunks moved to a new position
         self.last_tier = "none"
 
     def __len__(self) -> int:
@@ -134,10 +135,16 @@ class PromptCache:
 
     # -- lookup --------------------------------------------------------------------
 
-    def lookup(self, ns: str, prompt: Sequence[int]) -> tuple[int, list | None]:
+    def lookup(self, ns: str, prompt: Sequence[int], min_chunk: int = 0,
+               shifter: kv_shift.Shifter | None = None) -> tuple[int, list | None]:
         """The longest usable stored prefix of `prompt` in `ns`, as (n, fresh
         per-layer caches holding its first n tokens).  At least one prompt
-        token is always left to evaluate, so n <= len(prompt) - 1."""
+        token is always left to evaluate, so n <= len(prompt) - 1.
+
+        With `min_chunk` > 0 and a `shifter` (kv_shift.py, --cache-reuse),
+        runs of at least `min_chunk` cached tokens after the prefix are
+        reused too, their keys re-rotated to the prompt's positions; the
+        entry supplying the most prompt tokens wins."""
         limit = len(prompt) - 1
         best, best_n, tier = None, 0, "memory"
         p = np.asarray(prompt, dtype=np.int64)
@@ -156,6 +163,15 @@ class PromptCache:
                 if key is not None:
                     best, best_n, tier = key, found[0], "disk"
                     break
+        segments = None
+        if min_chunk > 0 and shifter is not None and limit > 0:
+            for key, e in self._lru.items():
+                if e.ns != ns or not e.cuttable:
+                    continue
+                n_past = min(_common_prefix(e.tokens, p), limit)
+                n, runs = kv_shift.plan(e.tokens, p, n_past, min_chunk, limit)
+                if n > best_n and len(runs) > (1 if n_past else 0):
+                    best, best_n, tier, segments = key, n, "memory", runs
         if best is None:
             self.misses += 1
             self.last_tier = "none"
@@ -165,6 +181,13 @@ class PromptCache:
         self.hits += 1
         self.last_tier = tier
         self.reused[self.last_tier] += best_n
+        if segments is not None:
+            moved = sum(n for src, dst, n in segments if src != dst)
+            self.shifted += moved
+            log.debug("prompt cache hit (memory): %d of %d prompt tokens, %d of them in %d "
+                      "shifted chunk(s)", best_n, len(prompt), moved,
+                      sum(src != dst for src, dst, _ in segments))
+            return best_n, shifter.build(entry.layers, segments)
         log.debug("prompt cache hit (%s): %d of %d prompt tokens", self.last_tier, best_n,
                   len(prompt))
         return best_n, cache_kinds.cut(entry.layers, best_n)
@@ -241,6 +264,7 @@ class PromptCache:
                 "hits": self.hits, "misses": self.misses, "evictions": self.evictions,
                 "disk_hits": self.disk_hits,
                 "reused_memory": self.reused["memory"], "reused_disk": self.reused["disk"],
+                "reused_shifted": self.shifted,
                 "disk_entries": disk["entries"], "disk_bytes": disk["bytes"]}
 
 

@@ -59,7 +59,7 @@ from ..protocol.records import (
     TokenPiece,
     TokenProbs,
 )
-from . import cache_kinds, context_shift
+from . import cache_kinds, context_shift, kv_shift
 from .detokenizer import IncrementalDetokenizer
 from .kv_cache import CacheFactory
 from .lora import AdapterRows, split_rows
@@ -176,7 +176,8 @@ class Scheduler:
                  prompt_cache: PromptCache | None = None, context_shift: bool = False,
                  cont_batching: bool = True, kv_types: tuple[str, str] = DEFAULT_KV,
                  drafter: Chain | None = None, n_adapters: int = 0, vision=None,
-                 audio=None, clock: Callable[[], float] | None = None) -> None:
+                 audio=None, clock: Callable[[], float] | None = None,
+                 cache_reuse: int = 0) -> None:
         self.vocab = vocab
         self._vision = vision  # an image tower (engine/towers/) for an integrated VLM
         self._audio = audio    # an audio tower (engine/towers/) for a chat model with audio
@@ -216,6 +217,15 @@ class Scheduler:
             self._cache = None
         if self._cache is not None:
             self._cache.bind(self._new_caches.layers())
+        # chunk reuse by shifting cached keys (kv_shift.py): per request's n_cache_reuse
+        self._shifter, why = (kv_shift.for_model(model, self._new_caches.layers())
+                              if self._cache is not None else (None, "no prompt cache"))
+        if cache_reuse > 0:
+            if self._shifter is None:
+                log.warning("cache reuse off (--cache-reuse %d is ignored): %s", cache_reuse, why)
+            else:
+                log.info("cache reuse on: cached chunks of %d or more tokens are shifted "
+                         "into a changed prompt", cache_reuse)
         # snapshots at reuse points while prompts prefill (prompt_cache.py)
         self._snapshots = self._cache is not None and needs_snapshots(self._new_caches.layers())
         self._message_ends = frozenset(vocab.eos_ids)
@@ -470,7 +480,9 @@ class Scheduler:
         self._by_job[job.id] = seq
         n_cache, caches = 0, None
         if self._cache is not None and seq.ns is not None and n_prompt > 1:
-            n_cache, caches = self._cache.lookup(seq.ns, job.prompt)
+            # as upstream, no chunk reuse for a prompt with images or audio
+            reuse = 0 if _has_media(job) else job.n_cache_reuse
+            n_cache, caches = self._cache.lookup(seq.ns, job.prompt, reuse, self._shifter)
             seq.n_cache, seq.cached, seq.n_kv0 = n_cache, caches, n_cache
             seq.cache_tier = self._cache.last_tier
             self._cache_stats(out)
@@ -798,7 +810,8 @@ class Scheduler:
         out.append(CacheStats(st["entries"], st["bytes"], st["peak_bytes"],
                               st["budget_bytes"], st["hits"], st["misses"], st["evictions"],
                               disk_hits=st["disk_hits"], reused_memory=st["reused_memory"],
-                              reused_disk=st["reused_disk"], disk_entries=st["disk_entries"],
+                              reused_disk=st["reused_disk"],
+                              reused_shifted=st["reused_shifted"], disk_entries=st["disk_entries"],
                               disk_bytes=st["disk_bytes"]))
 
 

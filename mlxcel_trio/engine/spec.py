@@ -28,6 +28,7 @@ class EngineSpec:
     cache_disk: tuple[str | None, int] = (None, -1)
     sleep_idle_s: float | None = None  # None = never sleep
     context_shift: bool = False
+    cache_reuse: int = 0              # --cache-reuse (named at load; requests carry their own)
     cont_batching: bool = True
     rope: RopeOverrides = RopeOverrides()
     kv_types: tuple[str, str] = DEFAULT_KV
@@ -52,7 +53,8 @@ class EngineSpec:
             batch_size=cfg.batch_size, warmup=cfg.warmup, special=cfg.special,
             cache_ram_mib=cfg.cache_ram, cache_disk=(cfg.cache_disk, cfg.cache_disk_mib),
             sleep_idle_s=cfg.sleep_idle_seconds if cfg.sleep_idle_seconds >= 0 else None,
-            context_shift=cfg.context_shift, cont_batching=cfg.cont_batching, rope=cfg.rope,
+            context_shift=cfg.context_shift, cache_reuse=cfg.cache_reuse,
+            cont_batching=cfg.cont_batching, rope=cfg.rope,
             kv_types=(cfg.cache_type_k, cfg.cache_type_v), blas=cfg.blas, weights=cfg.weights,
             encoder_only=(None if cfg.encoder_mode is None
                           else "rank" if cfg.rerank_mode else "embed"),

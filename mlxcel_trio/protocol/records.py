@@ -129,6 +129,9 @@ class Job:
     # prompt-cache namespace (engine/prompt_cache.py); None = cache_prompt
     # false: no lookup and no donate-back
     cache_ns: str | None = None
+    # --cache-reuse / n_cache_reuse: the smallest cached chunk reused after the
+    # prefix by shifting its KV (engine/kv_shift.py); 0 = strict prefix only
+    n_cache_reuse: int = 0
     # LoRA scale per loaded adapter, by adapter id (engine/lora.py); shorter
     # than the adapter list (or empty) = the rest at 0, the base model
     lora: tuple[float, ...] = ()
@@ -552,6 +555,7 @@ class CacheStats:
     disk_hits: int = 0    # of the hits, those the disk tier supplied
     reused_memory: int = 0  # prompt tokens supplied, by tier
     reused_disk: int = 0
+    reused_shifted: int = 0  # of reused_memory, those in shifted chunks (--cache-reuse)
     disk_entries: int = 0
     disk_bytes: int = 0
 

@@ -270,7 +270,7 @@ def test_cache_ram_zero_disables_the_cache(tiny_model, start_server):
         srv.stop()
 
 
-def test_n_cache_reuse_is_validated_and_inert(server):
+def test_n_cache_reuse_is_validated(server):
     p = _words("reuse", 30)
     base = post(server.url, {"prompt": p, "n_predict": 4, **GREEDY}).json()
     j = post(server.url, {"prompt": p, "n_predict": 4, "n_cache_reuse": 256, **GREEDY}).json()

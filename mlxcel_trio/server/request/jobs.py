@@ -44,6 +44,7 @@ def server_defaults(config, vocab) -> NativeRequest:
     return attrs.evolve(TABLE_DEFAULTS, **sampling.server_defaults(config, vocab),
                         grammar_spec=grammar.default_spec(config),
                         cache_prompt=config.cache_prompt, n_keep=config.n_keep,
+                        n_cache_reuse=config.cache_reuse,
                         verbose=config.verbose or config.log_verbosity > 9)
 
 
@@ -210,6 +211,7 @@ def make_job(served: Served, values: NativeRequest, prompt: list[int], copy: int
         shared_prompt=values.n_cmpl > 1,
         return_progress=values.return_progress and values.stream,
         cache_ns=cache_ns,
+        n_cache_reuse=values.n_cache_reuse,
         lora=values.lora or (),
         settings=values,
         speculative=(SpecRequest(spec.n_max, spec.n_min, spec.p_min)

@@ -189,6 +189,9 @@ def _prompt_cache_tiers(st):
     reused.add_metric(("disk",), st.reused_disk if st else 0)
     yield hits
     yield reused
+    yield CounterMetricFamily("mlxcel_prompt_cache_shifted_tokens", "Of the reused prompt "
+                              "tokens, those in chunks moved to a new position (--cache-reuse)",
+                              value=st.reused_shifted if st else 0)
 
 
 class Metrics:

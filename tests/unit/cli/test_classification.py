@@ -71,7 +71,7 @@ ACCEPTED = [
     ["--spec-type", "ngram-simple"], ["--spec-ngram-simple-size-n", "3"],
     ["--spec-type", "ngram-mod,ngram-map-k,ngram-map-k4v"], ["--spec-ngram-mod-n-min", "7"],
     # runtime and context
-    ["-ub", "128"], ["--cache-reuse", "0"], ["-sps", "0"], ["-no-kvu"],
+    ["-ub", "128"], ["--cache-reuse", "0"], ["--cache-reuse", "256"], ["-sps", "0"], ["-no-kvu"],
     ["--no-kv-unified"], ["-ctxcp", "0"], ["--no-cache-idle-slots"], ["-cram", "0"],
     ["-cram", "8192"], ["-cram", "-1"], ["-cms", "8192"], ["--cache-prompt"],
     ["--no-cache-prompt"], ["-cb"], ["--no-context-shift"],
@@ -112,9 +112,8 @@ REFUSED = [
     (["--spec-ngram-size-n", "3"], "use the respective --spec-ngram-*-size-n"),
     (["--no-spec-draft-backend-sampling"], "--no-spec-draft-backend-sampling"),
     (["-devd", "x"], "--spec-draft-device"), (["-cmoed"], "--spec-draft-cpu-moe"),
-    (["--cache-reuse", "256"], "--cache-reuse '256'"), (["-sps", "0.1"], "no slot keeps a prompt"), (["-ctxcp", "32"], "no context checkpoints"), (["-cms", "256"], "no context checkpoints"),
+    (["-sps", "0.1"], "no slot keeps a prompt"), (["-ctxcp", "32"], "no context checkpoints"), (["-cms", "256"], "no context checkpoints"),
     (["--cache-idle-slots"], "already goes to the process-wide prompt cache"),
-    (["--cache-reuse", "1"], "nothing re-rotates a cached key"),
     (["--log-prompts-dir", "/tmp/prompts"], "--log-prompts-dir"),
     (["-hf", "ggml-org/x-GGUF:Q4_K_M"], "GGUF"),
 ]

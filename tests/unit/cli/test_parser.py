@@ -67,6 +67,7 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "tags": ("a,b", ("a", "b")),
     # issue #8: the prompt cache and slot files
     "cache_ram": ("-1", -1),
+    "cache_reuse": ("256", 256),
     "cache_disk": ("/tmp/mlxcel-cache", "/tmp/mlxcel-cache"),
     "cache_disk_mib": ("512", 512),
     "cache_type_k": ("q8_0", "q8_0"),

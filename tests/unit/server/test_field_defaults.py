@@ -82,3 +82,10 @@ def test_every_float_row_is_float32_in_the_server_defaults() -> None:
         if f.kind == "float":
             value = getattr(base, f.attr)
             assert value == float(np.float32(value)), f.name
+
+
+def test_cache_reuse_is_the_request_default() -> None:
+    assert attrs.fields_dict(ServerConfig)["cache_reuse"].default == \
+        FIELDS_BY_NAME["n_cache_reuse"].default == BY_DEST["cache_reuse"].default
+    flagged = ServerConfig(model="x", cache_reuse=256)
+    assert server_defaults(flagged, _Vocab({})).n_cache_reuse == 256
