@@ -20,9 +20,11 @@ RUNTIME: tuple[Option, ...] = (
            value=Text(), metavar="{auto,bundled,PATH}", default="auto", env="MLXCEL_BLAS",
            upstream=False, owner=PERF_ISSUE),
     Option(("--weights",), "weights",
-           "mlxcel-trio: how bf16/f16/quantized weights are served on a CPU: auto (in "
-           "float32 when measured faster here and it fits in memory), keep (as stored), "
-           "float32 (always converted at load)",
+           "mlxcel-trio: how bf16/f16/quantized weights are served on a CPU: auto (as "
+           "stored on the native CPU kernels, built at first use, when measured faster "
+           "than float32; else in float32 when measured faster here and it fits in "
+           "memory), keep (as stored, on the native kernels when they load; "
+           "MLXCEL_NATIVE=0 turns them off), float32 (always converted at load)",
            value=Choice(("auto", "keep", "float32")), metavar="{auto,keep,float32}",
            default="auto", env="MLXCEL_WEIGHTS", upstream=False, owner=PERF_ISSUE),
     Option(("--session-store",), "session_store",
