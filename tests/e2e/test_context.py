@@ -12,6 +12,7 @@ import re
 import pytest
 
 from mlxcel_trio.engine.context_shift import window
+from tests.conftest import wait_until
 from tests.e2e.sse import post, stream_frames
 
 N_CTX_SLOT = 64
@@ -93,7 +94,7 @@ def _expected_shifts(n_prompt: int, n_predict: int, n_keep: int, n_discard: int)
     return out
 
 
-def _shifts(server, task_marker: int | None = None):
+def _shifts(server):
     lines = "".join(server.stdout + server.stderr)
     return [tuple(map(int, m.groups())) for m in SHIFT_LINE.finditer(lines)]
 
@@ -113,8 +114,12 @@ def test_shift_runs_past_the_bound_as_upstream(shifting, fields, n_keep, n_disca
     assert res["tokens_evaluated"] == len(prompt)
     assert res["generation_settings"]["n_keep"] == n_keep
     assert res["generation_settings"]["n_discard"] == n_discard
-    got = [s[1:] for s in _shifts(shifting)[before:]]
-    assert got == _expected_shifts(len(prompt), 150, n_keep, n_discard)
+    want = _expected_shifts(len(prompt), 150, n_keep, n_discard)
+    # The log lines come through a reader thread, which may still be behind
+    # the response: wait (bounded) until as many lines as expected are read.
+    got = wait_until(lambda: [s[1:] for s in _shifts(shifting)[before:]],
+                     "the server's context shift lines", until=lambda g: len(g) >= len(want))
+    assert got == want
 
 
 def test_shift_on_the_openai_and_chat_routes(shifting):
@@ -153,9 +158,9 @@ def test_parallel_auto_batch_and_ubatch_geometry(geometry_server):
     assert props["geometry"] == {"n_ctx": 256, "n_ctx_slot": 64, "n_slots": 4, "n_batch": 16,
                                  "n_ubatch": 100, "cont_batching": False,
                                  "context_shift": False}
-    logged = "".join(geometry_server.stdout + geometry_server.stderr)
-    assert ("n_ctx_slot = 64, n_batch = 16 (prefill chunk), n_ubatch = 100 (no MLX "
-            "effect), cont_batching = false, context_shift = false") in logged, logged
+    geometry_server.wait_for_text(
+        "n_ctx_slot = 64, n_batch = 16 (prefill chunk), n_ubatch = 100 (no MLX "
+        "effect), cont_batching = false, context_shift = false", timeout=30)
     # -b is the prefill chunk: a 50-token prompt is prefilled 16 tokens at a time
     frames, _ = stream_frames(geometry_server.url, {"prompt": [5] * 50, "n_predict": 2,
                                                     "return_progress": True, **GREEDY})

@@ -18,7 +18,7 @@ MIB = 1 << 20
 
 
 def test_an_unset_cache_ram_is_sized_and_said(server):
-    logged = "".join(server.stdout + server.stderr)
+    logged = server.wait_for_text("(sized to this machine: a quarter of the", timeout=30)
     said = re.search(r"cache_ram = (\d+) MiB \(sized to this machine: a quarter of the "
                      r"(\d+) MiB available", logged)
     assert said, logged
