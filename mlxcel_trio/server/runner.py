@@ -166,8 +166,7 @@ async def _serve(config, bridge, app, shutdown, signals, status, sock,
         await root.start(app.mlxcel_state.streams.run)
         if app.mlxcel_state.watchdog is not None:
             await root.start(app.mlxcel_state.watchdog.run)
-        if app.mlxcel_state.shared is not None:
-            await root.start(app.mlxcel_state.shared.run)
+        await root.start(app.mlxcel_state.shared.run)
         if app.mlxcel_state.takeover is not None:   # before listening: resumable at once
             await root.start(app.mlxcel_state.takeover.run)
         async with trio.open_nursery() as http:

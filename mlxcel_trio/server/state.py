@@ -10,9 +10,9 @@ through `app.mlxcel_state` (it runs the two tasks below in its root nursery).
     control     completions POST /v1/chat/completions/control can reach
     responses   stored Responses (background runs are detached work)
     shared      the session store (--session-store): shared with other replicas
-                (redis://), or this server's streams on disk (file://, with
-                `takeover` continuing what a killed server left), or None:
-                everything above stays in this process
+                (redis://), or this server's streams on disk (file://), with
+                `takeover` continuing what a killed server left; or, without
+                the option, the memory store: everything stays in this process
     slot_identities   slot-file identity digests, by model path
     heavy_work  bounds the worker threads tokenizing and rendering requests
     media       what a request's media reference may read (media/policy.py)
@@ -35,6 +35,7 @@ from .sessions.control import ControlRegistry
 from .sessions.detached import Detached
 from .sessions.response_store import ResponseStore
 from .sessions.file_store import FileStore
+from .sessions.memory_store import MemoryStore
 from .sessions.session_store import SessionStore
 from .sessions.shared import SharedStore
 from .sessions.takeover import Takeover
@@ -50,8 +51,8 @@ class AppState:
     streams: StreamRegistry
     control: ControlRegistry
     responses: ResponseStore = attrs.field(factory=ResponseStore)
-    shared: SessionStore | None = None
-    takeover: Takeover | None = None   # continues a file store's unfinished streams
+    shared: SessionStore = attrs.field(factory=MemoryStore)
+    takeover: Takeover | None = None   # with a store that `continues`: its unfinished streams
     slot_identities: dict[str, dict[str, str]] = attrs.field(factory=dict)
     adapters: AdapterTable = attrs.field(factory=AdapterTable)  # LoRA: paths, global scales
     # Tokenizing and template rendering run on worker threads (request/jobs.py
@@ -72,20 +73,14 @@ class AppState:
             media = MediaPolicy.from_settings(config.media_path, config.max_image_payload_size,
                                               config.max_images)
             url = config.session_store
-        shared = peers = None
-        if store_url.is_file(url):   # this server's streams on disk; the rest in-process
-            shared = FileStore(url, stream_ttl_s=StreamRegistry.ttl_from_env(),
-                               max_bytes=STREAM_MAX_BYTES)
-        elif url != store_url.MEMORY:
-            shared = peers = SharedStore(url, stream_ttl_s=StreamRegistry.ttl_from_env(),
-                                         max_bytes=STREAM_MAX_BYTES)
+        shared = session_store(url)
         streams = StreamRegistry.from_env(detached, shared)
         return cls(config, bridge, detached, streams,
-                   ControlRegistry(bridge, peers), adapters=AdapterTable.from_config(config),
-                   responses=ResponseStore(shared=peers), shared=shared, media=media,
+                   ControlRegistry(bridge, shared), adapters=AdapterTable.from_config(config),
+                   responses=ResponseStore(shared=shared), shared=shared, media=media,
                    watchdog=(RequestWatchdog(bridge.monitor) if hasattr(bridge, "monitor")
                              else None),
-                   takeover=Takeover(streams, shared, bridge) if shared is not None else None)
+                   takeover=Takeover(streams, shared, bridge) if shared.continues else None)
 
     def chat_settings(self) -> chat_settings.ChatSettings:
         """The server's chat settings, built on first use: they need the
@@ -95,3 +90,14 @@ class AppState:
         if self._chat is None:
             self._chat = chat_settings.build(self.config, self.bridge.vocab)
         return self._chat
+
+
+def session_store(url: str) -> SessionStore:
+    """--session-store's store: memory (the default), file://DIR or Redis."""
+    if url == store_url.MEMORY:
+        return MemoryStore()
+    if store_url.is_file(url):   # this server's streams on disk; the rest in-process
+        return FileStore(url, stream_ttl_s=StreamRegistry.ttl_from_env(),
+                         max_bytes=STREAM_MAX_BYTES)
+    return SharedStore(url, stream_ttl_s=StreamRegistry.ttl_from_env(),
+                       max_bytes=STREAM_MAX_BYTES)

@@ -32,6 +32,7 @@ from quart import Response
 from ...bridge import Bridge, JobHandle
 from ..http.errors import ApiError, json_response
 from ..http.resources import RequestResources
+from .memory_store import MemoryStore
 from .session_store import SessionStore
 from .store_transport import StoreDown
 
@@ -58,11 +59,11 @@ class ControlRegistry:
         self._live: dict[str, LiveCompletion] = {}
         # With a shared store, a control request may reach any replica: the
         # entry is published (owner, scope, armed) and the action forwarded
-        # to the owner's control stream, which posts the same ForceEnd.
-        self._shared = shared
-        if shared is not None:
-            shared.on_control("reasoning_end", self._forwarded)
-            shared.on_tick(self._sweep)   # a finished stream's entry leaves the store soon
+        # to the owner's control stream, which posts the same ForceEnd (a
+        # store without peers publishes nothing and finds no other entry).
+        self._shared: SessionStore = shared or MemoryStore()
+        self._shared.on_control("reasoning_end", self._forwarded)
+        self._shared.on_tick(self._sweep)   # a finished stream's entry leaves the store soon
 
     def __len__(self) -> int:
         return len(self._live)
@@ -78,12 +79,11 @@ class ControlRegistry:
         self._live[cid] = LiveCompletion(scope, job_ids, handle)
         if handle is None and request is not None:
             request.on_close(lambda: self.drop(cid))
-        if self._shared is not None:
-            shared, armed = self._shared, job_ids is not None
-            shared.defer(lambda: shared.register_completion(cid, scope, armed))
+        shared, armed = self._shared, job_ids is not None
+        shared.defer(lambda: shared.register_completion(cid, scope, armed))
 
     def drop(self, cid: str) -> None:
-        if self._live.pop(cid, None) is not None and self._shared is not None:
+        if self._live.pop(cid, None) is not None:
             shared = self._shared
             shared.defer(lambda: shared.drop_completion(cid))
 
@@ -114,11 +114,8 @@ class ControlRegistry:
         if action != "reasoning_end":
             raise ApiError("unknown control action")
         live = self.find(cid, scope)
-        if live is None and self._shared is not None:
-            return await self._remote(cid, scope)
         if live is None:
-            return json_response({"success": False,
-                                  "message": "no active completion for this id"})
+            return await self._remote(cid, scope)
         if live.job_ids is None:
             return json_response({"success": False,
                                   "message": "reasoning control not enabled for this completion"})
@@ -127,7 +124,6 @@ class ControlRegistry:
 
     async def _remote(self, cid: str, scope: str) -> Response:
         """Another replica's completion, through the shared store."""
-        assert self._shared is not None
         try:
             entry = await self._shared.find_completion(cid)
             if entry is None or entry.get("scope") != scope or \

@@ -32,7 +32,7 @@ FSYNC_S, so a machine crash (power loss) loses at most the last second.
 One server per DIR: the server holds an exclusive lock on DIR/lock while
 it runs, and a second one is refused at startup (store_url.file_problem).
 Stored responses and control entries are not kept here: they stay in the
-process, as with `memory`.
+process, as with `memory` (memory_store.LocalPeers).
 """
 
 from __future__ import annotations
@@ -45,13 +45,14 @@ import os
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Callable
 
 import attrs
 import trio
 
 from ... import store_url
-from .store_streams import Pending, Recovered, RemoteSession, applied, enqueue
+from .memory_store import LocalPeers
+from .store_streams import Pending, Recovered, applied, enqueue
 
 log = logging.getLogger("mlxcel.session_store")
 
@@ -114,8 +115,10 @@ def read_log(path: str, max_bytes: int) -> Recovered | None:
     return rec
 
 
-class FileStore:
-    """`SessionStore` on local disk (see the module docstring)."""
+class FileStore(LocalPeers):
+    """`SessionStore` on local disk (see the module docstring); no peers."""
+
+    continues = True   # a restart on DIR continues its unfinished sessions
 
     def __init__(self, url: str, *, stream_ttl_s: float, max_bytes: int) -> None:
         self.url = url
@@ -217,18 +220,6 @@ class FileStore:
     def on_tick(self, fn: Callable[[], None]) -> None:
         self._ticks.append(fn)
 
-    def defer(self, fn: Callable[[], Awaitable[None]]) -> None:
-        pass   # nothing is published for peers
-
-    async def owner_alive(self, replica: str) -> bool:
-        return replica == self.replica
-
-    def on_control(self, op: str, fn: Callable[[dict[str, str]], None]) -> None:
-        pass
-
-    async def send_control(self, replica: str, op: str, **fields: str) -> None:
-        pass
-
     # -- the stream log ---------------------------------------------------------------------
 
     def _path(self, scope: int, cid: str) -> str:
@@ -319,42 +310,6 @@ class FileStore:
                 _compact(path, self.max_bytes)
         if periodic:
             self._last_sync = now
-
-    # -- any replica's side: every session of this server is in its registry ------------
-
-    async def describe(self, scope: int, cid: str) -> RemoteSession | None:
-        return None
-
-    async def lookup(self, scope: int, ids: list[str]) -> list[RemoteSession]:
-        return []
-
-    async def first_offset(self, scope: int, session: RemoteSession) -> int:
-        return 0
-
-    async def follow(self, session: RemoteSession, scope: int,
-                     offset: int) -> AsyncIterator[bytes]:
-        return
-        yield b""   # pragma: no cover (an empty async generator)
-
-    async def delete_stream(self, scope: int, cid: str) -> tuple[str, str] | None:
-        return None   # the registry's eviction queued the drop
-
-    # -- controllable completions and stored responses stay in the process --------------
-
-    async def register_completion(self, cid: str, scope: str, armed: bool) -> None:
-        pass
-
-    async def drop_completion(self, cid: str) -> None:
-        pass
-
-    async def find_completion(self, cid: str) -> dict | None:
-        return None
-
-    async def put_response(self, scope: str, rid: str, record: dict) -> None:
-        pass
-
-    async def get_response(self, scope: str, rid: str) -> dict | None:
-        return None
 
 
 def _compact(path: str, max_bytes: int) -> None:

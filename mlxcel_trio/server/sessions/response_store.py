@@ -35,6 +35,7 @@ from typing import Any, Callable
 import attrs
 
 from ..http.errors import dumps
+from .memory_store import MemoryStore
 from .session_store import SessionStore
 from .store_transport import StoreDown, unavailable
 
@@ -62,9 +63,8 @@ class Stored:
 class ResponseStore:
     def __init__(self, max_responses: int = MAX_RESPONSES, max_bytes: int = MAX_BYTES,
                  shared: SessionStore | None = None) -> None:
-        self.shared = shared
-        if shared is not None:
-            shared.on_control("response_cancel", self._cancel_message)
+        self.shared: SessionStore = shared or MemoryStore()
+        self.shared.on_control("response_cancel", self._cancel_message)
         self.max_responses = max_responses
         self.max_bytes = max_bytes
         self._items: OrderedDict[tuple[str, str], Stored] = OrderedDict()
@@ -108,7 +108,7 @@ class ResponseStore:
     async def fetch(self, scope: str, rid: str) -> Stored | None:
         """This process's entry, else the shared store's."""
         local = self.get(scope, rid)
-        if local is not None or self.shared is None:
+        if local is not None:
             return local
         try:
             record = await self.shared.get_response(scope, rid)
@@ -123,7 +123,7 @@ class ResponseStore:
         """`put`, and write it to the shared store (a failed write is logged:
         the response stays readable on this replica)."""
         self.put(scope, rid, stored)
-        if self.shared is not None and stored.size <= self.max_bytes:
+        if stored.size <= self.max_bytes:
             try:
                 await self.shared.put_response(scope, rid, _record(stored))
             except StoreDown:
@@ -135,13 +135,13 @@ class ResponseStore:
         every stream chunk queued after it (sessions/shared.py's writer)."""
         self.put(scope, rid, stored)
         shared = self.shared
-        if shared is not None and stored.size <= self.max_bytes:
+        if stored.size <= self.max_bytes:
             record = _record(stored)
             shared.defer(lambda: shared.put_response(scope, rid, record))
 
     async def cancel_remote(self, scope: str, rid: str, stored: Stored) -> bool:
         """Ask the replica running a background response to cancel it."""
-        if self.shared is None or stored.replica in (None, self.shared.replica):
+        if stored.replica in (None, self.shared.replica):
             return False
         try:
             await self.shared.send_control(stored.replica, "response_cancel", scope=scope,

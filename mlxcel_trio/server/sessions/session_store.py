@@ -1,11 +1,12 @@
 """What the session rooms ask of a session store: `SessionStore`.
 
 streams.py, control.py and response_store.py speak to a store through this
-interface alone; shared.py's `SharedStore` (Valkey / Redis) and
-file_store.py's `FileStore` (file://DIR: one server's streams on local disk)
-implement it.  Without --session-store there is no store and the rooms keep
-everything in this process (they still test `shared is None` for that case;
-an in-memory implementation of this protocol would take its place).
+interface alone, and always have one: shared.py's `SharedStore` (Valkey /
+Redis), file_store.py's `FileStore` (file://DIR: one server's streams on
+local disk) and memory_store.py's `MemoryStore` (no --session-store:
+nothing outlives the process) implement it.  What differs between them is
+answered by the store (`continues`, and the no-op peer half of the two
+that have no peers), never by a test for "no store".
 
 A stream's log also carries what a continuation needs (takeover.py): the
 request record given to `open_stream`, and each chunk's token ids given to
@@ -24,6 +25,8 @@ from .store_streams import RemoteSession
 class SessionStore(Protocol):
     replica: str     # this replica's id in the store
     shown: str       # the store's address as logs and errors show it (no password)
+    continues: bool  # its unfinished sessions can be continued by another process:
+                     # streams record what that needs, SIGTERM leaves them unfinished
 
     @property
     def up(self) -> bool: ...

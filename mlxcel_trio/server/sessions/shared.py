@@ -80,6 +80,8 @@ REPLICA_TTL_ENV = "MLXCEL_INTERNAL_REPLICA_TTL_S"       # tests only
 
 class SharedStore(Transport, Heartbeat, ControlBus, StreamLog, CompletionRecords,
                   ResponseRecords):
+    continues = True   # a peer claims a gone owner's sessions (takeover.py)
+
     def __init__(self, url: str, *, stream_ttl_s: float, max_bytes: int) -> None:
         import redis  # optional dependency: the `redis` extra
 

@@ -51,6 +51,7 @@ from ..http.key_scope import key_scope
 from ..http import request_tape
 from ..http.resources import RequestResources
 from .detached import Detached
+from .memory_store import MemoryStore
 from .session_store import SessionStore
 from .store_streams import RemoteSession
 from .store_transport import StoreDown, unavailable
@@ -94,8 +95,8 @@ class StreamSession:
         self.dropped = 0
         self.done = False
         self.scope = trio.CancelScope()  # the producer's; cancelled by DELETE / replace
-        self.gen: str | None = None      # with a shared store: this session's generation there
-        self.queued = 0                  # bytes handed to the shared store's writer
+        self.gen = ""                    # this session's generation in the store
+        self.queued = 0                  # bytes handed to the store's writer
         self.tap = None                  # with a store: records its token ids (takeover.py)
         self.handed_off = False          # SIGTERM: left unfinished in the store for a peer
         self._cap = max_bytes
@@ -176,9 +177,8 @@ class StreamRegistry:
                  gc_interval_s: float = GC_INTERVAL_S, max_completed: int = MAX_COMPLETED,
                  max_live: int = MAX_LIVE, shared: SessionStore | None = None) -> None:
         self.max_bytes, self.ttl_s, self.gc_interval_s = max_bytes, ttl_s, gc_interval_s
-        self.shared = shared
-        if shared is not None:
-            shared.on_control("cancel", self._cancel_message)
+        self.shared: SessionStore = shared or MemoryStore()
+        self.shared.on_control("cancel", self._cancel_message)
         self.max_completed, self.max_live = max_completed, max_live
         self._sessions: dict[Key, StreamSession] = {}
         self._completed: OrderedDict[Key, StreamSession] = OrderedDict()
@@ -252,16 +252,14 @@ class StreamRegistry:
         if not running or (key not in self._sessions and self.live >= self.max_live):
             raise ApiError(f"too many live stream sessions ({self.max_live}); retry when one "
                            "finishes", "unavailable_error")
-        gen = None
-        if self.shared is not None:
-            try:
-                gen, replaced = await self.shared.open_stream(
-                    owner, conversation_id, tap.request if tap is not None else None)
-                if replaced is not None:
-                    await self.shared.send_control(replaced[0], "cancel", scope=str(owner),
-                                                   cid=conversation_id, gen=replaced[1])
-            except StoreDown:
-                raise unavailable(self.shared.shown) from None
+        try:
+            gen, replaced = await self.shared.open_stream(
+                owner, conversation_id, tap.request if tap is not None else None)
+            if replaced is not None:
+                await self.shared.send_control(replaced[0], "cancel", scope=str(owner),
+                                               cid=conversation_id, gen=replaced[1])
+        except StoreDown:
+            raise unavailable(self.shared.shown) from None
         self.cancel(owner, conversation_id)
         session = StreamSession(conversation_id, owner, self.max_bytes)
         session.gen = gen
@@ -290,11 +288,9 @@ class StreamRegistry:
                     self._evict(next(iter(self._completed)))
 
     def _append(self, session: StreamSession, chunk: bytes) -> None:
-        """Shared: the chunk reaches local followers once it is in the store
-        (or the store failed), so no client holds a byte the store lacks."""
-        if session.gen is None or self.shared is None:
-            session.append(chunk)
-            return
+        """The chunk reaches local followers once it is in the store (or the
+        store failed), so no client holds a byte the store lacks (the memory
+        store hands it on at once)."""
         if session.done or not chunk:
             return
         start, session.queued = session.queued, session.queued + len(chunk)
@@ -306,8 +302,7 @@ class StreamRegistry:
         if session.handed_off:   # no end entry: another process continues it
             session.finish()
             return
-        if session.gen is None or self.shared is None or session.done:
-            session.finish()
+        if session.done:
             return
         self.shared.queue(session.gen, session.owner, session.conversation_id, session.queued,
                           b"", end=True, then=lambda ok: session.finish())
@@ -338,7 +333,7 @@ class StreamRegistry:
         restart) continues it; how many there were."""
         n = 0
         for session in list(self._sessions.values()):
-            if session.gen is not None and self.shared is not None and not session.done:
+            if self.shared.continues and not session.done:
                 session.handed_off = True
                 session.scope.cancel()
                 n += 1
@@ -375,7 +370,7 @@ class StreamRegistry:
         self._completed.pop(key, None)
         if session is not None:
             session.scope.cancel()
-            if session.gen is not None and self.shared is not None and not session.done:
+            if not session.done:
                 self.shared.queue(session.gen, owner_of(key), key[1], session.queued, b"",
                                   drop=True)
             session.finish()
@@ -408,8 +403,6 @@ class StreamRegistry:
             if offset < session.dropped:
                 raise _bad("Stream offset lost, please restart")
             return session.follow(offset)
-        if self.shared is None:
-            return None
         try:   # another replica's session, read from the shared store
             remote = await self.shared.describe(owner, conversation_id)
             if remote is None:
@@ -424,7 +417,7 @@ class StreamRegistry:
     async def describe(self, owner: int, ids: list[str]) -> list[StreamSession | RemoteSession]:
         """`lookup`, plus other replicas' sessions (when the store answers)."""
         found: list[StreamSession | RemoteSession] = list(self.lookup(owner, ids))
-        if self.shared is not None and ids:
+        if ids:
             local = {s.conversation_id for s in found}
             try:
                 remote = await self.shared.lookup(owner, ids)
@@ -437,8 +430,6 @@ class StreamRegistry:
         """DELETE: evict here, and in the store, asking the replica that
         generates it (when another) to stop it."""
         self.cancel(owner, conversation_id)
-        if self.shared is None:
-            return
         try:
             other = await self.shared.delete_stream(owner, conversation_id)
             if other is not None:
@@ -468,7 +459,7 @@ async def sse_response(registry: StreamRegistry, resources: RequestResources,
         handle.close()
         raise ApiError(f"Invalid {HEADER} header: expected 1 to {MAX_ID_CHARS} printable "
                        "ASCII characters without spaces")
-    if tap is not None and tap.plan is None and registry.shared is not None:
+    if tap is not None and tap.plan is None:
         tap.record(request_record(request, await request.get_data(), key_scope(),
                                   request_tape.current()))
     try:

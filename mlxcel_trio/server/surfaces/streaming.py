@@ -33,7 +33,7 @@ async def stream_jobs(served: Served, jobs: Sequence, render: Callable[[object],
     the completion controllable while its prompt is processed); `wrap`
     re-frames the stream (Anthropic's error events)."""
     tap = None
-    if served.state.streams.shared is not None and request.headers.get(HEADER):
+    if served.state.streams.shared.continues and request.headers.get(HEADER):
         # resumable, with a store: its log records what a continuation needs
         plan = continuation(request.scope)
         if plan is not None:
