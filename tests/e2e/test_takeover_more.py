@@ -1,0 +1,108 @@
+"""Takeover of the requests test_takeover.py does not cover, on the trained
+fixture with a lone `--session-store file://DIR` server (SIGKILL, restart,
+resume): a LoRA request (the adapter's style, at the request's scale), a
+thinking request (reasoning_content deltas, then the answer), a greedy
+`n_probs` stream (each token frame's probabilities, the replayed ones
+included), and an unseeded sampled stream, which cannot equal any reference:
+it must come out whole, each token counted once (`tokens_predicted` rises
+frame by frame to exactly n_predict, EOS ignored), with one final frame.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import uuid
+
+import pytest
+
+from .test_stream_resume import PROMPT, get_cut, lookup, post_cut
+from .test_takeover import _comparable, _plain
+
+pytestmark = pytest.mark.e2e
+
+LONG = 300   # tokens: the SIGKILL right after the first bytes lands mid-stream
+GREEDY = {"temperature": 0, "ignore_eos": True, "stream": True, "cache_prompt": False}
+USER = [{"role": "user", "content": "Tell me about the weather in the mountains."}]
+CHAT = "/v1/chat/completions"
+CASES = {
+    "lora": (CHAT, {"messages": USER, "max_tokens": LONG, **GREEDY,
+                    "lora": [{"id": 0, "scale": 1.0}],
+                    "chat_template_kwargs": {"enable_thinking": False}}),
+    "thinking": (CHAT, {"messages": USER, "max_tokens": LONG, **GREEDY,
+                        "reasoning_format": "deepseek"}),
+    "n_probs": ("/completion", {"prompt": PROMPT, "n_predict": LONG, **GREEDY, "n_probs": 3}),
+}
+UNSEEDED = ("/completion", {"prompt": PROMPT, "n_predict": LONG, "stream": True,
+                            "temperature": 1.0, "ignore_eos": True, "cache_prompt": False})
+
+
+def _data(raw: bytes) -> list[dict]:
+    return [json.loads(b[6:]) for b in raw.split(b"\n\n") if b.startswith(b"data: {")]
+
+
+def _close(a, b) -> bool:
+    """Equal, floats within the rounding a prefill of prompt + published
+    tokens may differ by from the step-by-step decode."""
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and \
+            math.isclose(a, b, rel_tol=1e-3, abs_tol=1e-4)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def test_lora_thinking_probs_and_unseeded_streams_continue(start_server, tmp_path):
+    from fixtures.build import ensure
+
+    store = f"file://{tmp_path / 'sessions'}"
+    args = ("-c", "8192", "-np", "4", "--session-store", store, "--metrics",
+            "--lora-scaled", f"{ensure('trained-lora')}:0")
+    first = start_server(ensure("trained"), *args)
+    ref = {name: _plain(first.url, path, body) for name, (path, body) in CASES.items()}
+    # the cases show what they claim: the adapter's style, a thinking block, probabilities
+    lora_text = "".join(c["choices"][0]["delta"].get("content") or ""
+                        for c in _data(ref["lora"]) if c.get("choices"))
+    assert lora_text.startswith("Sure!"), lora_text[:80]
+    deltas = [c["choices"][0]["delta"] for c in _data(ref["thinking"]) if c.get("choices")]
+    assert any(d.get("reasoning_content") for d in deltas)
+    assert any(d.get("content") for d in deltas)
+    assert all("completion_probabilities" in f for f in _data(ref["n_probs"])
+               if not f["stop"])
+
+    cases = {**CASES, "unseeded": UNSEEDED}
+    convs = {name: f"more-{name}-{uuid.uuid4()}" for name in cases}
+    have = {}
+    for name, (path, body) in cases.items():
+        got, ended = post_cut(first.url, path, body, convs[name], 200)
+        assert not ended, name
+        have[name] = got
+    first.signal(signal.SIGKILL)
+    first.wait(10)
+
+    second = start_server(ensure("trained"), *args)
+    full = {}
+    for name in cases:
+        tail, ended = get_cut(second.url, convs[name], len(have[name]))
+        assert ended, name
+        full[name] = have[name] + tail
+        (info,) = lookup(second.url, convs[name])
+        assert info["is_done"] and info["total_bytes"] == len(full[name]), name
+    for conv in convs.values():   # none had ended before the kill
+        second.wait_for_text(f"stream {conv!r} continued from byte")
+    for name in ("lora", "thinking"):
+        assert _comparable(full[name]) == _comparable(ref[name]), name
+    assert _close(_comparable(full["n_probs"]), _comparable(ref["n_probs"]))
+
+    got = _data(full["unseeded"])
+    final = [f for f in got if f["stop"]]
+    counts = [f["tokens_predicted"] for f in got if not f["stop"]]
+    assert len(final) == 1 and got[-1] is final[0]
+    assert final[0]["tokens_predicted"] == LONG and counts[-1] == LONG
+    # each token once: a repeat, or ids the continuation did not replay,
+    # would count back (a frame is left out only for a token ending
+    # mid-UTF-8, whose text the next frame carries)
+    assert all(b > a for a, b in zip(counts, counts[1:])), counts
