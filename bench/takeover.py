@@ -3,6 +3,8 @@ and what recording the log costs on the decode path.
 
     python bench/takeover.py                    # tiny fixture, about 1-2 min
     python bench/takeover.py --fixture trained  # or --model DIR
+    python bench/takeover.py --store redis      # 1. through a second replica
+    python bench/takeover.py --acceptance       # 3. and 4. only, about 2-4 min
 
 1. death -> first continued byte, --kills times: a server streams a long
    greedy /completion with X-Conversation-Id; the client keeps the first
@@ -16,6 +18,21 @@ and what recording the log costs on the decode path.
    file://DIR (the log with token ids and the request record), --rounds
    rounds alternating the order, medians; the ratio file / memory (the
    recording's cost: within noise means about 1.0).
+   With --store redis (a throwaway redis-server on a free port) 1. is
+   measured through a second replica: two replicas share the store, the
+   owner is SIGKILLed, and the client resumes through the survivor, which
+   claims the session once the owner's heartbeat lapses (the TTL is
+   shortened to --replica-ttl seconds, so the figure is that TTL plus one
+   heartbeat interval plus the claim);
+3. (--acceptance, Redis) --kill-streams (20) concurrent greedy streams
+   (/completion, chat, /v1/completions, a grammar, a seeded sampler) on
+   the owner, each client cut at a random byte offset, the owner SIGKILLed
+   at a random moment after: how many streams the survivor continued and
+   how many came out frame for frame equal (ids and timings aside) to an
+   uninterrupted run;
+4. (--acceptance, Redis) a rolling restart under --rolling-streams (8):
+   SIGTERM on A (its streams handed to B), A restarted, SIGTERM on B (its
+   streams handed to A): how many streams came out equal.
 Both sides are this server, so the ratio is the measurement; raw mlx-lm
 has no store to compare against.  Prints numbers; asserts nothing.
 """
@@ -23,11 +40,16 @@ has no store to compare against.  Prints numbers; asserts nothing.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import random
+import shutil
 import signal
+import subprocess
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -99,6 +121,220 @@ def start_server_nowait(model: Path, port: int, args: list[str], env: dict):
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+# -- with Redis: two replicas -------------------------------------------------------------
+
+GREEDY = {"temperature": 0, "ignore_eos": True, "stream": True, "cache_prompt": False}
+VOLATILE = {"id", "created", "created_at", "completed_at", "timings", "system_fingerprint",
+            "id_slot"}
+
+
+class Redis:
+    """A throwaway redis-server (or valkey-server) on a free port, no persistence."""
+
+    def __init__(self) -> None:
+        binary = shutil.which("valkey-server") or shutil.which("redis-server")
+        if binary is None:
+            raise SystemExit("--store redis needs valkey-server or redis-server")
+        import redis
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc = subprocess.Popen([binary, "--port", str(self.port), "--bind", "127.0.0.1",
+                                      "--save", "", "--appendonly", "no"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                redis.Redis(port=self.port, socket_timeout=1).ping()
+                return
+            except redis.exceptions.ConnectionError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise SystemExit("redis-server did not start")
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+def _stop(proc) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def case(i: int, tokens: int) -> tuple[str, dict]:
+    """The i-th stream of an acceptance run: five kinds, prompts told apart."""
+    prompt = f"{PROMPT} {i}"
+    kind = i % 5
+    if kind == 1:
+        return "/v1/chat/completions", {"model": "m", "max_tokens": tokens, **GREEDY,
+                                        "messages": [{"role": "user", "content": prompt}]}
+    if kind == 2:
+        return "/v1/completions", {"model": "m", "prompt": prompt, "max_tokens": tokens,
+                                   **GREEDY}
+    body = {"prompt": prompt, "n_predict": tokens, **GREEDY}
+    if kind == 3:
+        body["grammar"] = 'root ::= ("ab" | "cd" | " " | "e")+'
+    if kind == 4:
+        body.update(temperature=0.9, seed=1000 + i)
+    return "/completion", body
+
+
+def read(method: str, url: str, cut: float = float("inf"), **kw) -> tuple[bytes, bool]:
+    """A stream's bytes, the connection closed after `cut`; (bytes, it ended)."""
+    got = b""
+    with httpx.Client(timeout=120) as c, c.stream(method, url, **kw) as r:
+        if r.status_code != 200:
+            raise SystemExit(f"{method} {url}: {r.status_code} {r.read()[:200]!r}")
+        for chunk in r.iter_raw():
+            got += chunk
+            if len(got) >= cut:
+                return got[:int(cut)], False
+    return got, True
+
+
+def resume(url: str, conv: str, offset: int, cut: float = float("inf")) -> tuple[bytes, bool]:
+    return read("GET", url + "/v1/stream", cut, params={"conv_id": conv, "from": offset})
+
+
+def comparable(raw: bytes) -> list:
+    def strip(obj):
+        if isinstance(obj, dict):
+            return {k: strip(v) for k, v in obj.items() if k not in VOLATILE}
+        if isinstance(obj, list):
+            return [strip(v) for v in obj]
+        return obj
+    return [strip(json.loads(b[6:])) if b.startswith(b"data: {") else b
+            for b in raw.split(b"\n\n") if b.strip()]
+
+
+def each(fn, items) -> list:
+    """fn over items, one thread each (concurrent clients)."""
+    out: list = [None] * len(items)
+
+    def run(i: int) -> None:
+        out[i] = fn(items[i])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(items))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def replica_args(store: str, streams: int) -> list[str]:
+    return ["--host", "127.0.0.1", "-c", str(2048 * streams), "-np", str(streams),
+            "--session-store", store, "--metrics"]
+
+
+def redis_kill(model: Path, env: dict, tokens: int) -> tuple[float, float]:
+    """1. through a second replica: owner SIGKILLed, the client resumes through the survivor."""
+    store = Redis()
+    pa, pb = free_port(), free_port()
+    args = replica_args(store.url, 1)
+    a = start_server(model, pa, args, env)
+    b = start_server(model, pb, args, env)
+    try:
+        conv = f"bench-{uuid.uuid4()}"
+        path, body = "/completion", {"prompt": PROMPT, "n_predict": tokens, **GREEDY}
+        have, _ = read("POST", f"http://127.0.0.1:{pa}{path}", 500, json=body,
+                       headers={HEADER: conv})
+        a.send_signal(signal.SIGKILL)
+        t_kill = time.perf_counter()
+        a.wait(10)
+        took = None
+        with httpx.Client(timeout=120) as c, c.stream(
+                "GET", f"http://127.0.0.1:{pb}/v1/stream",
+                params={"conv_id": conv, "from": len(have)}) as r:
+            for chunk in r.iter_raw():
+                if chunk:
+                    took = time.perf_counter() - t_kill
+                    break
+        if took is None:
+            raise SystemExit("the resumed stream ended with no byte")
+        own = _metric(f"http://127.0.0.1:{pb}", "mlxcel_stream_takeover_first_token_seconds_sum")
+        return took, own
+    finally:
+        _stop(a)
+        _stop(b)
+        store.stop()
+
+
+def kill_acceptance(model: Path, env: dict, streams: int, tokens: int, seed: int) -> str:
+    """3.: every stream cut at a random offset, the owner killed at a random moment."""
+    rng = random.Random(seed)
+    store = Redis()
+    pa, pb = free_port(), free_port()
+    a = start_server(model, pa, replica_args(store.url, streams), env)
+    b = start_server(model, pb, replica_args(store.url, streams), env)
+    try:
+        cases = [case(i, tokens) for i in range(streams)]
+        ref = [read("POST", f"http://127.0.0.1:{pb}{p}", json=body)[0] for p, body in cases]
+        convs = [f"accept-{i}-{uuid.uuid4()}" for i in range(streams)]
+        cuts = [rng.randint(150, 3000) for _ in range(streams)]
+        have = each(lambda i: read("POST", f"http://127.0.0.1:{pa}{cases[i][0]}", cuts[i],
+                                   json=cases[i][1], headers={HEADER: convs[i]}),
+                    list(range(streams)))
+        time.sleep(rng.uniform(0.0, 0.5))   # a random moment: the streams stand apart
+        a.send_signal(signal.SIGKILL)
+        a.wait(10)
+        ended_before = sum(1 for _, ended in have if ended)
+        tails = each(lambda i: resume(f"http://127.0.0.1:{pb}", convs[i], len(have[i][0])),
+                     list(range(streams)))
+        equal = sum(1 for i in range(streams)
+                    if tails[i][1] and comparable(have[i][0] + tails[i][0]) == comparable(ref[i]))
+        continued = _metric(f"http://127.0.0.1:{pb}",
+                            'mlxcel_stream_takeovers_total{outcome="continued"}')
+        return (f"{streams} streams, owner SIGKILLed at random points: {equal}/{streams} equal "
+                f"to the uninterrupted run, {continued:.0f} continued by the survivor, "
+                f"{ended_before} had ended before the kill")
+    finally:
+        _stop(a)
+        _stop(b)
+        store.stop()
+
+
+def rolling_acceptance(model: Path, env: dict, streams: int, tokens: int) -> str:
+    """4.: SIGTERM A, restart it, SIGTERM B, under live streams."""
+    store = Redis()
+    pa, pb = free_port(), free_port()
+    args = replica_args(store.url, streams)
+    a = start_server(model, pa, args, env)
+    b = start_server(model, pb, args, env)
+    a2 = None
+    try:
+        cases = [case(i, tokens) for i in range(streams)]
+        ref = [read("POST", f"http://127.0.0.1:{pb}{p}", json=body)[0] for p, body in cases]
+        convs = [f"rolling-{i}-{uuid.uuid4()}" for i in range(streams)]
+        have = [read("POST", f"http://127.0.0.1:{pa}{p}", 200, json=body,
+                     headers={HEADER: convs[i]})[0] for i, (p, body) in enumerate(cases)]
+        t0 = time.perf_counter()
+        _stop(a)
+        a_exit = time.perf_counter() - t0
+        a2 = start_server(model, pa, args, env)
+        for i in range(streams):   # read a little through B, which holds them now
+            have[i] += resume(f"http://127.0.0.1:{pb}", convs[i], len(have[i]), 100)[0]
+        _stop(b)
+        tails = each(lambda i: resume(f"http://127.0.0.1:{pa}", convs[i], len(have[i])),
+                     list(range(streams)))
+        equal = sum(1 for i in range(streams)
+                    if tails[i][1] and comparable(have[i] + tails[i][0]) == comparable(ref[i]))
+        return (f"rolling restart (SIGTERM A, restart A, SIGTERM B) under {streams} streams: "
+                f"{equal}/{streams} equal to the uninterrupted run, A's SIGTERM exit "
+                f"{a_exit:.1f} s")
+    finally:
+        _stop(a)
+        _stop(b)
+        if a2 is not None:
+            _stop(a2)
+        store.stop()
+
+
 def rate_with(model: Path, store: str, env: dict, streams: int, tokens: int) -> float:
     port = free_port()
     proc = start_server(model, port, ["--host", "127.0.0.1", "-np", str(streams),
@@ -114,10 +350,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--fixture", default="tiny")
     ap.add_argument("--model", type=Path)
+    ap.add_argument("--store", choices=("file", "redis"), default="file")
     ap.add_argument("--kills", type=int, default=5)
     ap.add_argument("--streams", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=400)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--replica-ttl", type=float, default=3.0)
+    ap.add_argument("--acceptance", action="store_true")
+    ap.add_argument("--kill-streams", type=int, default=20)
+    ap.add_argument("--rolling-streams", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     if args.model is None:
         from fixtures.build import ensure
@@ -125,29 +367,51 @@ def main() -> None:
     else:
         model = args.model
     env = server_env("bundled")
+    if args.acceptance:
+        ttl = {**env, "MLXCEL_INTERNAL_REPLICA_TTL_S": str(args.replica_ttl)}
+        print(kill_acceptance(model, ttl, args.kill_streams, args.tokens, args.seed))
+        print(rolling_acceptance(model, env, args.rolling_streams, args.tokens))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         took, own = [], []
         for i in range(args.kills):
-            store = f"file://{os.path.join(tmp, f'kill-{i}')}"
-            t, o = one_kill(model, store, env, 4000)
+            if args.store == "redis":
+                ttl = {**env, "MLXCEL_INTERNAL_REPLICA_TTL_S": str(args.replica_ttl)}
+                t, o = redis_kill(model, ttl, 4000)
+            else:
+                t, o = one_kill(model, f"file://{os.path.join(tmp, f'kill-{i}')}", env, 4000)
             took.append(t)
             own.append(o)
-        print(f"death -> first continued byte ({args.kills} kills, restart and load included): "
+        where = (f"through the survivor, replica TTL {args.replica_ttl:g} s"
+                 if args.store == "redis" else "restart and load included")
+        print(f"death -> first continued byte ({args.kills} kills, {args.store}, {where}): "
               f"median {statistics.median(took) * 1000:.0f} ms, "
               f"p99 {quantile(took, 0.99) * 1000:.0f} ms")
-        print(f"  the new server's claim -> first continued byte: median "
+        print(f"  the continuing server's claim -> first continued byte: median "
               f"{statistics.median(own) * 1000:.1f} ms, p99 {quantile(own, 0.99) * 1000:.1f} ms")
-        rates: dict[str, list[float]] = {"memory": [], "file": []}
+        rates: dict[str, list[float]] = {"memory": [], args.store: []}
         for r in range(args.rounds):
-            order = ("memory", "file") if r % 2 == 0 else ("file", "memory")
+            order = ("memory", args.store) if r % 2 == 0 else (args.store, "memory")
             for kind in order:
-                store = "memory" if kind == "memory" else f"file://{tmp}/rate-{r}"
-                rates[kind].append(rate_with(model, store, env, args.streams, args.tokens))
-        mem, fil = statistics.median(rates["memory"]), statistics.median(rates["file"])
+                if kind == "memory":
+                    rates[kind].append(rate_with(model, "memory", env, args.streams,
+                                                 args.tokens))
+                elif kind == "file":
+                    rates[kind].append(rate_with(model, f"file://{tmp}/rate-{r}", env,
+                                                 args.streams, args.tokens))
+                else:
+                    store = Redis()
+                    try:
+                        rates[kind].append(rate_with(model, store.url, env, args.streams,
+                                                     args.tokens))
+                    finally:
+                        store.stop()
+        mem, other = statistics.median(rates["memory"]), statistics.median(rates[args.store])
         print(f"decode, {args.streams} streams x {args.tokens} tokens, {args.rounds} rounds: "
-              f"memory {mem:.0f} frames/s, file {fil:.0f} frames/s, file / memory "
-              f"{fil / mem:.3f}  (rounds: memory {[round(x) for x in rates['memory']]}, "
-              f"file {[round(x) for x in rates['file']]})")
+              f"memory {mem:.0f} frames/s, {args.store} {other:.0f} frames/s, "
+              f"{args.store} / memory {other / mem:.3f}  (rounds: memory "
+              f"{[round(x) for x in rates['memory']]}, {args.store} "
+              f"{[round(x) for x in rates[args.store]]})")
 
 
 if __name__ == "__main__":
