@@ -40,13 +40,14 @@ has no store to compare against.  Prints numbers; asserts nothing.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import random
 import shutil
 import signal
-import subprocess
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -60,6 +61,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import free_port, quantile, server_env, start_server  # noqa: E402
 from bench.session_store import HEADER, PROMPT, decode_rate  # noqa: E402
+from mlxcel_trio import store_url  # noqa: E402
+from mlxcel_trio.server.sessions.file_store import read_log  # noqa: E402
 
 
 def _metric(url: str, name: str) -> float:
@@ -87,13 +90,16 @@ def one_kill(model: Path, store: str, env: dict, tokens: int) -> tuple[float, fl
     first.send_signal(signal.SIGKILL)
     t_kill = time.perf_counter()
     first.wait(10)
+    # the log ran past the client's bytes before the kill: continued bytes start at its end
+    (path,) = glob.glob(os.path.join(store_url.file_dir(store), "*.log"))
+    published = read_log(path, 1 << 30).total
     second = start_server_nowait(model, port, args, env)
     try:
         while True:
             try:
                 with httpx.Client(timeout=60) as c, c.stream(
                         "GET", url + "/v1/stream",
-                        params={"conv_id": conv, "from": len(have)}) as r:
+                        params={"conv_id": conv, "from": published}) as r:
                     if r.status_code == 200:
                         for chunk in r.iter_raw():
                             if chunk:
@@ -107,11 +113,22 @@ def one_kill(model: Path, store: str, env: dict, tokens: int) -> tuple[float, fl
             if time.perf_counter() - t_kill > 120:
                 raise SystemExit("no continuation within 120 s")
             time.sleep(0.02)
-        own = _metric(url, "mlxcel_stream_takeover_first_token_seconds_sum")
+        own = _claim_to_first(url)
     finally:
         second.send_signal(signal.SIGTERM)
         second.wait(30)
     return took, own
+
+
+def _claim_to_first(url: str) -> float:
+    """The continuing server's own claim -> first continued byte (its /metrics)."""
+    name = "mlxcel_stream_takeover_first_token_seconds"
+    deadline = time.monotonic() + 30
+    while not _metric(url, name + "_count") >= 1:
+        if time.monotonic() > deadline:
+            raise SystemExit("the continuing server counted no takeover")
+        time.sleep(0.02)
+    return _metric(url, name + "_sum")
 
 
 def start_server_nowait(model: Path, port: int, args: list[str], env: dict):
@@ -247,18 +264,20 @@ def redis_kill(model: Path, env: dict, tokens: int) -> tuple[float, float]:
         a.send_signal(signal.SIGKILL)
         t_kill = time.perf_counter()
         a.wait(10)
+        # the owner published past the client's bytes: continued bytes start at the store's end
+        (info,) = httpx.post(f"http://127.0.0.1:{pb}/v1/streams/lookup",
+                             json={"conversation_ids": [conv]}, timeout=10).json()
         took = None
         with httpx.Client(timeout=120) as c, c.stream(
                 "GET", f"http://127.0.0.1:{pb}/v1/stream",
-                params={"conv_id": conv, "from": len(have)}) as r:
+                params={"conv_id": conv, "from": info["total_bytes"]}) as r:
             for chunk in r.iter_raw():
                 if chunk:
                     took = time.perf_counter() - t_kill
                     break
         if took is None:
             raise SystemExit("the resumed stream ended with no byte")
-        own = _metric(f"http://127.0.0.1:{pb}", "mlxcel_stream_takeover_first_token_seconds_sum")
-        return took, own
+        return took, _claim_to_first(f"http://127.0.0.1:{pb}")
     finally:
         _stop(a)
         _stop(b)
@@ -389,6 +408,8 @@ def main() -> None:
               f"p99 {quantile(took, 0.99) * 1000:.0f} ms")
         print(f"  the continuing server's claim -> first continued byte: median "
               f"{statistics.median(own) * 1000:.1f} ms, p99 {quantile(own, 0.99) * 1000:.1f} ms")
+        if args.rounds < 1:
+            return
         rates: dict[str, list[float]] = {"memory": [], args.store: []}
         for r in range(args.rounds):
             order = ("memory", args.store) if r % 2 == 0 else (args.store, "memory")
