@@ -203,6 +203,7 @@ class Takeover:
         self.stopping = False         # SIGTERM: claim nothing more
         self.handed = 0               # ... the live streams it left to a peer
         self.released = False         # ... once their last chunks are written
+        self._handing = trio.Lock()
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         recovered = self.store.recovered()
@@ -301,13 +302,17 @@ class Takeover:
         so the next peer heartbeat claims them), or to a restart on the
         same file:// directory."""
         self.stopping = True
-        self.handed += self.registry.hand_off()
-        if self.handed and not self.released:
-            with trio.CancelScope(shield=True), trio.move_on_after(RELEASE_S):
-                await self.store.release()
-                self.released = True
-                log.info("shutdown: %d live stream(s) handed off through the session store",
-                         self.handed)
+        # drain.py and the runner both call this, maybe at once: the second
+        # waits for the first's release, then hands on only what is new
+        with trio.CancelScope(shield=True), trio.move_on_after(RELEASE_S):
+            async with self._handing:
+                n = self.registry.hand_off()
+                self.handed += n
+                if n:
+                    await self.store.release()
+                    self.released = True
+                    log.info("shutdown: %d live stream(s) handed off through the session "
+                             "store", n)
 
     def _fail(self, session: "StreamSession", why: str) -> None:
         self.failed += 1
