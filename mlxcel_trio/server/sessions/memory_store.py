@@ -13,6 +13,9 @@ returns, so followers see it exactly when they would with no store at
 all), and nothing is recorded for a continuation (`continues` is False:
 no Tap, no takeover, and SIGTERM ends live streams instead of leaving them
 for a peer).
+The indirection costs under a microsecond per chunk over appending to
+the session directly (0.8 us measured on a loaded 2-CPU VM: 2.5 against
+1.7 us), against a decode step of milliseconds.
 """
 
 from __future__ import annotations
