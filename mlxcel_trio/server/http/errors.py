@@ -76,7 +76,6 @@ ENGINE_FAILURES: dict[str, tuple[str, str]] = {
 # per code; the words fill the sentence.  Upstream answers an unknown model
 # 404 on load but 400 on unload, hence two rows with one sentence.
 NO_SUCH_MODEL = "model is not found"
-NOT_REMOVABLE = "model name={name} is not removable (not from cache)"
 ROUTER_FAILURES: dict[str, tuple[str, str]] = {
     "model_missing": ("invalid_request_error", "model name is missing from the request"),
     "model_unknown": ("invalid_request_error", "model '{name}' not found"),
@@ -95,7 +94,7 @@ ROUTER_FAILURES: dict[str, tuple[str, str]] = {
     "already_running": ("invalid_request_error", "model is already running"),
     "not_running": ("invalid_request_error", "model is not running"),
     "remove_unknown": ("server_error", "model name={name} is not found"),
-    "not_removable": ("server_error", NOT_REMOVABLE),
+    "not_removable": ("server_error", "model name={name} is not removable (not from cache)"),
     "load_failed": ("unavailable_error", "model name={name} failed to load"),
     "models_max": ("server_error", "model limit reached, try again later"),
     "child_unreachable": ("unavailable_error", "model name={name} is unavailable: {why}"),

@@ -26,8 +26,7 @@ from quart_trio import QuartTrio
 from ...config import ServerConfig
 from ...model_store import hub_cache_dir
 from ...protocol.routes import ROUTES, quart_rule
-from ..http.app_shell import BUILD_INFO, MAX_BODY_BYTES, PerRequest, answer_errors, api_key_index
-from ..http.body_limits import media_body_limits, sized_request_class
+from ..http.app_shell import BUILD_INFO, PerRequest, answer_errors, api_key_index, shell_app
 from ..http.cors import CorsMiddleware, CorsPolicy
 from ..http.errors import invalid_api_key, json_response, router_error
 from . import catalog, proxy
@@ -64,13 +63,7 @@ def inventory(pool: Pool) -> dict:
 
 
 def create_router_app(config: ServerConfig, pool: Pool, env) -> QuartTrio:
-    app = QuartTrio("mlxcel_trio.router")
-    app.config.update(RESPONSE_TIMEOUT=None, BODY_TIMEOUT=config.timeout,
-                      MAX_CONTENT_LENGTH=MAX_BODY_BYTES)
-    # the children hold media bodies to the image budget: let them reach one
-    app.request_class = sized_request_class(media_body_limits(
-        ROUTES, config.api_prefix, config.max_image_payload_size, config.max_images,
-        MAX_BODY_BYTES))
+    app = shell_app("mlxcel_trio.router", config)
     keys = [k.encode() for k in config.api_keys]
     public = {r.path for r in ROUTES if r.public}
     prefix = config.api_prefix
