@@ -283,6 +283,24 @@ def start_server():
 
 
 @pytest.fixture(scope="session")
+def shared_server(start_server):
+    """Factory: shared_server(model, *args, env=...) -> the ready server this
+    worker started for exactly that model, argument list and environment,
+    started on first use and shared by every module that asks the same (so
+    no test may stop it, or count on state no earlier test could leave:
+    read-only checks, or requests of their own)."""
+    servers: dict[tuple, ServerProcess] = {}
+
+    def _shared(model, *args, env=None) -> ServerProcess:
+        key = (str(model), args, tuple(sorted((env or {}).items())))
+        if key not in servers:
+            servers[key] = start_server(model, *args, env=env)
+        return servers[key]
+
+    return _shared
+
+
+@pytest.fixture(scope="session")
 def server(tiny_model, start_server) -> ServerProcess:
     """The shared default server: tiny model, 4 slots, 1024 tokens each."""
     return start_server(tiny_model, "-c", "4096", "-np", "4")

@@ -66,12 +66,6 @@ def pool(hidden, mask, kind: str):
     raise ValueError(f"no pooling kernel {kind!r}")
 
 
-def too_large(n_tokens: int, n_batch: int) -> str:
-    """Upstream's refusal of an input the physical batch cannot hold."""
-    return (f"input ({n_tokens} tokens) is too large to process. increase the physical "
-            f"batch size (current batch size: {n_batch})")
-
-
 class Embedder:
     """An encoder model and its queue (engine thread only)."""
 
@@ -126,17 +120,14 @@ class Embedder:
         elif any(t < 0 or t >= vocab for t in job.tokens):
             out.append(Failed.coded(job.id, "invalid_tokens"))
         elif n > self.n_batch:
-            out.append(Failed(job.id, "server_error", too_large(n, self.n_batch)))
+            # upstream's refusal of an input the physical batch cannot hold
+            out.append(Failed.coded(job.id, "exceeds_batch",
+                                    {"n_tokens": n, "n_batch": self.n_batch}))
         elif n > self.info.max_positions:
-            ctx = self.info.max_positions
-            out.append(Failed(job.id, "exceed_context_size_error",
-                              f"input ({n} tokens) is larger than the max context size "
-                              f"({ctx} tokens). skipping",
-                              (("n_prompt_tokens", n), ("n_ctx", ctx))))
+            out.append(Failed.coded(job.id, "embed_exceeds_context", n_prompt_tokens=n,
+                                    n_ctx=self.info.max_positions))
         elif job.pooling == "rank" and not self.info.is_classifier:
-            out.append(Failed(job.id, "not_supported_error",
-                              "This server does not support reranking. Start it with "
-                              "`--reranking`"))
+            out.append(Failed.coded(job.id, "no_reranking"))
         else:
             self._queue.append(job)
 

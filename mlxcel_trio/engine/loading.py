@@ -36,8 +36,7 @@ class NoChat:
         self.serves = serves
 
     def _refuse(self, job_id: int, out: list) -> None:
-        out.append(Failed(job_id, "not_supported_error",
-                          f"This server does not support generation: it serves {self.serves}"))
+        out.append(Failed.coded(job_id, "no_generation", {"serves": self.serves}))
 
     def submit(self, job, out: list) -> None:
         self._refuse(job.id, out)

@@ -241,16 +241,13 @@ class EngineLoop(Loading, IdleSleep, LockstepRunner):
         rank = job.pooling == "rank"
         embedder = self.embedders.get("rank" if rank else "embed")
         if embedder is None:
-            what, flag = ("reranking", "--reranking") if rank else ("embeddings", "--embeddings")
-            out.append(Failed(job.id, "not_supported_error",
-                              f"This server does not support {what}. Start it with `{flag}`"))
+            out.append(Failed.coded(job.id, "no_reranking" if rank else "no_embeddings"))
         else:
             embedder.submit(job, out)
 
     def _submit_transcribe(self, job: TranscribeJob, out: list) -> None:
         if self.transcriber is None:
-            out.append(Failed(job.id, "not_supported_error",
-                              "The current model does not support audio input."))
+            out.append(Failed.coded(job.id, "no_audio_model"))
         else:
             self.transcriber.submit(job, out)
 

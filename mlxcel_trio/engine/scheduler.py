@@ -286,14 +286,12 @@ class Scheduler:
         never degrades to text on a checkpoint without an image tower."""
         if job.audio:
             if self._audio is None:
-                return Failed(job.id, "not_supported_error", "audio input is not supported - "
-                              "hint: the loaded checkpoint has no audio tower")
+                return Failed.coded(job.id, "no_audio_tower")
             if job.images or not self._audio.spans_ok(job.prompt, job.audio):
                 return Failed.coded(job.id, "untokenizable")
             return None
         if self._vision is None:
-            return Failed(job.id, "not_supported_error", "image input is not supported - hint: "
-                          "the loaded checkpoint has no image tower")
+            return Failed.coded(job.id, "no_image_tower")
         if not self._vision.spans_ok(job.prompt, job.images):
             return Failed.coded(job.id, "untokenizable")
         return None
@@ -344,19 +342,15 @@ class Scheduler:
             out.append(Failed.coded(cmd.job_id, "invalid_slot"))
             return
         if slot not in self._free:
-            out.append(Failed(cmd.job_id, "unavailable_error",
-                              f"slot {slot} is processing a task; retry when it is idle"))
+            out.append(Failed.coded(cmd.job_id, "slot_busy", {"slot": slot}))
             return
         previous = len(self._slot_tokens[slot])
         if cmd.tokens is not None:
             if len(cmd.tokens) > self.n_ctx_slot:
-                out.append(Failed(cmd.job_id, "invalid_request_error",
-                                  "Unable to restore slot: Restored prompt does not fit "
-                                  "in the slot context"))
+                out.append(Failed.coded(cmd.job_id, "restore_too_long"))
                 return
             if not self._in_vocab(cmd.tokens):
-                out.append(Failed(cmd.job_id, "invalid_request_error",
-                                  "Unable to restore slot: Invalid tokens in slot save file"))
+                out.append(Failed.coded(cmd.job_id, "restore_invalid_tokens"))
                 return
             self._slot_tokens[slot] = tuple(cmd.tokens)
             self._slot_ns[slot] = cmd.cache_ns
@@ -614,8 +608,7 @@ class Scheduler:
         job = seq.job
         if job.shared_prompt:
             # upstream refuses to shift a parent/child task of n_cmpl > 1
-            out.append(Failed(job.id, "server_error",
-                              "context shift cannot be used for shared prompt"))
+            out.append(Failed.coded(job.id, "shift_shared_prompt"))
             self._release(seq, out, cancelled=False)
             return
         n_keep, n_discard = context_shift.window(

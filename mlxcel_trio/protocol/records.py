@@ -571,28 +571,40 @@ class EngineStats:
 
 # The failures the engine names by code; their type and sentence are the
 # server's (server/http/errors.py ENGINE_FAILURES, one row per code).
-FAILURE_CODES = frozenset({"invalid_slot", "invalid_tokens", "empty_input", "untokenizable",
-                           "exceeds_context"})
+FAILURE_CODES = frozenset({
+    "invalid_slot", "invalid_tokens", "empty_input", "untokenizable", "exceeds_context",
+    # what the loaded checkpoint or the server's options cannot serve
+    "no_embeddings", "no_reranking", "no_generation", "no_audio_model", "no_audio_tower",
+    "no_image_tower",
+    # the embedder's and the transcriber's limits
+    "exceeds_batch", "embed_exceeds_context", "unknown_language", "audio_too_long",
+    # slot actions and context shift
+    "slot_busy", "restore_too_long", "restore_invalid_tokens", "shift_shared_prompt",
+})
 
 
 @attrs.frozen
 class Failed:
-    """A job that ended in error.  A failure upstream words the same way
-    wherever it happens carries a `code` (FAILURE_CODES) and the numbers its
-    sentence names in `extra`; the rest (an exception's text, a
-    checkpoint's limits) carries its own `kind` and `message`."""
+    """A job that ended in error.  A failure the server words carries a
+    `code` (FAILURE_CODES), the numbers its sentence names that the error
+    body also carries in `extra`, and its sentence's other blanks in
+    `words`; the rest (an exception's text) carries its own `kind` and
+    `message`."""
 
     job_id: int
     kind: str = ""            # upstream error type, e.g. "server_error" ("" with a code)
     message: str = ""
     extra: tuple[tuple[str, int], ...] = ()   # also on the wire, in the error body
     code: str = ""
+    words: tuple[tuple[str, str | int], ...] = ()   # fill the sentence only
 
     @classmethod
-    def coded(cls, job_id: int, code: str, **numbers: int) -> "Failed":
+    def coded(cls, job_id: int, code: str, words: dict[str, str | int] | None = None,
+              **numbers: int) -> "Failed":
         if code not in FAILURE_CODES:
             raise ValueError(f"unknown failure code {code!r}")
-        return cls(job_id, extra=tuple(numbers.items()), code=code)
+        return cls(job_id, extra=tuple(numbers.items()), code=code,
+                   words=tuple((words or {}).items()))
 
     @classmethod
     def exceeds_context(cls, job_id: int, n_prompt: int, n_ctx: int) -> "Failed":

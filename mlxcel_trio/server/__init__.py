@@ -4,7 +4,9 @@
     http/          what any route meets before and after its handler:
                    listen (hypercorn glue), app_shell.py (what both apps wrap
                    around their routes), CORS, API-key scope, body reading
-                   and limits, upstream's error envelopes, SSE framing
+                   and limits, errors.py (every error sentence: upstream's
+                   envelopes, the engine's coded failures, the router's
+                   refusals), SSE framing
     adapters.py    the LoRA adapter table
     request/       from a JSON body to engine jobs: the parsing generated
                    from protocol/fields.py, the sampler / grammar /

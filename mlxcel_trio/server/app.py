@@ -42,9 +42,8 @@ from .surfaces.metrics import Metrics
 from .surfaces import chat_routes, lora, webui
 from .request.jobs import server_defaults
 from .request.served import Served
-from .http.app_shell import BUILD_INFO, MAX_BODY_BYTES, PerRequest, answer_errors, api_key_index
+from .http.app_shell import BUILD_INFO, PerRequest, answer_errors, api_key_index, shell_app
 from .http.body import read_json_body
-from .http.body_limits import media_body_limits, sized_request_class
 from .http.cors import CorsMiddleware, CorsPolicy
 from .http.errors import (
     feature_disabled,
@@ -61,12 +60,7 @@ log = logging.getLogger("mlxcel.http")
 
 
 def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTrio:
-    app = QuartTrio("mlxcel_trio")
-    app.config.update(RESPONSE_TIMEOUT=None, BODY_TIMEOUT=config.timeout,
-                      MAX_CONTENT_LENGTH=MAX_BODY_BYTES)
-    app.request_class = sized_request_class(media_body_limits(
-        ROUTES, config.api_prefix, config.max_image_payload_size, config.max_images,
-        MAX_BODY_BYTES))
+    app = shell_app("mlxcel_trio", config)
     keys = [k.encode() for k in config.api_keys]
     state = app.mlxcel_state = AppState.create(config, bridge)
     public = {r.path for r in ROUTES if r.public}

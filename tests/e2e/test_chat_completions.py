@@ -275,15 +275,18 @@ def test_skip_chat_parsing_and_server_kwargs(tiny_model, start_server):
         srv.stop()
 
 
-def test_chat_routes_need_the_key(tiny_model, start_server):
-    srv = start_server(tiny_model, "-np", "1", "-c", "512", "--api-key", "k")
-    try:
-        r = httpx.post(srv.url + "/v1/chat/completions", json={"messages": [USER]})
-        assert r.status_code == 401
-        with openai.OpenAI(base_url=srv.url + "/v1", api_key="k", max_retries=0) as c:
-            assert c.chat.completions.create(model="m", messages=[USER], max_tokens=1).choices
-    finally:
-        srv.stop()
+# one server for two independent flags (shared_server): --api-key only
+# guards the routes, --reasoning-alias-field only names a message field
+KEYED_NO_ALIAS = ("-np", "1", "-c", "512", "--api-key", "k", "--reasoning-alias-field", "none")
+KEY = {"Authorization": "Bearer k"}
+
+
+def test_chat_routes_need_the_key(tiny_model, shared_server):
+    srv = shared_server(tiny_model, *KEYED_NO_ALIAS)
+    r = httpx.post(srv.url + "/v1/chat/completions", json={"messages": [USER]})
+    assert r.status_code == 401
+    with openai.OpenAI(base_url=srv.url + "/v1", api_key="k", max_retries=0) as c:
+        assert c.chat.completions.create(model="m", messages=[USER], max_tokens=1).choices
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -447,7 +450,7 @@ def test_a_forced_call_follows_the_tools_schema(client, choice, stream):
     assert reason == "tool_calls" and not content
 
 
-def test_reasoning_alias_field(server, tiny_model, start_server):
+def test_reasoning_alias_field(server, tiny_model, shared_server):
     """--reasoning-alias-field (default reasoning) repeats reasoning_content as
     `reasoning`, in the message and in every delta; none leaves upstream's
     field alone."""
@@ -458,12 +461,10 @@ def test_reasoning_alias_field(server, tiny_model, start_server):
     deltas = [f["choices"][0]["delta"] for f in frames[:-1] if f["choices"]]
     assert all(d.get("reasoning") == d.get("reasoning_content") for d in deltas)
     assert "".join(d.get("reasoning", "") for d in deltas) == msg["reasoning"]
-    plain = start_server(tiny_model, "-np", "1", "-c", "512", "--reasoning-alias-field", "none")
-    try:
-        msg2 = post(plain.url, body, path="/v1/chat/completions").json()["choices"][0]["message"]
-        assert "reasoning" not in msg2 and msg2["reasoning_content"] == msg["reasoning_content"]
-    finally:
-        plain.stop()
+    plain = shared_server(tiny_model, *KEYED_NO_ALIAS)
+    msg2 = post(plain.url, body, path="/v1/chat/completions",
+                headers=KEY).json()["choices"][0]["message"]
+    assert "reasoning" not in msg2 and msg2["reasoning_content"] == msg["reasoning_content"]
 
 
 

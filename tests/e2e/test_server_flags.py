@@ -30,13 +30,15 @@ def test_env_binds_and_the_command_line_wins(tiny_model, start_server):
     srv.stop()
 
 
-def test_sampling_defaults_come_from_flags_else_the_checkpoint(tiny_model, start_server):
-    srv = start_server(tiny_model, "-np", "1")
-    params = props(srv)["default_generation_settings"]["params"]
+PLAIN = ("-np", "1")   # the defaults' server (shared_server: read-only checks)
+
+
+def test_sampling_defaults_come_from_flags_else_the_checkpoint(tiny_model, start_server,
+                                                               shared_server):
+    params = props(shared_server(tiny_model, *PLAIN))["default_generation_settings"]["params"]
     # the fixture's generation_config.json: temperature 0.6, top_k 20, top_p 0.95
     assert (params["temperature"], params["top_k"]) == (pytest.approx(0.6), 20)
     assert params["top_p"] == pytest.approx(0.95)
-    srv.stop()
     srv = start_server(tiny_model, "-np", "1", "--temp", "0", "--top-k", "7", "--top-p", "0.5",
                        "--min-p", "0.1", "-s", "42", "-n", "5")
     params = props(srv)["default_generation_settings"]["params"]
@@ -50,12 +52,11 @@ def test_sampling_defaults_come_from_flags_else_the_checkpoint(tiny_model, start
     srv.stop()
 
 
-def test_warmup_runs_unless_disabled(tiny_model, start_server):
-    warm = start_server(tiny_model, "-np", "1")
+def test_warmup_runs_unless_disabled(tiny_model, start_server, shared_server):
+    warm = shared_server(tiny_model, *PLAIN)
     cold = start_server(tiny_model, "-np", "1", "--no-warmup")
     assert any("warming up" in line for line in warm.stdout)  # the log goes to stdout
     assert not any("warming up" in line for line in cold.stdout)
-    warm.stop()
     cold.stop()
 
 
@@ -80,20 +81,23 @@ def test_sse_pings_while_a_stream_is_silent(tiny_model, start_server):
     srv.stop()
 
 
-def test_verbose_logs_debug_lines(tiny_model, start_server):
-    srv = start_server(tiny_model, "-np", "1", "-v")
+# one server for three independent flags: -v only adds debug lines, --tags
+# only /v1/models' tags, -sp only the special tokens in the text
+VERBOSE_TAGS_SPECIAL = ("-np", "1", "-v", "--tags", "alpha,beta", "-sp")
+
+
+def test_verbose_logs_debug_lines(tiny_model, shared_server):
+    srv = shared_server(tiny_model, *VERBOSE_TAGS_SPECIAL)
     post(srv.url, {"prompt": "x", "n_predict": 1})
-    srv.stop()
-    assert any(" D mlxcel" in line for line in srv.stdout)  # the log goes to stdout
+    srv.wait_for_text(" D mlxcel", timeout=30)   # the log goes to stdout
 
 
-def test_tags_special_and_hf_repo(tiny_model, tiny_facts, start_server):
-    srv = start_server(tiny_model, "-np", "1", "--tags", "alpha,beta", "-sp")
+def test_tags_special_and_hf_repo(tiny_model, tiny_facts, start_server, shared_server):
+    srv = shared_server(tiny_model, *VERBOSE_TAGS_SPECIAL)
     assert httpx.get(srv.url + "/v1/models").json()["data"][0]["tags"] == ["alpha", "beta"]
     res = post(srv.url, {"prompt": tiny_facts["eos_prompt"], "n_predict": 64,
                          "temperature": 0}).json()
     assert res["stop_type"] == "eos" and res["content"].endswith("<|im_end|>")
-    srv.stop()
     # --hf-repo resolves exactly like -m (a local checkpoint directory works)
     # and wins over -m, saying so
     srv = start_server("/nonexistent-model-dir", "--hf-repo", str(tiny_model), "-np", "1")

@@ -18,6 +18,7 @@ import json
 import signal
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -61,6 +62,14 @@ def _plain(url: str, path: str, body: dict) -> bytes:
     raw, ended = post_cut(url, path, body, None, 1 << 30)
     assert ended
     return raw
+
+
+def _references(url: str, cases: dict) -> dict:
+    """Each case's uninterrupted stream, the cases run side by side (a
+    batch gives each stream what a solo run does: test_batching.py)."""
+    with ThreadPoolExecutor(len(cases)) as pool:
+        runs = {name: pool.submit(_plain, url, path, body) for name, (path, body) in cases.items()}
+        return {name: run.result() for name, run in runs.items()}
 
 
 def _comparable(raw: bytes) -> list:
@@ -123,7 +132,7 @@ def test_a_killed_server_s_streams_continue_after_a_restart(tiny_model, start_se
     args = ("-c", "12288", "-np", "6", "--session-store", store, "--metrics")
     first = start_server(tiny_model, *args)
     cases = dict(CASES)
-    ref = {name: _plain(first.url, path, body) for name, (path, body) in cases.items()}
+    ref = _references(first.url, cases)
     # a stop string taken from the middle of the greedy text
     text = "".join(json.loads(b[6:])["content"] for b in ref["completion"].split(b"\n\n")
                    if b.startswith(b"data: {"))
@@ -198,7 +207,7 @@ def test_a_killed_replica_s_streams_continue_on_the_survivor(tiny_model, start_s
         owner = start_server(tiny_model, *args, env=REPLICA_ENV)
         survivor = start_server(tiny_model, *args, env=REPLICA_ENV)
         cases = dict(CASES)
-        ref = {name: _plain(survivor.url, path, body) for name, (path, body) in cases.items()}
+        ref = _references(survivor.url, cases)
         convs, have = _cut_then_kill(owner, cases, "replica")
         _resume_all(survivor, cases, convs, have, ref)   # read through the survivor
     finally:
@@ -217,7 +226,7 @@ def test_a_rolling_restart_hands_every_stream_on(tiny_model, start_server):
         a = start_server(tiny_model, *args)
         b = start_server(tiny_model, *args)
         cases = {name: CASES[name] for name in ("completion", "chat", "grammar", "seeded")}
-        ref = {name: _plain(b.url, path, body) for name, (path, body) in cases.items()}
+        ref = _references(b.url, cases)
         convs = {name: f"rolling-{name}-{uuid.uuid4()}" for name in cases}
         have = {}
         for name, (path, body) in cases.items():

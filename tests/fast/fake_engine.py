@@ -300,8 +300,7 @@ class FakeEngine:
             out.append(Failed.coded(cmd.job_id, "invalid_slot"))
             return
         if slot not in self._free:
-            out.append(Failed(cmd.job_id, "unavailable_error",
-                              f"slot {slot} is processing a task; retry when it is idle"))
+            out.append(Failed.coded(cmd.job_id, "slot_busy", {"slot": slot}))
             return
         previous = len(self._slot_tokens[slot])
         if cmd.tokens is not None:

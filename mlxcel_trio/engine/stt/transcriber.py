@@ -160,11 +160,9 @@ class Transcriber:
 
     def submit(self, job: TranscribeJob, out: list) -> None:
         if job.language and self.multilingual and job.language not in self.languages:
-            out.append(Failed(job.id, "invalid_request_error",
-                              f"language '{job.language}' is not one this model transcribes"))
+            out.append(Failed.coded(job.id, "unknown_language", {"language": job.language}))
         elif len(job.samples) > MAX_SECONDS * mel.SAMPLE_RATE:
-            out.append(Failed(job.id, "invalid_request_error",
-                              f"audio clip is longer than {MAX_SECONDS} s"))
+            out.append(Failed.coded(job.id, "audio_too_long", {"max_seconds": MAX_SECONDS}))
         else:
             self._queue.append(job)
 

@@ -16,7 +16,8 @@ from werkzeug.exceptions import HTTPException
 from ... import __version__
 from ...config import ServerConfig
 from ...logging_setup import TRACE
-from ...protocol.routes import QUIET_PATHS
+from ...protocol.routes import QUIET_PATHS, ROUTES
+from .body_limits import media_body_limits, sized_request_class
 from .errors import (
     JSON_TYPE,
     ApiError,
@@ -35,6 +36,19 @@ log = logging.getLogger("mlxcel.http")
 BUILD_INFO = f"mlxcel-trio-{__version__}"
 MAX_BODY_BYTES = 64 * 1024 * 1024
 MAX_HEAD_BYTES = 16 * 1024  # the request line and headers (h11 also caps a partial head)
+
+
+def shell_app(name: str, config: ServerConfig) -> QuartTrio:
+    """A QuartTrio app with what the server and the router share: no
+    response timeout, --timeout for bodies, and each route's body limit
+    (media routes to the image budget, which a router's children apply)."""
+    app = QuartTrio(name)
+    app.config.update(RESPONSE_TIMEOUT=None, BODY_TIMEOUT=config.timeout,
+                      MAX_CONTENT_LENGTH=MAX_BODY_BYTES)
+    app.request_class = sized_request_class(media_body_limits(
+        ROUTES, config.api_prefix, config.max_image_payload_size, config.max_images,
+        MAX_BODY_BYTES))
+    return app
 
 
 async def _send_error(send, err: ApiError) -> None:

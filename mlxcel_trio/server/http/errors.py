@@ -32,7 +32,10 @@ JSON_TYPE = "application/json; charset=utf-8"
 
 # The engine's coded failures (protocol/records.py FAILURE_CODES), which the
 # server also raises where it finds the same fault first: upstream's type and
-# sentence, filled from the numbers the failure carries (also in the body).
+# sentence, filled from the numbers the failure carries (also in the body)
+# and its other words (only in the sentence).
+NOT_SUPPORTED = "This server does not support {what}. Start it with `{flag}`"
+RESTORE_FAILED = "Unable to restore slot: "
 ENGINE_FAILURES: dict[str, tuple[str, str]] = {
     "invalid_slot": ("invalid_request_error", "Invalid slot ID"),
     "invalid_tokens": ("invalid_request_error", "Prompt contains invalid tokens"),
@@ -41,7 +44,67 @@ ENGINE_FAILURES: dict[str, tuple[str, str]] = {
     "exceeds_context": ("exceed_context_size_error",
                         "request ({n_prompt_tokens} tokens) exceeds the available context "
                         "size ({n_ctx} tokens), try increasing it"),
+    "no_embeddings": ("not_supported_error",
+                      NOT_SUPPORTED.format(what="embeddings", flag="--embeddings")),
+    "no_reranking": ("not_supported_error",
+                     NOT_SUPPORTED.format(what="reranking", flag="--reranking")),
+    "no_generation": ("not_supported_error",
+                      "This server does not support generation: it serves {serves}"),
+    "no_audio_model": ("not_supported_error", "The current model does not support audio input."),
+    "no_audio_tower": ("not_supported_error", "audio input is not supported - hint: the loaded "
+                                              "checkpoint has no audio tower"),
+    "no_image_tower": ("not_supported_error", "image input is not supported - hint: the loaded "
+                                              "checkpoint has no image tower"),
+    "exceeds_batch": ("server_error", "input ({n_tokens} tokens) is too large to process. "
+                                      "increase the physical batch size (current batch size: "
+                                      "{n_batch})"),
+    "embed_exceeds_context": ("exceed_context_size_error",
+                              "input ({n_prompt_tokens} tokens) is larger than the max context "
+                              "size ({n_ctx} tokens). skipping"),
+    "unknown_language": ("invalid_request_error",
+                         "language '{language}' is not one this model transcribes"),
+    "audio_too_long": ("invalid_request_error", "audio clip is longer than {max_seconds} s"),
+    "slot_busy": ("unavailable_error", "slot {slot} is processing a task; retry when it is idle"),
+    "restore_too_long": ("invalid_request_error",
+                         RESTORE_FAILED + "Restored prompt does not fit in the slot context"),
+    "restore_invalid_tokens": ("invalid_request_error",
+                               RESTORE_FAILED + "Invalid tokens in slot save file"),
+    "shift_shared_prompt": ("server_error", "context shift cannot be used for shared prompt"),
 }
+
+# The router's own refusals (server/router/): upstream's type and sentence
+# per code; the words fill the sentence.  Upstream answers an unknown model
+# 404 on load but 400 on unload, hence two rows with one sentence.
+NO_SUCH_MODEL = "model is not found"
+ROUTER_FAILURES: dict[str, tuple[str, str]] = {
+    "model_missing": ("invalid_request_error", "model name is missing from the request"),
+    "model_unknown": ("invalid_request_error", "model '{name}' not found"),
+    "model_not_loaded": ("invalid_request_error", "model is not loaded"),
+    "body_not_json": ("invalid_request_error", "the request body is not JSON; the router reads "
+                                               "its \"model\" field to pick the model"),
+    "stream_unknown": ("not_found_error", "Stream not found or expired"),
+    "model_not_string": ("invalid_request_error", "model must be a non-empty string"),
+    "not_a_repo_id": ("invalid_request_error",
+                      "model '{name}' is not a Hugging Face repo id (owner/name)"),
+    "download_refused": ("invalid_request_error",
+                         "model validation failed, unable to download: {why}"),
+    "model_exists": ("invalid_request_error", "model '{name}' already exists"),
+    "load_unknown": ("not_found_error", NO_SUCH_MODEL),
+    "unload_unknown": ("invalid_request_error", NO_SUCH_MODEL),
+    "already_running": ("invalid_request_error", "model is already running"),
+    "not_running": ("invalid_request_error", "model is not running"),
+    "remove_unknown": ("server_error", "model name={name} is not found"),
+    "not_removable": ("server_error", "model name={name} is not removable (not from cache)"),
+    "load_failed": ("unavailable_error", "model name={name} failed to load"),
+    "models_max": ("server_error", "model limit reached, try again later"),
+    "child_unreachable": ("unavailable_error", "model name={name} is unavailable: {why}"),
+}
+
+
+def router_error(code: str, **words: str) -> "ApiError":
+    """ROUTER_FAILURES' error for `code`, its sentence filled with `words`."""
+    kind, sentence = ROUTER_FAILURES[code]
+    return ApiError(sentence.format(**words), kind)
 
 
 class ApiError(Exception):
@@ -60,7 +123,7 @@ class ApiError(Exception):
         """An engine job's failure, as the error the client is answered: a
         coded one in the words of ENGINE_FAILURES."""
         if ev.code:
-            return engine_failure(ev.code, **dict(ev.extra))
+            return engine_failure(ev.code, dict(ev.words), **dict(ev.extra))
         return cls(ev.message, ev.kind, dict(ev.extra))
 
     @property
@@ -75,11 +138,13 @@ class ApiError(Exception):
         return {"error": err}
 
 
-def engine_failure(code: str, **numbers: int) -> ApiError:
+def engine_failure(code: str, words: dict[str, str | int] | None = None,
+                   **numbers: int) -> ApiError:
     """ENGINE_FAILURES' error for `code`; the numbers fill the sentence and
-    follow it in the body (upstream's n_prompt_tokens, n_ctx)."""
+    follow it in the body (upstream's n_prompt_tokens, n_ctx), the words
+    fill it only."""
     kind, sentence = ENGINE_FAILURES[code]
-    return ApiError(sentence.format(**numbers), kind, numbers or None)
+    return ApiError(sentence.format(**numbers, **(words or {})), kind, numbers or None)
 
 
 def _finite(obj):
@@ -135,8 +200,8 @@ def feature_disabled() -> Response:
 
 def not_supported(what: str, flag: str) -> Response:
     """The 501 llama-server answers for a feature it was started without."""
-    return error_response(ApiError(f"This server does not support {what}. Start it with "
-                                   f"`{flag}`", "not_supported_error"))
+    return error_response(ApiError(NOT_SUPPORTED.format(what=what, flag=flag),
+                                   "not_supported_error"))
 
 
 def not_generating(flag: str) -> Response:

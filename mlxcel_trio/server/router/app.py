@@ -26,10 +26,9 @@ from quart_trio import QuartTrio
 from ...config import ServerConfig
 from ...model_store import hub_cache_dir
 from ...protocol.routes import ROUTES, quart_rule
-from ..http.app_shell import BUILD_INFO, MAX_BODY_BYTES, PerRequest, answer_errors, api_key_index
-from ..http.body_limits import media_body_limits, sized_request_class
+from ..http.app_shell import BUILD_INFO, PerRequest, answer_errors, api_key_index, shell_app
 from ..http.cors import CorsMiddleware, CorsPolicy
-from ..http.errors import ApiError, invalid_api_key, json_response
+from ..http.errors import invalid_api_key, json_response, router_error
 from . import catalog, proxy
 from .pool import Pool
 
@@ -64,13 +63,7 @@ def inventory(pool: Pool) -> dict:
 
 
 def create_router_app(config: ServerConfig, pool: Pool, env) -> QuartTrio:
-    app = QuartTrio("mlxcel_trio.router")
-    app.config.update(RESPONSE_TIMEOUT=None, BODY_TIMEOUT=config.timeout,
-                      MAX_CONTENT_LENGTH=MAX_BODY_BYTES)
-    # the children hold media bodies to the image budget: let them reach one
-    app.request_class = sized_request_class(media_body_limits(
-        ROUTES, config.api_prefix, config.max_image_payload_size, config.max_images,
-        MAX_BODY_BYTES))
+    app = shell_app("mlxcel_trio.router", config)
     keys = [k.encode() for k in config.api_keys]
     public = {r.path for r in ROUTES if r.public}
     prefix = config.api_prefix
@@ -85,13 +78,13 @@ def create_router_app(config: ServerConfig, pool: Pool, env) -> QuartTrio:
     def known(name: str) -> str:
         """upstream's router_validate_model."""
         if not name:
-            raise ApiError("model name is missing from the request")
+            raise router_error("model_missing")
         canonical = pool.resolve(name)
         if canonical is None:
-            raise ApiError(f"model '{name}' not found")
+            raise router_error("model_unknown", name=name)
         name = canonical
         if not autoload() and pool.instances[name].status != "loaded":
-            raise ApiError("model is not loaded")
+            raise router_error("model_not_loaded")
         return name
 
     async def to_child(name: str, body: bytes) -> Response:
@@ -104,8 +97,7 @@ def create_router_app(config: ServerConfig, pool: Pool, env) -> QuartTrio:
         try:
             parsed = json.loads(body) if body else {}
         except ValueError:
-            raise ApiError("the request body is not JSON; the router reads its \"model\" "
-                           "field to pick the model") from None
+            raise router_error("body_not_json") from None
         name = known(parsed.get("model", "") if isinstance(parsed, dict) else "")
         conv = request.headers.get(CONV_HEADER)
         if conv:
@@ -128,7 +120,7 @@ def create_router_app(config: ServerConfig, pool: Pool, env) -> QuartTrio:
         name = conversations.get(conv or "")
         inst = pool.instances.get(name or "")
         if inst is None or inst.status != "loaded":
-            raise ApiError("Stream not found or expired", "not_found_error")
+            raise router_error("stream_unknown")
         return await proxy.forward(http, inst, request.method, request.path,
                                    request.query_string, request.headers.items(), body)
 
@@ -149,25 +141,25 @@ def create_router_app(config: ServerConfig, pool: Pool, env) -> QuartTrio:
         body = await request.get_json(force=True, silent=True)
         name = body.get("model") if isinstance(body, dict) else None
         if not isinstance(name, str) or not name:
-            raise ApiError("model must be a non-empty string")
+            raise router_error("model_not_string")
         if "/" not in name:  # a bare name: mlx-community's, as -m expands it
             name = f"mlx-community/{name}"
         if not _REPO_ID.fullmatch(name) or ".." in name:
-            raise ApiError(f"model '{name}' is not a Hugging Face repo id (owner/name)")
+            raise router_error("not_a_repo_id", name=name)
         token = config.hf_token or env.get("HF_TOKEN") or None
         try:
             await trio.to_thread.run_sync(lambda: downloads.probe(name, token))
         except downloads.DownloadError as exc:
-            raise ApiError(f"model validation failed, unable to download: {exc}") from None
+            raise router_error("download_refused", why=str(exc)) from None
         if pool.resolve(name) is not None:
-            raise ApiError(f"model '{name}' already exists")
+            raise router_error("model_exists", name=name)
         await pool.download(name, hub_cache_dir(env), token)
         return json_response({"success": True})
 
     async def remove():
         name = request.args.get("model", "")
         if not name:
-            raise ApiError("model must be a non-empty string")
+            raise router_error("model_not_string")
         await pool.remove(name, hub_cache_dir(env))
         return json_response({"success": True})
 
@@ -193,25 +185,26 @@ def create_router_app(config: ServerConfig, pool: Pool, env) -> QuartTrio:
             "model_path": "none", "default_generation_settings": {"params": {}, "n_ctx": 0},
             "ui_settings": {}, "build_info": BUILD_INFO, "cors_proxy_enabled": False})
 
-    async def load():
+    async def named(unknown: str):
+        """The instance the body's "model" names, or `unknown`'s error."""
         body = await request.get_json(force=True, silent=True) or {}
         name = pool.resolve(body.get("model", "") if isinstance(body, dict) else "")
         inst = pool.instances.get(name or "")
         if inst is None:
-            raise ApiError("model is not found", "not_found_error")
+            raise router_error(unknown)
+        return inst
+
+    async def load():
+        inst = await named("load_unknown")
         if inst.running:
-            raise ApiError("model is already running")
+            raise router_error("already_running")
         pool.start(inst)
         return json_response({"success": True})
 
     async def unload():
-        body = await request.get_json(force=True, silent=True) or {}
-        name = pool.resolve(body.get("model", "") if isinstance(body, dict) else "")
-        inst = pool.instances.get(name or "")
-        if inst is None:
-            raise ApiError("model is not found")
+        inst = await named("unload_unknown")
         if not inst.running:
-            raise ApiError("model is not running")
+            raise router_error("not_running")
         pool.stop(inst)
         return json_response({"success": True})
 

@@ -39,7 +39,7 @@ from typing import Mapping
 import httpx
 import trio
 
-from ..http.errors import ApiError
+from ..http.errors import router_error
 from .catalog import ModelEntry
 
 log = logging.getLogger("mlxcel.router")
@@ -151,9 +151,9 @@ class Pool:
         repository from the cache, never anything outside `cache_root`."""
         inst = self.instances.get(name)
         if inst is None:
-            raise ApiError(f"model name={name} is not found", "server_error")
+            raise router_error("remove_unknown", name=name)
         if inst.entry.source != "cache":
-            raise ApiError(f"model name={name} is not removable (not from cache)", "server_error")
+            raise router_error("not_removable", name=name)
         proc = inst.process
         if proc is not None:
             self.stop(inst)
@@ -162,7 +162,7 @@ class Pool:
 
         repo = downloads.removable(cache_root, name)
         if repo is None:
-            raise ApiError(f"model name={name} is not removable (not from cache)", "server_error")
+            raise router_error("not_removable", name=name)
         await trio.to_thread.run_sync(shutil.rmtree, repo, True)
         del self.instances[name]
         log.info("removed %s from the cache (%s)", name, repo)
@@ -246,7 +246,7 @@ class Pool:
             self.start(inst)
             await inst.ready.wait()
         if inst.status != "loaded":
-            raise ApiError(f"model name={name} failed to load", "unavailable_error")
+            raise router_error("load_failed", name=name)
         inst.last_used = time.monotonic()
         return inst
 
@@ -259,7 +259,7 @@ class Pool:
         idle = sorted((i for i in running if i.status == "loaded" and i.inflight == 0),
                       key=lambda i: i.last_used)
         if not idle:
-            raise ApiError("model limit reached, try again later", "server_error")
+            raise router_error("models_max")
         log.info("unloading %s (least recently used) to stay within --models-max %d",
                  idle[0].name, self.models_max)
         self.stop(idle[0])

@@ -13,7 +13,7 @@ from typing import AsyncIterator
 import httpx
 from quart import Response
 
-from ..http.errors import ApiError
+from ..http.errors import router_error
 from .pool import Instance
 
 log = logging.getLogger("mlxcel.router")
@@ -44,8 +44,8 @@ async def forward(http: httpx.AsyncClient, inst: Instance, method: str, path: st
     except httpx.HTTPError as exc:
         inst.inflight -= 1
         log.warning("%s: forwarding %s %s failed: %s", inst.name, method, path, exc)
-        raise ApiError(f"model name={inst.name} is unavailable: {type(exc).__name__}",
-                       "unavailable_error") from None
+        raise router_error("child_unreachable", name=inst.name,
+                           why=type(exc).__name__) from None
 
     async def relay() -> AsyncIterator[bytes]:
         try:

@@ -46,7 +46,7 @@ from quart import Response, request
 from ...media import audio
 from ...protocol.records import (Failed, Finished, TokenPiece, TranscribeJob, Transcribed,
                                  TranscriptPiece)
-from ..http.errors import ApiError, error_response, json_response
+from ..http.errors import ApiError, engine_failure, error_response, json_response
 from ..http.sse import DONE, frame
 from ..request.served import Served, off_loop
 from ..request.media_input import audio_of
@@ -64,8 +64,7 @@ _FLOAT = re.compile(r"\s*([+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf(?:ini
 
 
 def no_audio_model() -> Response:
-    return error_response(ApiError("The current model does not support audio input.",
-                                   "not_supported_error"))
+    return error_response(engine_failure("no_audio_model"))
 
 
 def no_chat_model() -> Response:

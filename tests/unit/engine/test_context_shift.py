@@ -9,6 +9,7 @@ import pytest
 from mlxcel_trio.engine import context_shift
 from mlxcel_trio.engine.context_shift import retained, window
 from mlxcel_trio.protocol.records import Finished, Job, SamplingParams, TokenPiece
+from mlxcel_trio.server.http.errors import ApiError
 
 
 # (n_tokens, n_ctx, n_keep, n_discard, n_prompt, add_bos) -> (keep, discard),
@@ -234,7 +235,8 @@ def test_a_shared_prompt_is_never_shifted(loaded):
             break
         s.step(out)
     (f,) = [e for e in out if isinstance(e, Failed)]
-    assert f.job_id == 1 and f.message == "context shift cannot be used for shared prompt"
+    assert f.job_id == 1
+    assert ApiError.from_failed(f).message == "context shift cannot be used for shared prompt"
     assert [e.job_id for e in out if isinstance(e, SlotFreed)] == [1, 2]   # 2 still ran
     assert len([e for e in out if isinstance(e, Finished) and e.job_id == 2]) == 1
 

@@ -25,6 +25,7 @@ from mlxcel_trio.protocol.records import (
     Submit,
     TokenPiece,
 )
+from mlxcel_trio.server.http.errors import ApiError
 
 WAIT_S = 60
 
@@ -86,8 +87,9 @@ def test_an_encoder_alone_serves_embed_jobs_and_refuses_generation():
         by_id = {ev.job_id: ev for ev in seen if hasattr(ev, "job_id")}
         assert isinstance(by_id[1], Embedded) and by_id[1].n_tokens == len(ids)
         assert 2 not in by_id  # cancelled before its chunk ran
-        assert by_id[3].kind == "not_supported_error" and "reranking" in by_id[3].message
-        assert by_id[4].kind == "not_supported_error"
+        refused = {i: ApiError.from_failed(by_id[i]) for i in (3, 4)}
+        assert refused[3].type == "not_supported_error" and "reranking" in refused[3].message
+        assert refused[4].type == "not_supported_error"
     finally:
         run.stop()
 

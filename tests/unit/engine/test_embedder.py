@@ -140,7 +140,7 @@ def test_submission_refusals_use_upstreams_words(bert_dir):
         (3, "invalid_request_error"), (4, "server_error"), (5, "not_supported_error")]
     assert answered[0].message == "Input content cannot be empty"
     assert answered[1].message == answered[2].message == "Prompt contains invalid tokens"
-    assert out[3].message == ("input (9 tokens) is too large to process. increase the "
+    assert answered[3].message == ("input (9 tokens) is too large to process. increase the "
                               "physical batch size (current batch size: 8)")
 
 

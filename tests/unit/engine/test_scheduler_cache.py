@@ -140,7 +140,7 @@ def test_slot_tokens_read_write_and_busy(loaded):
     assert out[-1].code == "invalid_slot"
     s.submit(job(2, n_predict=30, id_slot=0), out)
     s.slot_action(SlotAction(103, 0), out)
-    assert out[-1].kind == "unavailable_error"
+    assert out[-1].code == "slot_busy"
     run(s, out)
 
 
@@ -151,7 +151,7 @@ def test_restore_refills_the_cache_and_keeps_the_stream(loaded):
     s.slot_action(SlotAction(200, 1, PROMPT, "raw"), out)
     assert of(out, Started)[0].id_slot == 1      # the slot re-evaluates the tokens
     s.slot_action(SlotAction(201, 1), out)
-    assert out[-1].kind == "unavailable_error"    # busy meanwhile
+    assert out[-1].code == "slot_busy"    # busy meanwhile
     run(s, out)
     assert len(cache) == 1
     s.slot_action(SlotAction(202, 1), out)

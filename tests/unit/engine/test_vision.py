@@ -12,6 +12,7 @@ import pytest
 
 from mlxcel_trio.engine.prompt_cache import PromptCache
 from mlxcel_trio.protocol.records import Failed, Finished, ImageInput, Job, SamplingParams
+from mlxcel_trio.server.http.errors import ApiError
 
 from .test_scheduler import of, run
 
@@ -114,5 +115,6 @@ def test_a_checkpoint_without_a_tower_refuses_images(vlm):
     out = []
     s.submit(image_job(1, vlm, picture(1)), out)
     (failed,) = of(out, Failed, 1)
-    assert failed.kind == "not_supported_error"
-    assert failed.message.startswith("image input is not supported")
+    err = ApiError.from_failed(failed)
+    assert err.type == "not_supported_error"
+    assert err.message.startswith("image input is not supported")

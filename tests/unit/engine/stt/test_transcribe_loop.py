@@ -16,6 +16,7 @@ from mlxcel_trio.protocol.records import (
     Transcribed,
     TranscriptPiece,
 )
+from mlxcel_trio.server.http.errors import ApiError
 from tests.unit.engine.test_embed_loop import Run, _ensure
 
 
@@ -38,7 +39,7 @@ def test_a_whisper_engine_transcribes_cancels_and_refuses_generation():
     loaded = next(ev for ev in seen if isinstance(ev, Loaded)).info
     assert not loaded.generates and loaded.transcriber.languages == ("de", "en", "fr")
     assert not any(getattr(ev, "job_id", None) == 2 for ev in seen)   # cancelled while queued
-    assert [ev.message for ev in seen if isinstance(ev, Failed)] == [
+    assert [ApiError.from_failed(ev).message for ev in seen if isinstance(ev, Failed)] == [
         "This server does not support generation: it serves a speech-to-text model"]
     results = {ev.job_id: ev for ev in seen if isinstance(ev, Transcribed)}
     assert results[1].text and results[1].text == results[4].text

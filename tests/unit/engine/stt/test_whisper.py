@@ -10,6 +10,7 @@ import pytest
 from mlxcel_trio.engine.stt import mel
 from mlxcel_trio.engine.stt.transcriber import Transcriber, checkpoint_problem, is_whisper
 from mlxcel_trio.protocol.records import Failed, TranscribeJob, Transcribed, TranscriptPiece
+from mlxcel_trio.server.http.errors import ApiError
 
 RATE = 16000
 
@@ -113,8 +114,11 @@ def test_cancel_drops_the_running_job(transcriber):
 
 def test_an_unknown_language_fails_the_job(transcriber):
     out = _run(transcriber, TranscribeJob(1, _tone(), language="xx"))
-    assert out == [Failed(1, "invalid_request_error",
-                          "language 'xx' is not one this model transcribes")]
+    (failed,) = out
+    assert isinstance(failed, Failed) and failed.job_id == 1
+    err = ApiError.from_failed(failed)
+    assert (err.type, err.message) == ("invalid_request_error",
+                                       "language 'xx' is not one this model transcribes")
     assert isinstance(_run(transcriber, TranscribeJob(2, _tone(), language="de"))[-1],
                       Transcribed)
 
