@@ -2,8 +2,10 @@
 slot files and under the log file (a small tmpfs, mounted by the test; it
 skips where mounting needs a privilege this process lacks), and a session
 store that stops answering mid-stream (a SIGSTOPped redis-server / valkey-
-server: the connection stays open, nothing comes back).  The store's loss
-and return (the process gone, then back on its port) is tested in
+server: the connection stays open, nothing comes back), a slow store link
+and one that stops forwarding (a TCP proxy between two replicas and the
+store: tests/e2e/tcp_proxy.py), and a stopped router child.  The store's
+loss and return (the process gone, then back on its port) is tested in
 test_replicas.py."""
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from tests.conftest import wait_until
 from tests.store_server import StoreServer
 
 from .sse import post
+from .tcp_proxy import TcpProxy
+from .test_stream_resume import TERMINAL, frames, get_cut, post_cut
 
 pytestmark = pytest.mark.e2e
 
@@ -145,6 +149,61 @@ def test_a_store_that_stops_answering_mid_stream(tiny_model, start_server, store
         assert srv.proc.poll() is None
     finally:
         srv.stop()
+
+
+SLOW_S = 0.15   # added to every chunk the store link carries, each way
+
+
+def test_a_slow_store_link_then_one_that_stops_forwarding(tiny_model, start_server, store):
+    """Two replicas reach the store through a proxy that delays every chunk:
+    a session started on A still resumes through B byte for byte, and a
+    request without X-Conversation-Id is not slowed by the store.  Then the
+    proxy stops forwarding (half-open: the store is alive, no byte gets
+    through): plain requests still answer, a new resumable stream is
+    refused clearly within a bound, and once it forwards again resumable
+    streams are accepted without a restart."""
+    proxy = TcpProxy(store.port, delay_s=SLOW_S)
+    args = ("-c", "4096", "-np", "2", "--session-store", proxy.url())
+    a = start_server(tiny_model, *args)
+    b = start_server(tiny_model, *args)
+    try:
+        path, body = "/completion", {"prompt": PROMPT, "n_predict": 32, **GREEDY, "stream": True}
+        plain, ended = post_cut(a.url, path, body, None, 1 << 30)
+        assert ended and TERMINAL[path] in plain
+        conv = f"slow-{uuid.uuid4()}"
+        t = time.monotonic()
+        first, ended = post_cut(a.url, path, body, conv, 120)
+        assert not ended
+        rest, ended = get_cut(b.url, conv, len(first))      # read from the store, through B
+        assert ended
+        assert time.monotonic() - t < BOUND_S
+        assert frames(first + rest) == frames(plain)
+        assert get_cut(b.url, conv, 0)[0] == first + rest
+        t = time.monotonic()
+        assert post(a.url, {**body, "stream": False}).status_code == 200
+        assert time.monotonic() - t < BOUND_S / 2
+
+        proxy.stall()
+        t = time.monotonic()
+        assert post(b.url, {**body, "stream": False}).status_code == 200
+        assert time.monotonic() - t < BOUND_S / 2
+        t = time.monotonic()
+        r = post(b.url, body, headers={"X-Conversation-Id": f"stalled-{uuid.uuid4()}"})
+        assert time.monotonic() - t < BOUND_S
+        assert r.status_code == 503, r.text
+        assert "session store" in r.json()["error"]["message"]
+        proxy.resume()
+
+        def resumable() -> int:
+            return post(b.url, {**body, "n_predict": 2},
+                        headers={"X-Conversation-Id": f"back-{uuid.uuid4()}"}).status_code
+        wait_until(resumable, "a resumable session accepted once the link forwards again",
+                   BOUND_S * 2, until=lambda status: status == 200, pause=0.2)
+        assert a.proc.poll() is None and b.proc.poll() is None
+    finally:
+        a.stop()
+        b.stop()
+        proxy.close()
 
 
 def test_router_restarts_a_stopped_child_and_leaves_the_others_alone(tmp_path, tiny_model):

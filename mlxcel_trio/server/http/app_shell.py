@@ -9,6 +9,7 @@ import hmac
 import logging
 from contextlib import nullcontext
 
+import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
@@ -77,6 +78,10 @@ class PerRequest:
     the unread rest would otherwise stay on the kept-alive connection and
     hang the client's next request on it.
 
+    The response's last message is sent shielded from cancellation: hypercorn
+    recycles the connection inside that send (test_listen.py shows a
+    pending cancel leaving it deaf to its next request otherwise).
+
     With a watchdog (http/watchdog.py) the request is watched while it runs:
     each body message received and each response message sent is progress."""
 
@@ -108,7 +113,15 @@ class PerRequest:
                 headers = [(k, v) for k, v in message.get("headers", ())
                            if k.lower() != b"connection"]
                 message = {**message, "headers": headers + [(b"connection", b"close")]}
-            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                # hypercorn readies the kept-alive connection for its next
+                # request inside this last send, past a checkpoint: a cancel
+                # pending here would stop that half-way, and the connection
+                # would never answer again (the response itself is whole)
+                with trio.CancelScope(shield=True):
+                    await send(message)
+            else:
+                await send(message)
             if tracked is not None:
                 tracked.mark()
 

@@ -341,3 +341,48 @@ async def test_a_client_that_never_reads_is_cut_by_the_write_timeout(quiet_clock
     body = reply.split(b"\r\n\r\n", 1)[1]
     assert 0 < len(body) < chunks * size  # what the buffers held, then the close
     assert trio.current_time() - start >= 10 * READ_TIMEOUT
+
+
+def _answer_under_a_pending_cancel():
+    """An ASGI app whose first response is sent whole while a cancel of its
+    task is pending (nothing in the sends checkpoints before hypercorn
+    recycles the connection), the next normally; each answers "ok"."""
+    served = []
+
+    async def app(scope, receive, send):
+        if scope["type"] == "lifespan":
+            return await _lifespan(receive, send)
+        await receive()
+        with trio.CancelScope() as cs:
+            if not served:
+                cs.cancel()
+            served.append(scope["path"])
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-length", b"2")]})
+            await send({"type": "http.response.body", "body": b"ok"})
+    return app
+
+
+async def test_a_response_sent_under_a_pending_cancel_leaves_the_connection_answering(
+        quiet_clock):
+    """The kept-alive connection's next request is answered: the response's
+    last send (where hypercorn readies the connection for the next request)
+    is shielded by the request wrapper (http/app_shell.PerRequest); without
+    that the connection is left never answering again."""
+    from mlxcel_trio.server.http.app_shell import PerRequest
+
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await _serving(nursery, PerRequest(_answer_under_a_pending_cancel()))
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        replies = []
+        for path in (b"/first", b"/next"):
+            await stream.send_all(b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path)
+            reply = b""
+            with trio.move_on_after(4 * READ_TIMEOUT):
+                while not reply.endswith(b"\r\n\r\nok"):
+                    reply += await stream.receive_some(65536)
+            replies.append(reply)
+        await stream.aclose()
+        shutdown.set()
+    assert replies[0].startswith(b"HTTP/1.1 200"), replies
+    assert replies[1].startswith(b"HTTP/1.1 200"), f"the next request got no answer: {replies}"
