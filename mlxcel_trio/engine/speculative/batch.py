@@ -38,7 +38,7 @@ import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
 
 from .drafters import Ask, Chain
-from .rollback import roll_back, save
+from .rollback import prepare_verify, roll_back, save
 
 
 @attrs.define(slots=True)
@@ -111,6 +111,7 @@ class SpeculativeBatch(GenerationBatch):
         width = max(len(d) for d in drafts)
         rows = [[y, *d, *([y] * (width - len(d)))] for y, d in zip(ys, drafts)]
         inputs = mx.array(rows, dtype=mx.uint32)
+        prepare_verify(self.prompt_cache)
         saved = save(self.prompt_cache)  # recurrent layers' state (None without them)
         logits = self.model(inputs, cache=self.prompt_cache)
         sampled, logprobs = self._sample(inputs, logits, drafts)

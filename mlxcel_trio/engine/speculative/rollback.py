@@ -91,6 +91,17 @@ def _copy(a: mx.array | None) -> mx.array | None:
     return None if a is None else a[...]
 
 
+def prepare_verify(caches: Sequence) -> None:
+    """Before a verify forward: each sliding window's ring in token order.
+    mlx-lm's multi-position write does this first anyway, but its mask for
+    that write is computed before it, from the rotated ring's write index,
+    and so (mlx-lm 0.32) hides one cached position too many from a row
+    that is still left-padded; in token order mask and write agree."""
+    for layer in caches:
+        if isinstance(layer, BatchRotatingKVCache):
+            layer._temporal_order()
+
+
 def save(caches: Sequence) -> Saved | None:
     """What `roll_back` needs of a batch with recurrent layers; None (and
     nothing copied) for one without."""

@@ -100,7 +100,8 @@ def _chain(kind, models, answers=None):
     from mlxcel_trio.engine.speculative.drafters import Chain, NgramSimple
 
     target, draft, vocab = models
-    return {"ngram": lambda: Chain([NgramSimple(2, 8)]),
+    # lookups of one token: tiny-hybrid's greedy text repeats no longer n-gram
+    return {"ngram": lambda: Chain([NgramSimple(1, 4)]),
             "draft": lambda: Chain([DraftModel(draft)]),
             "oracle": lambda: Chain([Oracle(answers, vocab.n_vocab)])}[kind]()
 
@@ -122,6 +123,37 @@ def test_greedy_output_is_unchanged_single_and_batched(models, kind):
         # rejected and accepted drafts both happened, many times over
         kept, drafted = sum(x.draft_n_accepted for x in t), sum(x.draft_n for x in t)
         assert 0.2 * drafted < kept < 0.9 * drafted
+
+
+@pytest.mark.parametrize("steps", [1, 5])
+def test_a_verify_step_on_a_rotated_window_sees_what_one_token_steps_see(models, steps):
+    """A short row left-padded in a full, rotated window: the multi-token
+    forward of a verify step gives each position the logits one-token
+    steps give (prepare_verify; without it mlx-lm's mask hides one more
+    cached position of the padded row)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from mlxcel_trio.engine.speculative.rollback import prepare_verify
+
+    target, _, _ = models
+    rows = [list(range(100, 123)), list(range(300, 339))]   # 23 and 39 tokens
+    caches = []
+    for r in rows:
+        c = make_prompt_cache(target)
+        target(mx.array([r]), cache=c)
+        caches.append(c)
+    batch = [type(a).merge([a, b]) for a, b in zip(*caches)]
+    for s in range(steps):
+        target(mx.array([[50 + s], [60 + s]]), cache=batch)
+        rows[0].append(50 + s)
+        rows[1].append(60 + s)
+    fed = [[7, 8, 9], [5, 6, 4]]
+    prepare_verify(batch)
+    got = np.array(target(mx.array(fed), cache=batch))
+    for i in range(2):
+        for j in range(3):
+            want = np.array(target(mx.array([rows[i] + fed[i][:j + 1]]))[0, -1])
+            assert np.allclose(got[i, j], want, atol=1e-3), (i, j)
 
 
 def test_lora_scale_entry_rides_through_the_replay(models):
