@@ -30,6 +30,8 @@ HAS: dict[str, str] = {
     "mlx_lm.utils:MODEL_ARCHITECTURE_REMAPPING": "mapping",
     "mlx_lm.utils:load_model": "callable",
     "mlx_lm.generate:BatchGenerator": "callable",
+    # a window's ring put in token order before a verify step (speculative/rollback.py)
+    "mlx_lm.models.cache:BatchRotatingKVCache._temporal_order": "callable",
 }
 
 # functions whose code must still name these attributes: the batch generator

@@ -69,7 +69,7 @@ from .samplers.history import breakers_for
 from .sampling import GREEDY, greedy_banning, plan
 from .speculative.batch import Plan, SpeculativeBatch
 from .speculative.drafters import Chain
-from .speculative.rollback import can_roll_back
+from .speculative.rollback import why_not as why_no_rollback
 from .stops import StopMatcher
 from .vocab import Vocab
 
@@ -199,8 +199,10 @@ class Scheduler:
             raise ValueError(problem)
         # speculative decoding (engine/speculative/): None = the plain decode batch
         self._drafter = drafter
-        if drafter is not None and not all(can_roll_back(c) for c in self._new_caches.layers()):
-            log.warning("speculative decoding off: this model's KV cache cannot be rolled back")
+        unrolled = why_no_rollback(self._new_caches.layers()) if drafter is not None else None
+        if unrolled is not None:
+            log.warning("speculative decoding off: this model's %s layers cannot be rolled "
+                        "back after a rejected draft", unrolled)
             self._drafter = None
         self._eos_bias = tuple((t, float("-inf")) for t in sorted(vocab.eos_ids))
         self._banned = tuple(sorted(vocab.eos_ids))

@@ -14,7 +14,9 @@ for it:
    order, exactly as the plain step would have run them one step at a time;
 4. row i keeps the drafts that equal the target's own samples, a_i of them,
    reports [y, d1..d_ai] and holds the sample after them as its next token;
-5. the cache drops each row's rejected positions (rollback.py).
+5. the cache drops each row's rejected positions (rollback.py: cut for
+   attention layers, sliding windows included; restored and re-fed for
+   recurrent ones).
 
 Lossless: every reported token is the target's sample given exactly the
 tokens before it, so greedy output is identical with and without drafts,
@@ -36,7 +38,7 @@ import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
 
 from .drafters import Ask, Chain
-from .rollback import rewind
+from .rollback import prepare_verify, roll_back, save
 
 
 @attrs.define(slots=True)
@@ -109,9 +111,11 @@ class SpeculativeBatch(GenerationBatch):
         width = max(len(d) for d in drafts)
         rows = [[y, *d, *([y] * (width - len(d)))] for y, d in zip(ys, drafts)]
         inputs = mx.array(rows, dtype=mx.uint32)
+        prepare_verify(self.prompt_cache)
+        saved = save(self.prompt_cache)  # recurrent layers' state (None without them)
         logits = self.model(inputs, cache=self.prompt_cache)
         sampled, logprobs = self._sample(inputs, logits, drafts)
-        keep, reports, nexts = [], [], []
+        reports, nexts = [], []
         finished = []
         for i, uid in enumerate(self.uids):
             d, t = drafts[i], sampled[i]
@@ -134,12 +138,11 @@ class SpeculativeBatch(GenerationBatch):
                     plan.accepted += kept
                     plan.rounds += 1
                 self.drafter.accepted(uid, len(d), kept)
-            keep.append(width + 1 - len(emit))
             reports.append(emit)
             nexts.append(t[a] if len(emit) == a + 1 else emit[-1])
             if reason is not None:
                 finished.append((i, reason))
-        rewind(self.prompt_cache, keep)
+        roll_back(self.model, self.prompt_cache, saved, width + 1, reports)
         for i, emit in enumerate(reports):
             self.tokens[i].extend(emit)
             if self.logits_processors[i] and len(emit) > 1:
