@@ -39,15 +39,8 @@ from typing import Any
 
 import attrs
 
-from .dialects.base import ToolCall, held_suffix, hold, soft_failure
+from .dialects.base import THINK_MARKERS, ToolCall, held_suffix, hold, soft_failure
 from .jsonscan import skip_ws
-
-# Thinking marker pairs, the first whose opener a template spells wins.
-THINK_MARKERS: tuple[tuple[str, str], ...] = (
-    ("<think>", "</think>"),
-    ("<seed:think>", "</seed:think>"),
-    ("\u25c1think\u25b7", "\u25c1/think\u25b7"),
-)
 
 
 REASONING_FORMATS = ("none", "deepseek", "deepseek-legacy", "auto")
@@ -170,14 +163,7 @@ def parse(text: str, syntax: Syntax, partial: bool) -> ChatMsg:
         return ChatMsg(content=(syntax.opener if none and syntax.thinking_open else "") + content,
                        tool_calls=calls)
     if not start:
-        # no opener: no thinking block, unless the dialect's thoughts run
-        # from the first byte to a closing marker (Apriel), then there is one
-        # once the marker shows (while partial, the text is taken as thoughts)
-        if end and syntax.tool_format is not None and _dialect(syntax).think == ("", end):
-            if end in text:
-                r_start = 0
-            elif partial:
-                return ChatMsg()  # thoughts or an answer: undecided until the marker or the end
+        pass  # the template has no thinking block
     elif syntax.thinking_open:
         r_start = 0
     else:

@@ -25,6 +25,15 @@ from ..jsonscan import Incomplete, Invalid, scan_value, skip_ws
 log = logging.getLogger("mlxcel.chat")
 
 
+# Thinking marker pairs, the first whose opener a template spells wins.
+THINK_MARKERS: tuple[tuple[str, str], ...] = (
+    ("<think>", "</think>"),
+    ("<seed:think>", "</seed:think>"),
+    ("\u25c1think\u25b7", "\u25c1/think\u25b7"),
+)
+NO_THINK = ("", "")  # the template has no thinking block: none is read
+
+
 @attrs.frozen
 class ToolCall:
     name: str
@@ -53,6 +62,9 @@ class Dialect:
     detect: Callable[[str], bool]
     split: Split | None = None                 # None: no tool calls (content only)
     think: tuple[str, str] | None = None       # None: the template's own thinking markers
+    # the markers are the family's whatever the template spells (upstream's
+    # specialised handler); otherwise they are read from the template (think_of)
+    fixed_think: bool = False
     # a whole-message reader replacing the think/answer split (GPT-OSS channels):
     # (text, partial, reasoning, thinking_open, tools) -> Parsed
     message: Callable[..., Parsed] | None = None
@@ -76,6 +88,19 @@ class Dialect:
     raw_thoughts: bool = False
     blank_content: bool = False  # blank lines beside a call stay content, as upstream's
     trims_thought_lead: bool = False  # arriving thoughts lose their leading blanks, as upstream's
+
+
+def think_of(dialect: Dialect, source: str) -> tuple[str, str]:
+    """The thinking markers `dialect` reads under the template `source`: its
+    fixed ones, else the first pair the template spells (the family's own
+    first), else none, as upstream's autoparser finds no thinking block in a
+    template that spells no marker."""
+    if dialect.fixed_think:
+        return dialect.think or THINK_MARKERS[0]
+    for start, end in ((dialect.think,) if dialect.think else ()) + THINK_MARKERS:
+        if (start or end) and (start or end) in source:
+            return start, end
+    return NO_THINK
 
 
 def held_suffix(text: str, marker: str) -> int:

@@ -80,7 +80,7 @@ def _lfm_block(s: str, j: int, partial: bool, tools):
 
 LFM2 = Dialect("lfm2", lambda src: LFM_OPEN in src or "List of tools: [" in src or
                "<|tool_list_start|>" in src, marked("lfm2", LFM_OPEN, _lfm_block),
-               opener=lambda name: LFM_OPEN + "[" + (name + "(" if name else ""),
+               opener=lambda name: LFM_OPEN + "[" + (name + "(" if name else ""), fixed_think=True,
                grammar=keyword_grammar(
                    "(", "=",
                    lambda spec: _literals(spec, lambda v: json.dumps(v)) or r'/"([^"\\\n]|\\.)*"/',
