@@ -158,10 +158,11 @@ def parse(text: str, syntax: Syntax, partial: bool) -> ChatMsg:
     none = syntax.reasoning_format == "none"
     if syntax.closed_think or none and syntax.tool_format is not None \
             and _dialect(syntax).none_is_flat:
-        # as upstream: no thinking block is read; the prompt's opener leads the content
-        content, calls = _split_tools(text, syntax, partial)
-        return ChatMsg(content=(syntax.opener if none and syntax.thinking_open else "") + content,
-                       tool_calls=calls)
+        # as upstream: no thinking block is read; the prompt's opener leads the
+        # content (read with it, so blanks after it are text, not a call's margin)
+        head = syntax.opener if none and syntax.thinking_open else ""
+        content, calls = _split_tools(head + text, syntax, partial)
+        return ChatMsg(content=content, tool_calls=calls)
     if not start:
         pass  # the template has no thinking block
     elif syntax.thinking_open:

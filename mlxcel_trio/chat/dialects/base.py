@@ -98,7 +98,7 @@ def think_of(dialect: Dialect, source: str) -> tuple[str, str]:
     if dialect.fixed_think:
         return dialect.think or THINK_MARKERS[0]
     for start, end in ((dialect.think,) if dialect.think else ()) + THINK_MARKERS:
-        if (start or end) and (start or end) in source:
+        if (start or end).strip() and (start or end).strip() in source:
             return start, end
     return NO_THINK
 

@@ -34,11 +34,11 @@ GRANITE = _list("granite", "<|tool_call|>",
 FIREFUNCTION = _list("firefunction_v2", " functools", detect=lambda src: "functools[" in src)
 NEMOTRON_V2 = _list("nemotron_v2", "<TOOLCALL>", "</TOOLCALL>",
                     detect=lambda src: "<TOOLCALL>" in src)
-# Apriel 1.6 thinks from the assistant header to the final-response marker
-# (its prompt opens the block); 1.5's template has no such block
+# Apriel 1.6 thinks from the assistant header's line to the final-response
+# marker (its prompt opens the block); 1.5's template has no such block
 APRIEL = _list("apriel", "<tool_calls>", "</tool_calls>",
                detect=lambda src: "[BEGIN FINAL RESPONSE]" in src,
-               think=("<|begin_assistant|>", "[BEGIN FINAL RESPONSE]"), raw_thoughts=True)
+               think=("<|begin_assistant|>\n", "[BEGIN FINAL RESPONSE]"), raw_thoughts=True)
 GIGACHAT3 = Dialect(
     "gigachat3",
     lambda src: "<|role_sep|>" in src and "<|message_sep|>" in src
