@@ -111,7 +111,7 @@ def _split_tools(rest: str, syntax: Syntax, partial: bool) -> tuple[str, tuple[T
                     break
                 soft_failure(dialect.name, item.name)
                 return rest, ()
-            if partial and not item.complete:
+            if partial and not item.complete and dialect.settles:
                 item = attrs.evolve(item, arguments=_settled(item.arguments))
             calls.append(item)
             continue
@@ -171,8 +171,10 @@ def parse(text: str, syntax: Syntax, partial: bool) -> ChatMsg:
         lead = skip_ws(text, 0)
         if text.startswith(start, lead):
             r_start = lead + len(start)
-        elif partial and start.startswith(text[lead:]):
-            return ChatMsg()  # could still become the opener
+        elif partial and start.startswith(text[lead:]) and not (
+                lead and syntax.tool_format is not None and _dialect(syntax).blank_content):
+            return ChatMsg()  # could still become the opener (where the family
+            # keeps blanks as content, once some lead it is not held, as upstream)
     if r_start is None:
         content, calls = _split_tools(text, syntax, partial)
         return ChatMsg(content=content, tool_calls=calls)

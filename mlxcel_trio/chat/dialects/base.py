@@ -87,6 +87,7 @@ class Dialect:
     # opener on (the blank it ends with included), not trimmed
     raw_thoughts: bool = False
     blank_content: bool = False  # blank lines beside a call stay content, as upstream's
+    settles: bool = True  # arriving arguments lose trailing blanks (the split may do its own)
     trims_thought_lead: bool = False  # arriving thoughts lose their leading blanks, as upstream's
 
 

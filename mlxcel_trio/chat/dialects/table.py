@@ -4,10 +4,10 @@ not the package, which imports the parser)."""
 
 from __future__ import annotations
 
-from . import deepseek, generic, glm_4_5, gpt_oss, hermes, kimi_k2, kimi_k3, llama3, minimax_m2, \
-    mistral, others, pythonic, qwen3_coder, seed_oss
 import attrs
 
+from . import deepseek, generic, glm_4_5, gpt_oss, hermes, kimi_k2, kimi_k3, lfm2, llama3, \
+    minimax_m2, mistral, others, pythonic, qwen3_coder, seed_oss
 from .base import Dialect, think_of
 
 
@@ -25,7 +25,7 @@ TABLE: tuple[Dialect, ...] = (
     kimi_k2.DIALECT,               # <|tool_calls_section_begin|>
     kimi_k3.DIALECT,               # <|open|>TAG<|sep|> ... <|close|>TAG<|sep|>
     others.COHERE2,                # <|START_TEXT|> + <|START_ACTION|>
-    pythonic.LFM2,                 # <|tool_call_start|>[f(...)]
+    lfm2.DIALECT,                  # <|tool_call_start|>[f(...)]
     others.GIGACHAT3,              # <|role_sep|> <|message_sep|>
     minimax_m2.M3,                 # ]<]minimax[>[
     deepseek.DSML,                 # dsml_token
