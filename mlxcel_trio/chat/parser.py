@@ -233,6 +233,9 @@ def _calls_start(text: str, start: int, end: int, markers, syntax: Syntax, parti
     for i in sorted(i for m in markers if 0 <= (i := text.find(m, start, stop + len(m)))):
         if i >= stop:
             break
+        wrap = _dialect(syntax).content_wrap
+        if wrap is not None and text.startswith(wrap[0], i):
+            return i  # the answer's own wrapper starts (Cohere2's <|START_TEXT|>)
         _, calls = _split_tools(text[i:], syntax, partial)
         if calls:
             return i

@@ -467,8 +467,11 @@ def json_section(call_open: str, name_stop: str, call_close: str, section_close:
 
 
 def _id_of(s: str, start: int, end: int | None, key: str) -> str:
-    if end is None or not key:
+    if not key:
         return ""
+    if end is None:  # an arriving call: its id once written in full (Command R's comes first)
+        m = re.match(r'\{\s*' + re.escape(json.dumps(key)) + r'\s*:\s*("(?:[^"\\]|\\.)*")', s[start:])
+        return json.loads(m.group(1)) if m else ""
     try:
         value = json.loads(s[start:end]).get(key, "")
     except (ValueError, AttributeError):

@@ -27,7 +27,9 @@ COMMAND_R7B = _list(
 COHERE2 = _list(
     "cohere2moe", "<|START_ACTION|>", "<|END_ACTION|>", **_COHERE,
     detect=lambda src: "<|START_TEXT|>" in src and "<|START_ACTION|>" in src,
-    content_wrap=("<|START_TEXT|>", "<|END_TEXT|>"))
+    content_wrap=("<|START_TEXT|>", "<|END_TEXT|>"),
+    # its prompt opens the thinking block; an answer or an action may end it unclosed
+    calls_end_thoughts=("<|START_TEXT|>", "<|START_ACTION|>"))
 GRANITE = _list("granite", "<|tool_call|>",
                 detect=lambda src: "<|tool_call|>" in src,
                 content_wrap=("<response>", "</response>"))
