@@ -7,7 +7,7 @@ from __future__ import annotations
 import attrs
 
 from . import deepseek, generic, glm_4_5, gpt_oss, hermes, kimi_k2, kimi_k3, lfm2, llama3, \
-    minimax_m2, mistral, others, pythonic, qwen3_coder, seed_oss
+    minimax_m2, minimax_m3, mistral, others, pythonic, qwen3_coder, seed_oss
 from .base import Dialect, think_of
 
 
@@ -27,7 +27,7 @@ TABLE: tuple[Dialect, ...] = (
     others.COHERE2,                # <|START_TEXT|> + <|START_ACTION|>
     lfm2.DIALECT,                  # <|tool_call_start|>[f(...)]
     others.GIGACHAT3,              # <|role_sep|> <|message_sep|>
-    minimax_m2.M3,                 # ]<]minimax[>[
+    minimax_m3.DIALECT,            # ]<]minimax[>[
     deepseek.DSML,                 # dsml_token
     pythonic.GEMMA4,               # <|tool_call>call:
     pythonic.MINICPM5,             # <function name="..."><param name="...">
