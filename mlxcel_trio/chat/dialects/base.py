@@ -425,6 +425,36 @@ def invoke_block(inv_open: str, name_stop: str, key_open: str, key_close: str,
     return block
 
 
+def call_section(call_open: str, section_close: str, read_call, many: bool = True) -> Block:
+    """A block of calls `(call_open CALL)+ section_close` (one call when not
+    `many`), each read by `read_call(s, i, partial, tools)` from just after
+    its opener: (call, the index after it or None while arriving),
+    UNDECIDED or INVALID."""
+
+    def block(s: str, j: int, partial: bool, tools: Tools):
+        calls: list[ToolCall] = []
+        while True:
+            k = skip_ws(s, j)
+            if calls and s.startswith(section_close, k):
+                return calls, k + len(section_close)
+            if s.startswith(call_open, k) and (many or not calls):
+                got = read_call(s, k + len(call_open), partial, tools)
+                if got in (UNDECIDED, INVALID):
+                    return (calls, None if partial else k) if calls else got
+                call, j = got
+                calls.append(call)
+                if j is None:
+                    return calls, None
+                continue
+            tail = s[k:]
+            if partial and (call_open.startswith(tail) or (calls and section_close.startswith(tail))):
+                return (calls, None) if calls else UNDECIDED
+            if calls:  # the section is not closed: the calls stand, the rest is text
+                return calls, (None if not tail and not partial else k)
+            return INVALID
+    return block
+
+
 def json_section(call_open: str, name_stop: str, call_close: str, section_close: str,
                  pre_name: str = "", many: bool = True,
                  name_of: Callable[[str], str] | None = None) -> Block:
@@ -433,37 +463,19 @@ def json_section(call_open: str, name_stop: str, call_close: str, section_close:
     the function's (Kimi's `functions.NAME:0`), the written one then being
     the call's id."""
 
-    def block(s: str, j: int, partial: bool, tools: Tools):
-        calls: list[ToolCall] = []
-        while True:
-            k = skip_ws(s, j)
-            if calls and s.startswith(section_close, k):
-                return calls, k + len(section_close)
-            head = call_open + pre_name
-            if s.startswith(head, k) and (many or not calls):
-                got = read_name(s, k + len(head), name_stop, partial)
-                if got in (UNDECIDED, INVALID):
-                    if calls:
-                        return calls, None if partial else k
-                    return got
-                name, v = got
-                got = json_call(name_of(name) if name_of else name, s, v, call_close, partial)
-                if got == INVALID:
-                    return INVALID if not calls else (calls, k)
-                call, j = got
-                if name_of:
-                    call = ToolCall(call.name, call.arguments, name, complete=call.complete)
-                calls.append(call)
-                if j is None:
-                    return calls, None
-                continue
-            tail = s[k:]
-            if partial and (head.startswith(tail) or (calls and section_close.startswith(tail))):
-                return (calls, None) if calls else UNDECIDED
-            if calls:
-                return calls, (None if not tail and not partial else k)
+    def read_call(s: str, i: int, partial: bool, tools: Tools):
+        got = read_name(s, i, name_stop, partial)
+        if got in (UNDECIDED, INVALID):
+            return got
+        name, v = got
+        got = json_call(name_of(name) if name_of else name, s, v, call_close, partial)
+        if got == INVALID:
             return INVALID
-    return block
+        call, j = got
+        if name_of:
+            call = ToolCall(call.name, call.arguments, name, complete=call.complete)
+        return call, j
+    return call_section(call_open + pre_name, section_close, read_call, many)
 
 
 def _id_of(s: str, start: int, end: int | None, key: str) -> str:

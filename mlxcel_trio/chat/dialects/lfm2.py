@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 
+from ..jsonscan import skip_ws
 from .base import INVALID, UNDECIDED, Dialect, ToolCall, marked, schema_rule
 from .pythonic import _literals, keyword_grammar
 
@@ -21,12 +22,6 @@ LFM_OPEN, LFM_CLOSE = "<|tool_call_start|>", "<|tool_call_end|>"
 _NAME = re.compile(r"[A-Za-z_][\w.\-]*")
 _KEY = re.compile(r"\s*([A-Za-z_]\w*)\s*=")
 _WORDS = {"True": "true", "False": "false", "None": "null"}
-
-
-def _ws(s: str, i: int) -> int:
-    while i < len(s) and s[i] in " \t\r\n":
-        i += 1
-    return i
 
 
 def _string(s: str, i: int) -> tuple[str, int | None]:
@@ -85,7 +80,7 @@ def _call(s: str, i: int):
         return INVALID
     name, k, args = m.group(), m.end() + 1, "{"
     while True:
-        k = _ws(s, k)
+        k = skip_ws(s, k)
         if k >= len(s):
             return ToolCall(name, args, complete=False), None
         if s[k] == ")":
@@ -93,12 +88,12 @@ def _call(s: str, i: int):
         if args != "{":
             if s[k] != ",":
                 return ToolCall(name, args, complete=False), None
-            k = _ws(s, k + 1)
+            k = skip_ws(s, k + 1)
         key = _KEY.match(s, k)
         if not key:
             return ToolCall(name, args, complete=False), None
         args += ("," if args != "{" else "") + json.dumps(key.group(1)) + ":"
-        k = _ws(s, key.end())
+        k = skip_ws(s, key.end())
         if k >= len(s):
             return ToolCall(name, args, complete=False), None
         text, k = _string(s, k) if s[k] in "\"'" else _value(s, k)
@@ -108,13 +103,13 @@ def _call(s: str, i: int):
 
 
 def _block(s: str, j: int, partial: bool, tools):
-    k = _ws(s, j)
+    k = skip_ws(s, j)
     if k >= len(s):
         return UNDECIDED if partial else INVALID
     if s[k] != "[":
         return INVALID
     calls: list[ToolCall] = []
-    k = _ws(s, k + 1)
+    k = skip_ws(s, k + 1)
     while True:
         got = _call(s, k)
         if got in (UNDECIDED, INVALID):
@@ -125,12 +120,12 @@ def _block(s: str, j: int, partial: bool, tools):
         calls.append(call)
         if e is None:
             return calls, None
-        k = _ws(s, e)
+        k = skip_ws(s, e)
         if k < len(s) and s[k] == ",":
-            k = _ws(s, k + 1)
+            k = skip_ws(s, k + 1)
             continue
         if k < len(s) and s[k] == "]":
-            c = _ws(s, k + 1)
+            c = skip_ws(s, k + 1)
             if s.startswith(LFM_CLOSE, c):
                 return calls, c + len(LFM_CLOSE)
             if partial and LFM_CLOSE.startswith(s[c:]):

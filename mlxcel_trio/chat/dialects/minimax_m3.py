@@ -15,20 +15,15 @@ from __future__ import annotations
 import json
 import re
 
-from .base import (INVALID, UNDECIDED, Dialect, ToolCall, arg_value, functions, hold, lark,
-                   marked, schema_rule, string_typed)
+from ..jsonscan import skip_ws
+from .base import (INVALID, UNDECIDED, Dialect, ToolCall, arg_value, call_section, functions,
+                   hold, lark, marked, schema_rule, string_typed)
 from .pythonic import _is_text, _literals
 
 NS = "]<]minimax[>["
 OPEN, CLOSE = NS + "<tool_call>", NS + "</tool_call>"
 INVOKE, INVOKE_END = NS + '<invoke name="', NS + "</invoke>"
 _KEY = re.compile(r"<([^<>/\s]+)>")
-
-
-def _ws(s: str, i: int) -> int:
-    while i < len(s) and s[i] in " \t\r\n":
-        i += 1
-    return i
 
 
 def _invoke(s: str, k: int, tools):
@@ -41,7 +36,7 @@ def _invoke(s: str, k: int, tools):
     if not name or any(c in name for c in '<>"'):
         return INVALID
     while True:
-        j = _ws(s, j)
+        j = skip_ws(s, j)
         if s.startswith(INVOKE_END, j):
             return ToolCall(name, args + "}"), j + len(INVOKE_END)
         if not s.startswith(NS, j):
@@ -68,29 +63,7 @@ def _invoke(s: str, k: int, tools):
         j = ve + len(close)
 
 
-def _block(s: str, j: int, partial: bool, tools):
-    calls: list[ToolCall] = []
-    while True:
-        k = _ws(s, j)
-        if calls and s.startswith(CLOSE, k):
-            return calls, k + len(CLOSE)
-        if s.startswith(INVOKE, k):
-            got = _invoke(s, k + len(INVOKE), tools)
-            if got in (UNDECIDED, INVALID):
-                if calls:
-                    return calls, None if partial else k
-                return got
-            call, j = got
-            calls.append(call)
-            if j is None:
-                return calls, None
-            continue
-        tail = s[k:]
-        if partial and (INVOKE.startswith(tail) or (calls and CLOSE.startswith(tail))):
-            return (calls, None) if calls else UNDECIDED
-        if calls:
-            return calls, (None if not tail and not partial else k)
-        return INVALID
+_block = call_section(INVOKE, CLOSE, lambda s, i, partial, tools: _invoke(s, i, tools))
 
 
 def opener(name: str | None) -> str:
