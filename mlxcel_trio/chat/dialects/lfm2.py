@@ -16,7 +16,7 @@ import re
 
 from ..jsonscan import skip_ws
 from .base import INVALID, UNDECIDED, Dialect, ToolCall, marked, schema_rule
-from .pythonic import _literals, keyword_grammar
+from .pythonic import literals, keyword_grammar
 
 LFM_OPEN, LFM_CLOSE = "<|tool_call_start|>", "<|tool_call_end|>"
 _NAME = re.compile(r"[A-Za-z_][\w.\-]*")
@@ -140,7 +140,7 @@ DIALECT = Dialect(
     opener=lambda name: LFM_OPEN + "[" + (name + "(" if name else ""), fixed_think=True,
     grammar=keyword_grammar(
         "(", "=",
-        lambda spec: _literals(spec, lambda v: json.dumps(v)) or r'/"([^"\\\n]|\\.)*"/',
+        lambda spec: literals(spec, lambda v: json.dumps(v)) or r'/"([^"\\\n]|\\.)*"/',
         lambda spec: '"True" | "False"' if spec.get("type") == "boolean"
         else schema_rule({"parameters": spec}),
         ", ", ")]" + LFM_CLOSE))

@@ -18,7 +18,7 @@ import re
 from ..jsonscan import skip_ws
 from .base import (INVALID, UNDECIDED, Dialect, ToolCall, arg_value, call_section, functions,
                    hold, lark, marked, schema_rule, string_typed)
-from .pythonic import _is_text, _literals
+from .pythonic import is_text, literals
 
 NS = "]<]minimax[>["
 OPEN, CLOSE = NS + "<tool_call>", NS + "</tool_call>"
@@ -81,7 +81,7 @@ def grammar(tools, name: str | None, parallel: bool) -> str:
         parts = [] if name else [lark(fn["name"] + '">')]
         for k, (key, spec) in enumerate((params.get("properties") or {}).items()):
             spec = spec if isinstance(spec, dict) else {}
-            value = (_literals(spec, str) or r"/[^<\]]*/") if _is_text(spec) else \
+            value = (literals(spec, str) or r"/[^<\]]*/") if is_text(spec) else \
                 schema_rule({"parameters": spec})
             rules.append(f"v{i}_{k}: {value}")
             param = f"{lark(NS + '<' + key + '>')} v{i}_{k} {lark(NS + '</' + key + '>')}"

@@ -14,7 +14,7 @@ from .base import (INVALID, UNDECIDED, Dialect, ToolCall, functions, hold, lark,
 
 # -- forced calls ----------------------------------------------------------------------------
 
-def _is_text(spec: dict) -> bool:
+def is_text(spec: dict) -> bool:
     values = spec.get("enum") or []
     return spec.get("type") == "string" or bool(values) and all(isinstance(v, str) for v in values)
 
@@ -35,7 +35,7 @@ def keyword_grammar(after_name: str, key: str, text, other, between: str, tail: 
                 if pkey not in required:
                     continue
                 spec = spec if isinstance(spec, dict) else {}
-                rules.append(f"v{i}_{k}: " + (text(spec) if _is_text(spec) else other(spec)))
+                rules.append(f"v{i}_{k}: " + (text(spec) if is_text(spec) else other(spec)))
                 if len(parts) > (0 if name else 1):
                     parts.append(lark(between))
                 parts += [lark(pkey + key), f"v{i}_{k}"]
@@ -44,7 +44,7 @@ def keyword_grammar(after_name: str, key: str, text, other, between: str, tail: 
     return grammar
 
 
-def _literals(spec: dict, quote) -> str | None:
+def literals(spec: dict, quote) -> str | None:
     values = spec.get("enum")
     return " | ".join(lark(quote(v)) for v in values) if values else None
 
@@ -142,7 +142,7 @@ GEMMA4 = Dialect("gemma4", lambda src: "'<|tool_call>call:'" in src,
                  opener=lambda name: G_OPEN + (name + "{" if name else ""),
                  grammar=keyword_grammar(
                      "{", ":",
-                     lambda spec: _literals(spec, lambda v: G_QUOTE + v + G_QUOTE)
+                     lambda spec: literals(spec, lambda v: G_QUOTE + v + G_QUOTE)
                      or f"{lark(G_QUOTE)} /[^<]*/ {lark(G_QUOTE)}",
                      lambda spec: schema_rule({"parameters": spec}), ",", "}" + G_CLOSE))
 
