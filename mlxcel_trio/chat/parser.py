@@ -39,15 +39,8 @@ from typing import Any
 
 import attrs
 
-from .dialects.base import ToolCall, held_suffix, hold, soft_failure
+from .dialects.base import THINK_MARKERS, ToolCall, held_suffix, hold, soft_failure
 from .jsonscan import skip_ws
-
-# Thinking marker pairs, the first whose opener a template spells wins.
-THINK_MARKERS: tuple[tuple[str, str], ...] = (
-    ("<think>", "</think>"),
-    ("<seed:think>", "</seed:think>"),
-    ("\u25c1think\u25b7", "\u25c1/think\u25b7"),
-)
 
 
 REASONING_FORMATS = ("none", "deepseek", "deepseek-legacy", "auto")
@@ -118,7 +111,7 @@ def _split_tools(rest: str, syntax: Syntax, partial: bool) -> tuple[str, tuple[T
                     break
                 soft_failure(dialect.name, item.name)
                 return rest, ()
-            if partial and not item.complete:
+            if partial and not item.complete and dialect.settles:
                 item = attrs.evolve(item, arguments=_settled(item.arguments))
             calls.append(item)
             continue
@@ -165,27 +158,23 @@ def parse(text: str, syntax: Syntax, partial: bool) -> ChatMsg:
     none = syntax.reasoning_format == "none"
     if syntax.closed_think or none and syntax.tool_format is not None \
             and _dialect(syntax).none_is_flat:
-        # as upstream: no thinking block is read; the prompt's opener leads the content
-        content, calls = _split_tools(text, syntax, partial)
-        return ChatMsg(content=(syntax.opener if none and syntax.thinking_open else "") + content,
-                       tool_calls=calls)
+        # as upstream: no thinking block is read; the prompt's opener leads the
+        # content (read with it, so blanks after it are text, not a call's margin)
+        head = syntax.opener if none and syntax.thinking_open else ""
+        content, calls = _split_tools(head + text, syntax, partial)
+        return ChatMsg(content=content, tool_calls=calls)
     if not start:
-        # no opener: no thinking block, unless the dialect's thoughts run
-        # from the first byte to a closing marker (Apriel), then there is one
-        # once the marker shows (while partial, the text is taken as thoughts)
-        if end and syntax.tool_format is not None and _dialect(syntax).think == ("", end):
-            if end in text:
-                r_start = 0
-            elif partial:
-                return ChatMsg()  # thoughts or an answer: undecided until the marker or the end
+        pass  # the template has no thinking block
     elif syntax.thinking_open:
         r_start = 0
     else:
         lead = skip_ws(text, 0)
         if text.startswith(start, lead):
             r_start = lead + len(start)
-        elif partial and start.startswith(text[lead:]):
-            return ChatMsg()  # could still become the opener
+        elif partial and start.startswith(text[lead:]) and not (
+                lead and syntax.tool_format is not None and _dialect(syntax).blank_content):
+            return ChatMsg()  # could still become the opener (where the family
+            # keeps blanks as content, once some lead it is not held, as upstream)
     if r_start is None:
         content, calls = _split_tools(text, syntax, partial)
         return ChatMsg(content=content, tool_calls=calls)
@@ -244,6 +233,9 @@ def _calls_start(text: str, start: int, end: int, markers, syntax: Syntax, parti
     for i in sorted(i for m in markers if 0 <= (i := text.find(m, start, stop + len(m)))):
         if i >= stop:
             break
+        wrap = _dialect(syntax).content_wrap
+        if wrap is not None and text.startswith(wrap[0], i):
+            return i  # the answer's own wrapper starts (Cohere2's <|START_TEXT|>)
         _, calls = _split_tools(text[i:], syntax, partial)
         if calls:
             return i

@@ -42,6 +42,7 @@ from typing import Any
 import attrs
 
 from . import dialects, legacy
+from .dialects.base import think_of
 from .parser import THINK_MARKERS
 from .template import CHATML, ChatTemplate
 
@@ -83,14 +84,20 @@ def tool_format(source: str):
     dialect = dialects.detect(source)
     if dialect.name == "none":
         return None
-    return dialect.name if dialects.BY_NAME.get(dialect.name) is dialect else dialect
+    table = dialects.BY_NAME.get(dialect.name)
+    # the table's dialect by name, unless detection made a variant beyond the
+    # template's thinking markers (think_pair reads those)
+    same = table is not None and attrs.evolve(dialect, think=table.think) == table
+    return dialect.name if same else dialect
 
 
 def think_pair(source: str, fmt) -> tuple[str, str]:
-    """The thinking markers: the dialect's own where it has them, else the
-    first pair the template spells."""
-    own = dialects.lookup(fmt).think if fmt is not None else None
-    return own if own is not None else think_markers(source)
+    """The thinking markers this template gives its dialect (none where it
+    spells none, as upstream); without a dialect, the first pair the
+    template spells."""
+    if fmt is None:
+        return think_markers(source)
+    return think_of(dialects.lookup(fmt), source)
 
 
 _PROBE = "mlxcel-typed-content-probe"

@@ -38,6 +38,7 @@ FAMILIES = {
     "Kimi-K2-Instruct.jinja": "<|tool_call_argument_begin|>",
     "Kimi-K3.jinja": '<|open|>argument key="city" type="string"<|sep|>Paris<|close|>argument',
     "MiniMax-M2.jinja": '<parameter name="',
+    "MiniMax-M3.jinja": "]<]minimax[>[<city>Paris]<]minimax[>[</city>",
     "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja": '"tool_name"',
     "ibm-granite-granite-3.3-2B-Instruct.jinja": "<|tool_call|>",
     "meetkai-functionary-medium-v3.1.jinja": "</function>",

@@ -25,6 +25,15 @@ from ..jsonscan import Incomplete, Invalid, scan_value, skip_ws
 log = logging.getLogger("mlxcel.chat")
 
 
+# Thinking marker pairs, the first whose opener a template spells wins.
+THINK_MARKERS: tuple[tuple[str, str], ...] = (
+    ("<think>", "</think>"),
+    ("<seed:think>", "</seed:think>"),
+    ("\u25c1think\u25b7", "\u25c1/think\u25b7"),
+)
+NO_THINK = ("", "")  # the template has no thinking block: none is read
+
+
 @attrs.frozen
 class ToolCall:
     name: str
@@ -53,6 +62,9 @@ class Dialect:
     detect: Callable[[str], bool]
     split: Split | None = None                 # None: no tool calls (content only)
     think: tuple[str, str] | None = None       # None: the template's own thinking markers
+    # the markers are the family's whatever the template spells (upstream's
+    # specialised handler); otherwise they are read from the template (think_of)
+    fixed_think: bool = False
     # a whole-message reader replacing the think/answer split (GPT-OSS channels):
     # (text, partial, reasoning, thinking_open, tools) -> Parsed
     message: Callable[..., Parsed] | None = None
@@ -75,7 +87,21 @@ class Dialect:
     # opener on (the blank it ends with included), not trimmed
     raw_thoughts: bool = False
     blank_content: bool = False  # blank lines beside a call stay content, as upstream's
+    settles: bool = True  # arriving arguments lose trailing blanks (the split may do its own)
     trims_thought_lead: bool = False  # arriving thoughts lose their leading blanks, as upstream's
+
+
+def think_of(dialect: Dialect, source: str) -> tuple[str, str]:
+    """The thinking markers `dialect` reads under the template `source`: its
+    fixed ones, else the first pair the template spells (the family's own
+    first), else none, as upstream's autoparser finds no thinking block in a
+    template that spells no marker."""
+    if dialect.fixed_think:
+        return dialect.think or THINK_MARKERS[0]
+    for start, end in ((dialect.think,) if dialect.think else ()) + THINK_MARKERS:
+        if (start or end).strip() and (start or end).strip() in source:
+            return start, end
+    return NO_THINK
 
 
 def held_suffix(text: str, marker: str) -> int:
@@ -399,6 +425,36 @@ def invoke_block(inv_open: str, name_stop: str, key_open: str, key_close: str,
     return block
 
 
+def call_section(call_open: str, section_close: str, read_call, many: bool = True) -> Block:
+    """A block of calls `(call_open CALL)+ section_close` (one call when not
+    `many`), each read by `read_call(s, i, partial, tools)` from just after
+    its opener: (call, the index after it or None while arriving),
+    UNDECIDED or INVALID."""
+
+    def block(s: str, j: int, partial: bool, tools: Tools):
+        calls: list[ToolCall] = []
+        while True:
+            k = skip_ws(s, j)
+            if calls and s.startswith(section_close, k):
+                return calls, k + len(section_close)
+            if s.startswith(call_open, k) and (many or not calls):
+                got = read_call(s, k + len(call_open), partial, tools)
+                if got in (UNDECIDED, INVALID):
+                    return (calls, None if partial else k) if calls else got
+                call, j = got
+                calls.append(call)
+                if j is None:
+                    return calls, None
+                continue
+            tail = s[k:]
+            if partial and (call_open.startswith(tail) or (calls and section_close.startswith(tail))):
+                return (calls, None) if calls else UNDECIDED
+            if calls:  # the section is not closed: the calls stand, the rest is text
+                return calls, (None if not tail and not partial else k)
+            return INVALID
+    return block
+
+
 def json_section(call_open: str, name_stop: str, call_close: str, section_close: str,
                  pre_name: str = "", many: bool = True,
                  name_of: Callable[[str], str] | None = None) -> Block:
@@ -407,42 +463,27 @@ def json_section(call_open: str, name_stop: str, call_close: str, section_close:
     the function's (Kimi's `functions.NAME:0`), the written one then being
     the call's id."""
 
-    def block(s: str, j: int, partial: bool, tools: Tools):
-        calls: list[ToolCall] = []
-        while True:
-            k = skip_ws(s, j)
-            if calls and s.startswith(section_close, k):
-                return calls, k + len(section_close)
-            head = call_open + pre_name
-            if s.startswith(head, k) and (many or not calls):
-                got = read_name(s, k + len(head), name_stop, partial)
-                if got in (UNDECIDED, INVALID):
-                    if calls:
-                        return calls, None if partial else k
-                    return got
-                name, v = got
-                got = json_call(name_of(name) if name_of else name, s, v, call_close, partial)
-                if got == INVALID:
-                    return INVALID if not calls else (calls, k)
-                call, j = got
-                if name_of:
-                    call = ToolCall(call.name, call.arguments, name, complete=call.complete)
-                calls.append(call)
-                if j is None:
-                    return calls, None
-                continue
-            tail = s[k:]
-            if partial and (head.startswith(tail) or (calls and section_close.startswith(tail))):
-                return (calls, None) if calls else UNDECIDED
-            if calls:
-                return calls, (None if not tail and not partial else k)
+    def read_call(s: str, i: int, partial: bool, tools: Tools):
+        got = read_name(s, i, name_stop, partial)
+        if got in (UNDECIDED, INVALID):
+            return got
+        name, v = got
+        got = json_call(name_of(name) if name_of else name, s, v, call_close, partial)
+        if got == INVALID:
             return INVALID
-    return block
+        call, j = got
+        if name_of:
+            call = ToolCall(call.name, call.arguments, name, complete=call.complete)
+        return call, j
+    return call_section(call_open + pre_name, section_close, read_call, many)
 
 
 def _id_of(s: str, start: int, end: int | None, key: str) -> str:
-    if end is None or not key:
+    if not key:
         return ""
+    if end is None:  # an arriving call: its id once written in full (Command R's comes first)
+        m = re.match(r'\{\s*' + re.escape(json.dumps(key)) + r'\s*:\s*("(?:[^"\\]|\\.)*")', s[start:])
+        return json.loads(m.group(1)) if m else ""
     try:
         value = json.loads(s[start:end]).get(key, "")
     except (ValueError, AttributeError):

@@ -23,5 +23,5 @@ def opener(name: str | None) -> str:
 
 
 DIALECT = Dialect("kimi_k2", lambda src: SECTION in src and CALL in src,
-                  marked("kimi_k2", SECTION, _block), opener=opener,
+                  marked("kimi_k2", SECTION, _block), opener=opener, fixed_think=True,
                   grammar=json_grammar(":0" + ARG, CALL_END + SECTION_END))

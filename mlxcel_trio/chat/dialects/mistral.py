@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from .base import (INVALID, UNDECIDED, Dialect, ToolCall, json_call, json_grammar, json_list, lark,
+from .base import (NO_THINK, INVALID, UNDECIDED, Dialect, ToolCall, json_call, json_grammar, json_list, lark,
                    marked, read_name, schema_rule, functions)
 
 TOOL_CALLS, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
@@ -64,7 +64,7 @@ NEMO = Dialect("mistral_nemo", lambda src: TOOL_CALLS + "[" in src or (
     TOOL_CALLS in src and ARGS not in src), marked("mistral_nemo", TOOL_CALLS, _nemo_block),
     opener=_nemo_opener, grammar=_nemo_grammar)
 SMALL = Dialect("mistral_small", lambda src: TOOL_CALLS in src and ARGS in src,
-                marked("mistral_small", TOOL_CALLS, _small_block), think=THINK,
+                marked("mistral_small", TOOL_CALLS, _small_block), think=THINK, fixed_think=True,
                 opener=_small_opener, grammar=json_grammar(ARGS, "", between=TOOL_CALLS))
 
 
@@ -89,8 +89,11 @@ def _small_id_grammar(tools, name, parallel) -> str:
 
 
 def small_variant(dialect: Dialect, src: str) -> Dialect:
-    """Small 3.2's template spells [CALL_ID]: a forced call writes one."""
+    """Small 3.2's template spells [CALL_ID]: a forced call writes one.  It
+    has no thinking block (upstream reads it with its autoparser, which finds
+    none; Magistral, Ministral 3 and Devstral's handler reads [THINK])."""
     if dialect is not SMALL or CALL_ID not in src:
         return dialect
     import attrs
-    return attrs.evolve(SMALL, opener=_small_id_opener, grammar=_small_id_grammar)
+    return attrs.evolve(SMALL, opener=_small_id_opener, grammar=_small_id_grammar,
+                        think=NO_THINK)

@@ -27,16 +27,20 @@ COMMAND_R7B = _list(
 COHERE2 = _list(
     "cohere2moe", "<|START_ACTION|>", "<|END_ACTION|>", **_COHERE,
     detect=lambda src: "<|START_TEXT|>" in src and "<|START_ACTION|>" in src,
-    content_wrap=("<|START_TEXT|>", "<|END_TEXT|>"))
+    content_wrap=("<|START_TEXT|>", "<|END_TEXT|>"),
+    # its prompt opens the thinking block; an answer or an action may end it unclosed
+    calls_end_thoughts=("<|START_TEXT|>", "<|START_ACTION|>"))
 GRANITE = _list("granite", "<|tool_call|>",
                 detect=lambda src: "<|tool_call|>" in src,
                 content_wrap=("<response>", "</response>"))
 FIREFUNCTION = _list("firefunction_v2", " functools", detect=lambda src: "functools[" in src)
 NEMOTRON_V2 = _list("nemotron_v2", "<TOOLCALL>", "</TOOLCALL>",
                     detect=lambda src: "<TOOLCALL>" in src)
+# Apriel 1.6 thinks from the assistant header's line to the final-response
+# marker (its prompt opens the block); 1.5's template has no such block
 APRIEL = _list("apriel", "<tool_calls>", "</tool_calls>",
                detect=lambda src: "[BEGIN FINAL RESPONSE]" in src,
-               think=("", "[BEGIN FINAL RESPONSE]"))
+               think=("<|begin_assistant|>\n", "[BEGIN FINAL RESPONSE]"), raw_thoughts=True)
 GIGACHAT3 = Dialect(
     "gigachat3",
     lambda src: "<|role_sep|>" in src and "<|message_sep|>" in src

@@ -1,21 +1,20 @@
-"""Calls in their own small syntaxes: LFM2 / LFM2.5's Python-call list
-`<|tool_call_start|>[f(a=1, b="x")]<|tool_call_end|>`, Gemma 4's
+"""Calls in their own small syntaxes (LFM2's Python-call list is in
+lfm2.py, with the keyword grammar from here): Gemma 4's
 `<|tool_call>call:NAME{key:<|"|>text<|"|>}<tool_call|>`, and MiniCPM 5's
-`<function name="NAME"><param name="K">V</param></function>`.  An LFM2 call
-reports its arguments once it is closed; Gemma's stream as JSON."""
+`<function name="NAME"><param name="K">V</param></function>`.  Gemma's
+arguments stream as JSON."""
 
 from __future__ import annotations
 
-import ast
 import json
 import re
 
-from .base import (INVALID, UNDECIDED, Dialect, ToolCall, args_object, functions, hold, lark,
+from .base import (INVALID, UNDECIDED, Dialect, ToolCall, functions, hold, lark,
                    marked, read_name, schema_rule, tag_grammar, tagged_params)
 
 # -- forced calls ----------------------------------------------------------------------------
 
-def _is_text(spec: dict) -> bool:
+def is_text(spec: dict) -> bool:
     values = spec.get("enum") or []
     return spec.get("type") == "string" or bool(values) and all(isinstance(v, str) for v in values)
 
@@ -36,7 +35,7 @@ def keyword_grammar(after_name: str, key: str, text, other, between: str, tail: 
                 if pkey not in required:
                     continue
                 spec = spec if isinstance(spec, dict) else {}
-                rules.append(f"v{i}_{k}: " + (text(spec) if _is_text(spec) else other(spec)))
+                rules.append(f"v{i}_{k}: " + (text(spec) if is_text(spec) else other(spec)))
                 if len(parts) > (0 if name else 1):
                     parts.append(lark(between))
                 parts += [lark(pkey + key), f"v{i}_{k}"]
@@ -45,48 +44,10 @@ def keyword_grammar(after_name: str, key: str, text, other, between: str, tail: 
     return grammar
 
 
-def _literals(spec: dict, quote) -> str | None:
+def literals(spec: dict, quote) -> str | None:
     values = spec.get("enum")
     return " | ".join(lark(quote(v)) for v in values) if values else None
 
-
-# -- LFM2 -----------------------------------------------------------------------------------
-
-LFM_OPEN, LFM_CLOSE = "<|tool_call_start|>", "<|tool_call_end|>"
-
-
-def _py_args(call: ast.Call) -> str:
-    pairs = [(kw.arg, json.dumps(ast.literal_eval(kw.value), ensure_ascii=False))
-             for kw in call.keywords if kw.arg]
-    return args_object(pairs, True)
-
-
-def _lfm_block(s: str, j: int, partial: bool, tools):
-    e = s.find(LFM_CLOSE, j)
-    body = s[j:e] if e >= 0 else s[j:]
-    if e < 0:
-        m = re.match(r"\s*\[\s*([A-Za-z_][\w.\-]*)\(", body)
-        if m:
-            return [ToolCall(m.group(1), "", complete=False)], None
-        return UNDECIDED if partial and re.fullmatch(r"\s*(\[\s*[\w.\-]*)?", body) else INVALID
-    try:
-        tree = ast.parse(body.strip(), mode="eval").body
-        calls = tree.elts if isinstance(tree, ast.List) else [tree]
-        out = [ToolCall(ast.unparse(c.func), _py_args(c)) for c in calls]
-    except (SyntaxError, ValueError, AttributeError):
-        return INVALID
-    return (out, e + len(LFM_CLOSE)) if out else INVALID
-
-
-LFM2 = Dialect("lfm2", lambda src: LFM_OPEN in src or "List of tools: [" in src or
-               "<|tool_list_start|>" in src, marked("lfm2", LFM_OPEN, _lfm_block),
-               opener=lambda name: LFM_OPEN + "[" + (name + "(" if name else ""),
-               grammar=keyword_grammar(
-                   "(", "=",
-                   lambda spec: _literals(spec, lambda v: json.dumps(v)) or r'/"([^"\\\n]|\\.)*"/',
-                   lambda spec: '"True" | "False"' if spec.get("type") == "boolean"
-                   else schema_rule({"parameters": spec}),
-                   ", ", ")]" + LFM_CLOSE))
 
 # -- Gemma 4 --------------------------------------------------------------------------------
 
@@ -181,7 +142,7 @@ GEMMA4 = Dialect("gemma4", lambda src: "'<|tool_call>call:'" in src,
                  opener=lambda name: G_OPEN + (name + "{" if name else ""),
                  grammar=keyword_grammar(
                      "{", ":",
-                     lambda spec: _literals(spec, lambda v: G_QUOTE + v + G_QUOTE)
+                     lambda spec: literals(spec, lambda v: G_QUOTE + v + G_QUOTE)
                      or f"{lark(G_QUOTE)} /[^<]*/ {lark(G_QUOTE)}",
                      lambda spec: schema_rule({"parameters": spec}), ",", "}" + G_CLOSE))
 

@@ -4,14 +4,15 @@ not the package, which imports the parser)."""
 
 from __future__ import annotations
 
-from . import deepseek, generic, glm_4_5, gpt_oss, hermes, kimi_k2, kimi_k3, llama3, minimax_m2, \
-    mistral, others, pythonic, qwen3_coder, seed_oss
-from .base import Dialect
+import attrs
+
+from . import deepseek, generic, glm_4_5, gpt_oss, hermes, kimi_k2, kimi_k3, lfm2, llama3, \
+    minimax_m2, minimax_m3, mistral, others, pythonic, qwen3_coder, seed_oss
+from .base import Dialect, think_of
 
 
 
 def _hermes_like(name: str, *markers: str) -> Dialect:
-    import attrs
     return attrs.evolve(hermes.DIALECT, name=name,
                         detect=lambda src: any(m in src for m in markers))
 
@@ -24,9 +25,9 @@ TABLE: tuple[Dialect, ...] = (
     kimi_k2.DIALECT,               # <|tool_calls_section_begin|>
     kimi_k3.DIALECT,               # <|open|>TAG<|sep|> ... <|close|>TAG<|sep|>
     others.COHERE2,                # <|START_TEXT|> + <|START_ACTION|>
-    pythonic.LFM2,                 # <|tool_call_start|>[f(...)]
+    lfm2.DIALECT,                  # <|tool_call_start|>[f(...)]
     others.GIGACHAT3,              # <|role_sep|> <|message_sep|>
-    minimax_m2.M3,                 # ]<]minimax[>[
+    minimax_m3.DIALECT,            # ]<]minimax[>[
     deepseek.DSML,                 # dsml_token
     pythonic.GEMMA4,               # <|tool_call>call:
     pythonic.MINICPM5,             # <function name="..."><param name="...">
@@ -58,13 +59,19 @@ BY_NAME: dict[str, Dialect] = {d.name: d for d in (*TABLE, NONE, generic.PLACEHO
 
 
 def detect(template_source: str) -> Dialect:
+    """The template's dialect, with the thinking markers this template spells."""
     for dialect in TABLE:
         if dialect.detect(template_source):
             # a family member that forces calls its own way
-            return mistral.small_variant(deepseek.dsml_variant(dialect, template_source),
-                                         template_source)
-    derived = generic.derive(template_source)
-    return derived if derived is not None else NONE
+            found = mistral.small_variant(deepseek.dsml_variant(dialect, template_source),
+                                          template_source)
+            break
+    else:
+        found = generic.derive(template_source)
+        if found is None:
+            return NONE
+    think = think_of(found, template_source)
+    return found if think == found.think else attrs.evolve(found, think=think)
 
 
 def lookup(dialect: str | Dialect) -> Dialect:
