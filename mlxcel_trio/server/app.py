@@ -47,6 +47,7 @@ from .http.body import read_json_body
 from .http.body_limits import media_body_limits, sized_request_class
 from .http.cors import CorsMiddleware, CorsPolicy
 from .http.errors import (
+    ApiError,
     feature_disabled,
     invalid_api_key,
     loading,
@@ -133,6 +134,8 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
                 if bridge.info.transcriber is not None:
                     return transcriptions.no_chat_model()
                 return not_generating(config.encoder_mode or "--embeddings")
+            if route.wakes and (failed := await bridge.wake()) is not None:
+                raise ApiError.from_failed(failed)
             if request.headers.get(streams.HEADER):   # its draws, for a continuation
                 request_tape.start(takeover.played(request.scope))
             if route.body:
