@@ -223,9 +223,12 @@ class Loading:
         t0 = time.perf_counter()
         model, config = self._load_model()
         self._fit_blas(config)
+        if self.spec.n_ctx_train:  # --override-kv ARCH.context_length
+            config = {**config, "max_position_embeddings": self.spec.n_ctx_train}
         n_ctx = self.spec.ctx_size or int(config.get("max_position_embeddings") or 4096)
         self._n_ctx_slot = slot_context(n_ctx, self.spec.n_slots, n_ctx_train_of(config, n_ctx))
         vocab = Vocab(self._path, int(config.get("vocab_size", 0)) or None)
+        vocab.override_specials(*self.spec.specials)
         self.vocab = vocab
         self._draft = self._asked_draft()
         scheduler = self._new_scheduler(model)
