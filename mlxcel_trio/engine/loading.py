@@ -260,9 +260,7 @@ class Loading:
     def _load_model(self):
         """The model as the weight policy serves it (engine/weights.py), and
         its config (without the quantization block once dequantized)."""
-        import mlx.core as mx
-
-        from . import audio_chat, rope, weights
+        from . import audio_chat, load_progress, rope, weights
         from .towers import vlm_config
         from .towers.registry import audio_family, image_family
 
@@ -273,7 +271,7 @@ class Loading:
 
             split_model(model, self._split_kind, self._lockstep.group)
             share_tokens(self._lockstep.group)
-        mx.eval(model.parameters())
+        load_progress.eval_with_progress(model.parameters(), log)
         if vlm_config.is_vlm(config):
             # the image tower takes the text model's served float type
             if self._vision is None and self.spec.images:
