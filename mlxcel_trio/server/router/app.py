@@ -30,6 +30,7 @@ from ..http.app_shell import BUILD_INFO, MAX_BODY_BYTES, PerRequest, answer_erro
 from ..http.body_limits import media_body_limits, sized_request_class
 from ..http.cors import CorsMiddleware, CorsPolicy
 from ..http.errors import ApiError, invalid_api_key, json_response
+from ..surfaces import webui
 from . import catalog, proxy
 from .pool import Pool
 
@@ -72,8 +73,10 @@ def create_router_app(config: ServerConfig, pool: Pool, env) -> QuartTrio:
         ROUTES, config.api_prefix, config.max_image_payload_size, config.max_images,
         MAX_BODY_BYTES))
     keys = [k.encode() for k in config.api_keys]
-    public = {r.path for r in ROUTES if r.public}
     prefix = config.api_prefix
+    # the web UI lists the router's models in a picker (webui/app.js), as upstream's
+    ui_paths = webui.mount(app, prefix) if config.ui else frozenset()
+    public = {r.path for r in ROUTES if r.public} | ui_paths
     http = proxy.client()
     app.mlxcel_http = http
     conversations: dict[str, str] = {}  # conv id -> model, for the stream routes
