@@ -6,7 +6,7 @@ A benchmark, not a test: it prints numbers and never fails on them.
                                  [--prefix 2000] [--suffix 16] [--hits 3]
                                  [--cache-ram 1024] [--churn 3] [--churn-tokens 300]
                                  [--blas auto|mkl|openblas|bundled|inherit] [--json OUT]
-                                 [--disk] [--no-cache-cold]
+                                 [--disk] [--no-cache-cold] [--reuse N [--cut 64]]
 
 One `mlxcel-server -np 1` runs the whole sequence, one request at a time:
 
@@ -22,6 +22,13 @@ One `mlxcel-server -np 1` runs the whole sequence, one request at a time:
   nocache  (--no-cache-cold) prefix + suffix 0 on a server with --cache-ram 0:
            what the snapshots a sliding-window or hybrid model takes while it
            prefills (every SNAPSHOT_EVERY tokens, each message end) cost cold
+  edit     (--reuse N) the edited-prompt workload on a server with
+           --cache-reuse N: a prompt of --prefix tokens is sent, then again
+           with --cut tokens cut out after its first tenth (an edit early in
+           a long context), three ways on fresh prompts: cold (cache_prompt
+           false), prefix only (n_cache_reuse 0: the part before the cut is
+           reused) and shifted (the flag's default: the chunk behind the cut
+           is shifted into place too, engine/kv_shift.py)
 
 Time to first token is measured on the client: request sent -> first
 streamed token frame.  `timings.cache_n` / `prompt_n` / `prompt_ms` from the
@@ -45,13 +52,13 @@ sys.path.insert(0, str(ROOT))
 import _common as C  # noqa: E402
 
 
-def ttft(url: str, prompt: list[int]) -> dict:
+def ttft(url: str, prompt: list[int], **extra) -> dict:
     """Send a streaming /completion; time to the first token frame, and the
     final frame's prefill figures."""
     import httpx
 
     body = {"prompt": prompt, "n_predict": 2, "temperature": 0, "stream": True,
-            "ignore_eos": True}
+            "ignore_eos": True, **extra}
     t0 = time.perf_counter()
     first = None
     final = None
@@ -92,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--disk", action="store_true", help="also time a disk-tier hit after a restart")
     ap.add_argument("--no-cache-cold", action="store_true",
                     help="also time cold on a server without a prompt cache (snapshot cost)")
+    ap.add_argument("--reuse", type=int, metavar="N",
+                    help="also the edited-prompt workload on a server with --cache-reuse N")
+    ap.add_argument("--cut", type=int, default=64, help="tokens the edit cuts out (--reuse)")
     a = ap.parse_args(argv)
 
     if a.model is None:
@@ -164,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{label:>8}: ttft {r['ttft_s']:.3f} s  cache_n {r['cache_n']:>5}  "
               f"prompt_n {r['prompt_n']:>5} -> {r['ttft_s'] / out['cold_ttft_s']:.1%} of cold",
               flush=True)
+    if a.reuse:
+        out["edit"] = _edit_workload(a, ids, url, port, ctx, env)
     if disk is not None:
         import shutil
 
@@ -171,6 +183,30 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))
     return 0
+
+
+def _edit_workload(a, ids, url: str, port: int, ctx: int, env: dict) -> dict:
+    """--reuse: an edited prompt's TTFT cold, with the prefix only and with
+    the chunk behind the cut shifted; each arm on a prompt of its own."""
+    keep = a.prefix // 10
+    arms = (("cold", {"cache_prompt": False}), ("prefix", {"n_cache_reuse": 0}), ("shifted", {}))
+    proc = C.start_server(a.model, port, ["-c", str(ctx), "--cache-ram", str(a.cache_ram),
+                                          "--cache-reuse", str(a.reuse)], env)
+    runs = {}
+    try:
+        for k, (label, extra) in enumerate(arms):
+            whole = C.make_prompt(ids, a.prefix + a.suffix, 300 + k)
+            ttft(url, whole)
+            r = runs[label] = ttft(url, whole[:keep] + whole[keep + a.cut:], **extra)
+            print(f"{'edit ' + label:>14}: ttft {r['ttft_s']:.3f} s  cache_n {r['cache_n']:>5}  "
+                  f"prompt_n {r['prompt_n']:>5} -> {r['ttft_s'] / runs['cold']['ttft_s']:.1%} "
+                  "of cold", flush=True)
+    finally:
+        _stop(proc)
+    print(f"edited prompt ({a.prefix + a.suffix - a.cut} tokens, {a.cut} cut after {keep}), "
+          f"--cache-reuse {a.reuse}: shifted/prefix-only TTFT "
+          f"{runs['shifted']['ttft_s'] / runs['prefix']['ttft_s']:.1%}")
+    return runs
 
 
 def _stop(proc) -> None:

@@ -38,6 +38,7 @@ from .engine.loop import EngineLoop
 from .engine.spec import EngineSpec
 from .monitor import Monitor
 from .protocol.records import (
+    Awake,
     CacheStats,
     Cancel,
     ClearPromptCache,
@@ -61,6 +62,7 @@ from .protocol.records import (
     TokenPiece,
     TranscribeJob,
     Transcribed,
+    Wake,
 )
 
 log = logging.getLogger("mlxcel.bridge")
@@ -245,11 +247,24 @@ class Bridge:
                           cache_ns: str | None = None):
         """Read (tokens None) or replace a slot's token stream in the engine;
         the answer is a SlotTokens or a Failed."""
+        return await self._ask(lambda job_id: SlotAction(job_id, id_slot, tokens, cache_ns))
+
+    async def wake(self) -> Failed | None:
+        """Wait until the engine has the model loaded, reloading it if it
+        sleeps (a route that reads the model's context, as upstream's wait);
+        at once when awake.  A failed reload is the Failed it answers."""
+        if not self.sleeping:
+            return None
+        ev = await self._ask(Wake)
+        return ev if isinstance(ev, Failed) else None
+
+    async def _ask(self, command: Callable[[int], object]):
+        """Post the command built for a new job id; its one answering event."""
         assert self._engine is not None
         job_id = self.next_job_id()
         send, recv = trio.open_memory_channel(1)
         self._streams[job_id] = _Group(send, (job_id,))
-        self._engine.post(SlotAction(job_id, id_slot, tokens, cache_ns))
+        self._engine.post(command(job_id))
         try:
             async with recv:
                 return await recv.receive()
@@ -328,6 +343,6 @@ class Bridge:
                 for other in tuple(group.live):
                     self._forget(other)
                 continue
-            if isinstance(ev, (Finished, Failed, SlotTokens, Embedded, Transcribed)):
+            if isinstance(ev, (Finished, Failed, SlotTokens, Awake, Embedded, Transcribed)):
                 streams.pop(job_id, None)
                 group.end(job_id)

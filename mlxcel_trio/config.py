@@ -119,6 +119,11 @@ class ServerConfig:
     n_keep: int = _row("n_keep")  # --keep: the default n_keep (-1 = the whole prompt)
     cont_batching: bool = True   # -nocb: prompts wait while any slot decodes
     rope: "RopeOverrides" = attrs.field(factory=lambda: RopeOverrides())
+    # --override-kv's keys with an analogue (cli/override_kv.py); None / 0: the checkpoint's
+    add_bos: bool | None = None      # tokenizer.ggml.add_bos_token
+    add_eos: bool | None = None      # tokenizer.ggml.add_eos_token
+    n_ctx_train: int = 0             # ARCH.context_length: the training context
+    override_kv: tuple = ()          # every --override-kv occurrence as parsed (the above)
     aliases: tuple[str, ...] = ()
     tags: tuple[str, ...] = ()   # informational, reported by /v1/models
     offline: bool = False        # never download (HF_HUB_OFFLINE for the process)

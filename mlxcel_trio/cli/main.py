@@ -28,7 +28,7 @@ from typing import Any
 import attrs
 
 from mlxcel_trio import blas
-from mlxcel_trio.cli import actions, model_ref, sinks
+from mlxcel_trio.cli import actions, model_ref, override_kv, sinks
 from mlxcel_trio.cli.options import BY_DEST, OPTIONS, Option
 from mlxcel_trio.cli.checks import (
     adapters_in_order,
@@ -92,7 +92,12 @@ def build_config(
         "rope": (rope, attrs.fields_dict(RopeOverrides)),
     }
     by_dest = {opt.dest: opt for opt in table}
-    for dest, value in parsed.values.items():
+    values = dict(parsed.values)
+    for dest, value in override_kv.resolved(values.get("override_kv")).items():
+        # a --rope-* option given beats the metadata override, as upstream's do
+        if not dest.startswith("rope.") or values.get(dest) == by_dest[dest].default:
+            values[dest] = value
+    for dest, value in values.items():
         group, _, key = dest.rpartition(".")
         target, known = fields[group]
         if key in known:

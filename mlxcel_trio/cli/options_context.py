@@ -94,14 +94,14 @@ CONTEXT: tuple[Option, ...] = (
            kind="bool", negations=("-no-kvu", "--no-kv-unified"),
            default_text="enabled if number of slots is auto", env="LLAMA_ARG_KV_UNIFIED",
            owner=CONTEXT_ISSUE, quiet=equals(False)),
-    _slot_machinery(("--cache-idle-slots",), "cache_idle_slots",
-                    "save idle slots to the prompt cache when a new task arrives",
-                    kind="bool", negations=("--no-cache-idle-slots",), default=True,
-                    default_text="enabled, requires cache-ram",
-                    env="LLAMA_ARG_CACHE_IDLE_SLOTS",
-                    why="slots retain no KV of their own: every finished or cancelled "
-                    "sequence already goes to the process-wide prompt cache",
-                    inert=equals(False), accepts="--no-cache-idle-slots"),
+    # slots retain no KV of their own: every finished or cancelled sequence
+    # already goes to the process-wide prompt cache and frees its KV, which is
+    # what the enabled form (upstream's default) buys; the disabled form is named
+    tuning(("--cache-idle-slots",), "cache_idle_slots",
+           "save idle slots to the prompt cache when a new task arrives",
+           kind="bool", negations=("--no-cache-idle-slots",), default=True,
+           default_text="enabled, requires cache-ram", env="LLAMA_ARG_CACHE_IDLE_SLOTS",
+           owner=CONTEXT_ISSUE, quiet=equals(True)),
     Option(("--context-shift",), "context_shift",
            "when a generation fills its slot's context, drop old tokens (after "
            "n_keep) and continue instead of stopping", kind="bool",

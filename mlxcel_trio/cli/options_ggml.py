@@ -8,14 +8,16 @@ memory locking and mapping, layer offload, device splits, flash attention)
 is a `tuning` option: any valid value is accepted, and one that asks for
 something is named in the startup line "has no effect on MLX".  An option
 that would change what the server computes or reads (GGUF metadata
-overrides, memory fitting, RPC) keeps its refusal.  The KV cache types are
-the exception that MLX can honour: they are supported.
+overrides' unmapped keys, memory fitting, RPC) keeps its refusal.  The KV
+cache types and the GGUF metadata keys with an MLX analogue
+(cli/override_kv.py) are the exceptions MLX can honour: they are supported.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from mlxcel_trio.cli.override_kv import HONOURED, KvOverrideList
 from mlxcel_trio.cli.record import Option
 from mlxcel_trio.cli.refusals import NO_GGML, at_most, equals, not_applicable, tuning
 from mlxcel_trio.cli.values import Choice, Float, GpuLayers, Int, Text
@@ -170,10 +172,11 @@ GGML: tuple[Option, ...] = (
     _ggml(("--check-tensors",), "check_tensors", "validate GGUF tensor data",
           kind="flag", default_text="false",
           why="there is no GGUF tensor validation pass"),
-    _ggml(("--override-kv",), "override_kv", "override GGUF metadata keys",
-          value=Text(), metavar="KEY=TYPE:VALUE,...",
-          why="it rewrites GGUF metadata; an MLX checkpoint's settings live in its "
-          "config.json"),
+    Option(("--override-kv",), "override_kv",
+           "override model metadata by key, where an MLX checkpoint has an analogue "
+           f"(comma-separated, repeatable; types: int, float, bool, str; keys: {HONOURED})",
+           value=KvOverrideList(), metavar="KEY=TYPE:VALUE,...", default=(), repeat=True,
+           owner=3),
     tuning(("--op-offload",), "op_offload", "run host tensor operations on the device",
            kind="bool", negations=("--no-op-offload",), default=True, default_text="true",
            quiet=equals(True)),

@@ -22,6 +22,7 @@ from ..protocol.records import (
     SlotAction,
     StepEvents,
     Submit,
+    Wake,
     Woke,
 )
 
@@ -29,10 +30,11 @@ log = logging.getLogger("mlxcel.engine")
 
 
 def job_of(cmd) -> int | None:
-    """The job a command answers to: a Submit's job, a SlotAction's reply."""
+    """The job a command answers to: a Submit's job, a SlotAction's or a
+    Wake's reply."""
     if isinstance(cmd, Submit):
         return cmd.job.id
-    return cmd.job_id if isinstance(cmd, SlotAction) else None
+    return cmd.job_id if isinstance(cmd, (SlotAction, Wake)) else None
 
 
 def resident_bytes() -> int:
@@ -53,8 +55,8 @@ class IdleSleep:
 
     def _sleep(self, before: int):
         """Free the model's memory (the caller dropped the scheduler), then
-        park until a command that needs the model: a Submit or a SlotAction
-        (reload; returns the new scheduler and that command), or Shutdown
+        park until a command that needs the model: a Submit, a SlotAction or
+        a Wake (reload; returns the new scheduler and that command), or Shutdown
         (returns None and it).  A Cancel or a ForceEnd names a job that already
         ended and a ClearPromptCache finds the cache already gone: all are
         dropped.  The encoders stay loaded: embedding and rerank jobs are
@@ -98,7 +100,7 @@ class IdleSleep:
                 for embedder in embedders:
                     embedder.cancel(cmd.job_id)
                 continue
-            if not isinstance(cmd, (Submit, SlotAction)):
+            if not isinstance(cmd, (Submit, SlotAction, Wake)):
                 continue
             try:
                 return self._wake(), cmd

@@ -222,9 +222,12 @@ class Loading:
         t0 = time.perf_counter()
         model, config = self._load_model()
         self._fit_blas(config)
+        if self.spec.n_ctx_train:  # --override-kv ARCH.context_length
+            config = {**config, "max_position_embeddings": self.spec.n_ctx_train}
         n_ctx = self.spec.ctx_size or int(config.get("max_position_embeddings") or 4096)
         self._n_ctx_slot = slot_context(n_ctx, self.spec.n_slots, n_ctx_train_of(config, n_ctx))
         vocab = Vocab(self._path, int(config.get("vocab_size", 0)) or None)
+        vocab.override_specials(*self.spec.specials)
         self.vocab = vocab
         self._draft = self._asked_draft()
         scheduler = self._new_scheduler(model)
@@ -256,9 +259,7 @@ class Loading:
     def _load_model(self):
         """The model as the weight policy serves it (engine/weights.py), and
         its config (without the quantization block once dequantized)."""
-        import mlx.core as mx
-
-        from . import audio_chat, rope, weights
+        from . import audio_chat, load_progress, rope, weights
         from .towers import vlm_config
         from .towers.registry import audio_family, image_family
 
@@ -269,7 +270,7 @@ class Loading:
 
             split_model(model, self._split_kind, self._lockstep.group)
             share_tokens(self._lockstep.group)
-        mx.eval(model.parameters())
+        load_progress.eval_with_progress(model.parameters(), log)
         if vlm_config.is_vlm(config):
             # the image tower takes the text model's served float type
             if self._vision is None and self.spec.images:

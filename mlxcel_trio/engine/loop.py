@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..protocol.records import (
+    Awake,
     Cancel,
     ClearPromptCache,
     EmbedJob,
@@ -62,6 +63,7 @@ from ..protocol.records import (
     StepEvents,
     Submit,
     TranscribeJob,
+    Wake,
 )
 from .idle_sleep import IdleSleep, job_of, resident_bytes
 from .loading import Loading
@@ -236,6 +238,8 @@ class EngineLoop(Loading, IdleSleep, LockstepRunner):
             scheduler.slot_action(cmd, out)
         elif isinstance(cmd, ClearPromptCache):
             scheduler.clear_prompt_cache(out)
+        elif isinstance(cmd, Wake):  # awake by now (a sleeping engine reloaded for it)
+            out.append(Awake(cmd.job_id))
 
     def _submit_embed(self, job: EmbedJob, out: list) -> None:
         rank = job.pooling == "rank"
@@ -257,7 +261,8 @@ class EngineLoop(Loading, IdleSleep, LockstepRunner):
         does the command's own job, whose request is waiting for an answer."""
         scheduler.fail_all(out, message)
         job_id = job_of(cmd)
-        answered = any(isinstance(ev, (Failed, Finished, SlotTokens)) and ev.job_id == job_id
+        answered = any(isinstance(ev, (Failed, Finished, SlotTokens, Awake))
+                       and ev.job_id == job_id
                        for ev in out)
         if job_id is not None and not answered:
             out.append(Failed(job_id, "server_error", message))

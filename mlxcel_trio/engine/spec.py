@@ -31,6 +31,10 @@ class EngineSpec:
     cache_reuse: int = 0              # --cache-reuse (named at load; requests carry their own)
     cont_batching: bool = True
     rope: RopeOverrides = RopeOverrides()
+    # --override-kv (cli/override_kv.py): BOS / EOS handling (None: the tokenizer's)
+    # and the training context (0: config.json's max_position_embeddings)
+    specials: tuple[bool | None, bool | None] = (None, None)
+    n_ctx_train: int = 0
     kv_types: tuple[str, str] = DEFAULT_KV
     blas: str = "auto"                # --blas, for the load summary's advice
     weights: str = "auto"             # --weights: auto | keep | float32
@@ -55,6 +59,7 @@ class EngineSpec:
             sleep_idle_s=cfg.sleep_idle_seconds if cfg.sleep_idle_seconds >= 0 else None,
             context_shift=cfg.context_shift, cache_reuse=cfg.cache_reuse,
             cont_batching=cfg.cont_batching, rope=cfg.rope,
+            specials=(cfg.add_bos, cfg.add_eos), n_ctx_train=cfg.n_ctx_train,
             kv_types=(cfg.cache_type_k, cfg.cache_type_v), blas=cfg.blas, weights=cfg.weights,
             encoder_only=(None if cfg.encoder_mode is None
                           else "rank" if cfg.rerank_mode else "embed"),

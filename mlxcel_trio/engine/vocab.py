@@ -11,6 +11,7 @@ the chat template sources (which chat/ renders; nothing here renders them).
 from __future__ import annotations
 
 import json
+import logging
 from contextlib import suppress
 from pathlib import Path
 from typing import Any, Mapping
@@ -19,6 +20,8 @@ from tokenizers import Tokenizer
 
 from ..protocol.records import PromptTooLong
 from .detokenizer import TokenTable
+
+log = logging.getLogger("mlxcel.engine")
 
 
 # The fill-in-the-middle marker spellings llama.cpp's vocabulary loader looks
@@ -127,11 +130,45 @@ class Vocab:
         }
         probe = self._tok.encode("a", add_special_tokens=True).ids
         self.add_bos = self.bos_id is not None and bool(probe) and probe[0] == self.bos_id
+        self._bos_fix: bool | None = None          # override_specials
+        self._eos_fix: tuple[bool, int] | None = None
         # Sampling defaults the checkpoint author declared (used when the
         # matching flag is absent; recorded by_design).
         self.generation_defaults = {
             k: gcfg[k] for k in ("temperature", "top_k", "top_p", "min_p") if k in gcfg
         }
+
+    def override_specials(self, add_bos: bool | None, add_eos: bool | None) -> None:
+        """--override-kv tokenizer.ggml.add_bos_token / add_eos_token: whether
+        a tokenization with special tokens starts with BOS / ends with EOS,
+        whatever the tokenizer's post-processor does (None: as it does)."""
+        eos = self._tok.token_to_id(self.eos_token) if self.eos_token else None
+        for asked, token, key in ((add_bos, self.bos_id, "add_bos_token"),
+                                  (add_eos, eos, "add_eos_token")):
+            if asked is not None and token is None:
+                log.warning("--override-kv tokenizer.ggml.%s is ignored: the tokenizer "
+                            "names no such token", key)
+        self._bos_fix = add_bos if self.bos_id is not None else None
+        self._eos_fix = (add_eos, eos) if add_eos is not None and eos is not None else None
+        if self._bos_fix is not None:
+            self.add_bos = self._bos_fix
+
+    def _fixed(self, ids: list[int]) -> list[int]:
+        """`ids` with the overridden BOS / EOS rule applied (add_special only)."""
+        if self._bos_fix is not None:
+            has = bool(ids) and ids[0] == self.bos_id
+            if self._bos_fix and not has:
+                ids = [self.bos_id, *ids]
+            elif not self._bos_fix and has:
+                ids = ids[1:]
+        if self._eos_fix is not None:
+            want, eos = self._eos_fix
+            has = bool(ids) and ids[-1] == eos
+            if want and not has:
+                ids = [*ids, eos]
+            elif not want and has:
+                ids = ids[:-1]
+        return ids
 
     def tokenizer_json(self) -> str:
         """The tokenizer as tokenizer.json text (llguidance builds its own
@@ -144,6 +181,15 @@ class Vocab:
                  limit: int | None = None) -> list[int]:
         """The ids of `text`; with `limit`, a text of at least that many
         tokens raises PromptTooLong instead (its ids are never built)."""
+        if add_special and (self._bos_fix is not None or self._eos_fix is not None):
+            ids = self._fixed(list(self._encode(text, True, parse_special, None)))
+            if limit is not None and len(ids) >= limit:
+                raise PromptTooLong(len(ids))
+            return ids
+        return self._encode(text, add_special, parse_special, limit)
+
+    def _encode(self, text: str, add_special: bool, parse_special: bool,
+                limit: int | None) -> list[int]:
         tok = self._tok if parse_special else self._tok_literal
         if len(text) < GIL_FREE_CHARS:
             ids = tok.encode(text, add_special_tokens=add_special).ids

@@ -1,7 +1,7 @@
 """Frozen records that cross the engine boundary: the server <-> engine protocol.
 
 Commands go into the engine (`Submit`, `Cancel`, `ForceEnd`, `SlotAction`,
-`ClearPromptCache`, `Shutdown`); events come out, one `StepEvents` batch per
+`ClearPromptCache`, `Wake`, `Shutdown`); events come out, one `StepEvents` batch per
 engine step (`Loaded`, `Started`, `PromptProgress`, `TokenPiece`,
 `Finished`, `Failed`, `SlotFreed`, `CacheStats`, `EngineStats`, and
 `Sleeping` / `Woke` around an idle sleep; `Embedded` for an `EmbedJob`,
@@ -291,6 +291,14 @@ class SlotAction:
 
 
 @attrs.frozen
+class Wake:
+    """Reload the model if the engine sleeps (a route that reads the model's
+    context waits for it, as upstream's do); answered with `Awake`."""
+
+    job_id: int
+
+
+@attrs.frozen
 class ClearPromptCache:
     """Drop every prompt-cache entry (e.g. before the server idles)."""
 
@@ -527,6 +535,13 @@ class SlotFreed:
     id_slot: int
     job_id: int
     cancelled: bool
+
+
+@attrs.frozen
+class Awake:
+    """The answer to a Wake: the model is loaded."""
+
+    job_id: int
 
 
 @attrs.frozen

@@ -38,6 +38,9 @@ class Route:
                           # image budget (server/http/body_limits.py)
     upload: bool = False  # a multipart audio upload: one clip's limit (body_limits.py)
     quiet: bool = False   # polled by monitors: no per-request access line (at any method)
+    wakes: bool = False   # waits for a sleeping engine to reload first: upstream's handler
+                          # reads the model's context (its create_response() without the
+                          # sleep bypass), though ours answers from the tokenizer alone
 
     @property
     def params(self) -> tuple[str, ...]:
@@ -51,27 +54,32 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/props", "props", quiet=True),
     Route("GET", "/models", "models", quiet=True),
     Route("GET", "/v1/models", "models", quiet=True),
-    Route("GET", "/slots", "slots"),
+    Route("GET", "/slots", "slots", wakes=True),
     Route("GET", "/metrics", "metrics", quiet=True),
-    Route("POST", "/props", "set_props"),
+    Route("POST", "/props", "set_props", wakes=True),
     Route("POST", "/completion", "completion", body=True, generates=True),
     Route("POST", "/completions", "completion", body=True, generates=True),
     Route("POST", "/v1/completions", "v1_completions", body=True, generates=True),
     Route("POST", "/infill", "infill", body=True, generates=True),
-    Route("POST", "/tokenize", "tokenize", body=True),
-    Route("POST", "/detokenize", "detokenize", body=True),
+    Route("POST", "/tokenize", "tokenize", body=True, wakes=True),
+    Route("POST", "/detokenize", "detokenize", body=True, wakes=True),
     # chat surfaces (handlers in server/surfaces/chat_routes.py)
     Route("POST", "/chat/completions", "chat_completions", body=True, generates=True, media=True),
     Route("POST", "/v1/chat/completions", "chat_completions", body=True, generates=True, media=True),
-    Route("POST", "/apply-template", "apply_template", body=True),
-    Route("POST", "/chat/completions/input_tokens", "chat_input_tokens", body=True, media=True),
-    Route("POST", "/v1/chat/completions/input_tokens", "chat_input_tokens", body=True, media=True),
+    Route("POST", "/apply-template", "apply_template", body=True, wakes=True),
+    Route("POST", "/chat/completions/input_tokens", "chat_input_tokens", body=True, media=True,
+          wakes=True),
+    Route("POST", "/v1/chat/completions/input_tokens", "chat_input_tokens", body=True, media=True,
+          wakes=True),
     Route("POST", "/v1/messages", "anthropic_messages", body=True, generates=True, media=True),
-    Route("POST", "/v1/messages/count_tokens", "anthropic_count_tokens", body=True, media=True),
+    Route("POST", "/v1/messages/count_tokens", "anthropic_count_tokens", body=True, media=True,
+          wakes=True),
     Route("POST", "/v1/responses", "responses", body=True, generates=True, media=True),
     Route("POST", "/responses", "responses", body=True, generates=True, media=True),
-    Route("POST", "/responses/input_tokens", "responses_input_tokens", body=True, media=True),
-    Route("POST", "/v1/responses/input_tokens", "responses_input_tokens", body=True, media=True),
+    Route("POST", "/responses/input_tokens", "responses_input_tokens", body=True, media=True,
+          wakes=True),
+    Route("POST", "/v1/responses/input_tokens", "responses_input_tokens", body=True, media=True,
+          wakes=True),
     # streams that survive reconnects (X-Conversation-Id; server/sessions/streams.py)
     Route("GET", "/v1/stream", "stream_get"),
     Route("DELETE", "/v1/stream", "stream_delete"),
@@ -94,8 +102,8 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/reranking", "rerank"),
     # always mounted upstream; answered as a server without the feature
     # answers unless it is on
-    Route("GET", "/lora-adapters", "lora_adapters"),
-    Route("POST", "/lora-adapters", "set_lora_adapters", body=True),
+    Route("GET", "/lora-adapters", "lora_adapters", wakes=True),
+    Route("POST", "/lora-adapters", "set_lora_adapters", body=True, wakes=True),
     # speech to text (server/surfaces/transcriptions.py): upstream's 501
     # unless -m is a Whisper checkpoint; the multipart body is read after that
     Route("POST", "/v1/audio/transcriptions", "transcriptions", upload=True),

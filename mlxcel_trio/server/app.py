@@ -29,7 +29,7 @@ from quart_trio import QuartTrio
 
 from ..bridge import Bridge
 from ..config import ServerConfig
-from ..protocol.routes import ROUTES, UI_ROUTES, Route, quart_rule
+from ..protocol.routes import ROUTES, Route, quart_rule
 from .surfaces import (info, infill, completion as native, embeddings, openai_completions,
                        tokens, transcriptions)
 from .http import limits
@@ -46,6 +46,7 @@ from .http.app_shell import BUILD_INFO, PerRequest, answer_errors, api_key_index
 from .http.body import read_json_body
 from .http.cors import CorsMiddleware, CorsPolicy
 from .http.errors import (
+    ApiError,
     feature_disabled,
     invalid_api_key,
     loading,
@@ -127,6 +128,8 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
                 if bridge.info.transcriber is not None:
                     return transcriptions.no_chat_model()
                 return not_generating(config.encoder_mode or "--embeddings")
+            if route.wakes and (failed := await bridge.wake()) is not None:
+                raise ApiError.from_failed(failed)
             if request.headers.get(streams.HEADER):   # its draws, for a continuation
                 request_tape.start(takeover.played(request.scope))
             if route.body:
@@ -147,7 +150,7 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
             mount(route)
 
     predictor = _mount_vertex(app, config) if config.aip_predict_route else None
-    ui_paths = _mount_ui(app, config) if config.ui else frozenset()
+    ui_paths = webui.mount(app, config.api_prefix) if config.ui else frozenset()
 
     @app.before_request
     async def _gate():
@@ -181,25 +184,6 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
         state.takeover.asgi = inner
     app.asgi_app = CorsMiddleware(inner, policy, [("Server", "llama.cpp")])
     return app
-
-
-def _mount_ui(app: QuartTrio, config: ServerConfig) -> frozenset[str]:
-    """--ui: the page's static files under --api-prefix; the full paths,
-    which answer before the model has loaded and without the API key (the
-    page asks for the key itself).  Upstream compares its exemption with the
-    unprefixed paths, which leaves a prefixed page unreachable with a key
-    set; here the page is reachable under the prefix too."""
-    assets = webui.Assets.load()
-    paths = set()
-    for route in UI_ROUTES:
-        path = config.api_prefix + route.path
-
-        async def view(route=route):
-            return assets.answer(route.path)
-
-        app.add_url_rule(path, f"UI {route.path}", view, methods=["GET"])
-        paths.add(path)
-    return frozenset(paths)
 
 
 def _mount_vertex(app: QuartTrio, config: ServerConfig) -> Predictor:

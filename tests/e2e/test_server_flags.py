@@ -165,3 +165,19 @@ def test_every_refused_option_is_reported_in_one_run(tiny_model):
     for shown in ("--perf", "--rpc 'h:1'", "--cache-type-k 'q4_0' (from LLAMA_ARG_CACHE_TYPE_K): K as q4_0"):
         assert sum(shown in ln for ln in errors) == 1, (shown, errors)
     assert "listening" not in proc.stdout and "model loaded" not in proc.stdout
+
+
+def test_unified_kv_and_idle_slot_flags_start_and_are_named(tiny_model, start_server):
+    """-kvu (not acted on yet: each slot keeps n_ctx / n_slots) and
+    --no-cache-idle-slots (finished sequences still go to the prompt cache)
+    start the server and are named in the one has-no-effect line; the
+    enabling --cache-idle-slots (what the server always does) is silent."""
+    srv = start_server(tiny_model, "-c", "2048", "-np", "2", "-kvu", "--no-cache-idle-slots")
+    line = srv.wait_for_text("has no effect on MLX")
+    assert "--kv-unified" in line and "--no-cache-idle-slots" in line, line
+    assert props(srv)["default_generation_settings"]["n_ctx"] == 1024, "per-slot context as before"
+    srv.stop()
+    quiet = start_server(tiny_model, "-np", "1", "--cache-idle-slots")
+    res = post(quiet.url, {"prompt": "Hello", "n_predict": 2, "ignore_eos": True}).json()
+    assert res["tokens_predicted"] == 2
+    assert not any("has no effect on MLX" in ln for ln in quiet.stdout + quiet.stderr)

@@ -55,16 +55,9 @@ def test_sleeps_after_the_window_and_wakes_for_the_next_request(sleepy):
     # and proven at the engine level (tests/unit/engine/test_sleep.py)
     assert "mlxcel_sleep_released_bytes" in metrics
 
-    # none of these reads the model, so none wakes it
+    # upstream answers these four without waking (its sleep bypass)
     assert httpx.get(srv.url + "/health").json() == {"status": "ok"}
     assert httpx.get(srv.url + "/v1/models").status_code == 200
-    assert httpx.get(srv.url + "/slots").status_code == 200
-    toks = post(srv.url, {"content": "hello"}, path="/tokenize")
-    assert toks.status_code == 200 and toks.json()["tokens"]
-    assert post(srv.url, {"tokens": toks.json()["tokens"]}, path="/detokenize").json() == \
-        {"content": "hello"}
-    tmpl = post(srv.url, {"messages": [{"role": "user", "content": "hi"}]}, path="/apply-template")
-    assert tmpl.status_code == 200, tmpl.text
     assert sleeping(srv), "a read-only route woke the server"
     assert scrape(srv)[0]["mlxcel_wakes_total"] == 0
 
@@ -80,6 +73,45 @@ def test_sleeps_after_the_window_and_wakes_for_the_next_request(sleepy):
           f"reload {metrics['mlxcel_wake_load_seconds_total'] * 1e3:.0f} ms; "
           f"released {metrics['mlxcel_sleep_released_bytes'] / 2**20:.2f} MiB; "
           f"VmRSS now {rss_kib(srv.proc.pid)} KiB")
+
+
+# every route upstream serves without its sleep bypass: it waits for the
+# model to reload before it answers (routes.py `wakes`)
+WAKING = [("POST", "/tokenize", {"content": "hello"}),
+          ("POST", "/detokenize", {"tokens": [1, 2]}),
+          ("POST", "/apply-template", {"messages": [{"role": "user", "content": "hi"}]}),
+          ("GET", "/slots", None),
+          ("GET", "/lora-adapters", None),
+          ("POST", "/v1/messages/count_tokens",
+           {"model": "m", "messages": [{"role": "user", "content": "hi"}]})]
+
+
+def test_routes_that_read_the_model_wake_it_as_upstream(sleepy):
+    srv = sleepy
+    for method, path, body in WAKING:
+        wait_until(lambda: sleeping(srv), f"asleep before {path}", timeout=30)
+        wakes = scrape(srv)[0]["mlxcel_wakes_total"]
+        r = httpx.request(method, srv.url + path, json=body, timeout=60)
+        assert r.status_code == 200, (path, r.text)
+        # answered once the model is back, as upstream's test_server_sleep_metrics_buckets
+        # finds it after its /tokenize
+        assert not sleeping(srv), f"{path} answered with the server still asleep"
+        assert scrape(srv)[0]["mlxcel_wakes_total"] == wakes + 1, path
+
+
+def test_a_wake_by_tokenize_reports_no_throughput_again(sleepy):
+    """Upstream's test_server_sleep_metrics_buckets: the first scrape asleep
+    reports the last generation's throughput, the next an empty window, and
+    a wake (here by /tokenize) does not report it again."""
+    srv = sleepy
+    complete(srv, **GREEDY)
+    wait_until(lambda: sleeping(srv), "the server to fall asleep", timeout=30)
+    assert scrape(srv)[0]["llamacpp:predicted_tokens_seconds"] > 0
+    assert scrape(srv)[0]["llamacpp:predicted_tokens_seconds"] == 0
+    assert sleeping(srv)
+    assert post(srv.url, {"content": "Hello"}, path="/tokenize").status_code == 200
+    assert not sleeping(srv)
+    assert scrape(srv)[0]["llamacpp:predicted_tokens_seconds"] == 0
 
 
 def test_a_generation_longer_than_the_window_is_never_cut(sleepy):

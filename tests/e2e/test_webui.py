@@ -646,3 +646,37 @@ def test_the_page_sends_no_sampling_field_the_user_did_not_set(servers, open_pag
     p.wait_state("done")
     assert not SAMPLING & set(p.chat_bodies()[-1])
     assert not p.errors, p.errors
+
+
+@pytest.fixture(scope="module")
+def ui_router(tmp_path_factory, tiny_model):
+    """Router mode over two copies of the tiny model, with the web UI."""
+    from .test_router import Router
+
+    root = tmp_path_factory.mktemp("ui-models")
+    for name in ("alpha", "beta"):
+        shutil.copytree(tiny_model, root / name)
+    r = Router(root, "--models-max", "1", "-np", "1", "-c", "1024").start()
+    yield r
+    r.stop()
+
+
+def test_router_mode_serves_the_page_with_a_model_picker(ui_router, open_page):
+    """`/` answers in router mode, as upstream's UI does; the page lists the
+    router's models and sends the one picked as the request's "model"
+    (which routes it), remembering it for the next visit."""
+    r = httpx.get(ui_router.url + "/", timeout=30)
+    assert r.status_code == 200 and "text/html" in r.headers["content-type"]
+    p = open_page(ui_router.url)
+    p.ready()
+    p.page.wait_for_selector("#model-pick:not([hidden])")
+    options = p.page.eval_on_selector_all("#model-pick option", "els => els.map(e => e.value)")
+    assert options == ["alpha", "beta"], options
+    p.page.select_option("#model-pick", "beta")
+    p.settings(max_tokens="2")
+    p.send("hi")
+    p.wait_state("done")
+    assert p.chat_bodies()[-1]["model"] == "beta", p.chat_bodies()
+    assert ui_router.statuses()["beta"] == "loaded"
+    assert p.page.evaluate("localStorage.getItem('mlxcel.model')") == "beta"
+    assert not p.errors, p.errors

@@ -29,6 +29,7 @@ from ...protocol.routes import ROUTES, quart_rule
 from ..http.app_shell import BUILD_INFO, PerRequest, answer_errors, api_key_index, shell_app
 from ..http.cors import CorsMiddleware, CorsPolicy
 from ..http.errors import invalid_api_key, json_response, router_error
+from ..surfaces import webui
 from . import catalog, proxy
 from .pool import Pool
 
@@ -65,8 +66,10 @@ def inventory(pool: Pool) -> dict:
 def create_router_app(config: ServerConfig, pool: Pool, env) -> QuartTrio:
     app = shell_app("mlxcel_trio.router", config)
     keys = [k.encode() for k in config.api_keys]
-    public = {r.path for r in ROUTES if r.public}
     prefix = config.api_prefix
+    # the web UI lists the router's models in a picker (webui/app.js), as upstream's
+    ui_paths = webui.mount(app, prefix) if config.ui else frozenset()
+    public = {r.path for r in ROUTES if r.public} | ui_paths
     http = proxy.client()
     app.mlxcel_http = http
     conversations: dict[str, str] = {}  # conv id -> model, for the stream routes

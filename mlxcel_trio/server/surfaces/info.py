@@ -2,7 +2,9 @@
 
 None of these reads the model: they answer from the config, the tokenizer,
 the chat template and the bridge's monitor, so they keep answering while
-the engine sleeps (--sleep-idle-seconds) and never wake it.
+the engine sleeps (--sleep-idle-seconds).  /health, /props and the model
+lists never wake it; /slots and POST /props wait for a reload first, as
+upstream's do (protocol/routes.py `wakes`).
 """
 
 from __future__ import annotations

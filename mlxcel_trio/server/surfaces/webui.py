@@ -19,7 +19,7 @@ from importlib import resources
 
 from quart import Response
 
-from ...protocol.routes import UI_ASSETS
+from ...protocol.routes import UI_ASSETS, UI_ROUTES
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
        "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
@@ -51,3 +51,23 @@ class Assets:
         name = "index.html" if path == "/" else path.removeprefix("/")
         return Response(self.files[name], status=200, content_type=_content_type(name),
                         headers=_HEADERS)
+
+
+def mount(app, prefix: str) -> frozenset[str]:
+    """--ui: the page's static files under --api-prefix (a single server and
+    the router alike); the full paths, which answer before the model has
+    loaded and without the API key (the page asks for the key itself).
+    Upstream compares its exemption with the unprefixed paths, which leaves a
+    prefixed page unreachable with a key set; here the page is reachable
+    under the prefix too."""
+    assets = Assets.load()
+    paths = set()
+    for route in UI_ROUTES:
+        path = prefix + route.path
+
+        async def view(route=route):
+            return assets.answer(route.path)
+
+        app.add_url_rule(path, f"UI {route.path}", view, methods=["GET"])
+        paths.add(path)
+    return frozenset(paths)

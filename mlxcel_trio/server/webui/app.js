@@ -19,8 +19,11 @@
   const $ = (id) => document.getElementById(id);
   const STORE = {
     key: 'mlxcel.apiKey', convs: 'mlxcel.conversations',
-    settings: 'mlxcel.settings', current: 'mlxcel.current',
+    settings: 'mlxcel.settings', current: 'mlxcel.current', model: 'mlxcel.model',
   };
+  // Router mode (/props role "router"): the models it serves, in a picker;
+  // the one picked goes as each request's "model", which routes it.
+  let routerModel = '';
   // An empty sampling setting is the server's own default: it is not sent, so
   // the server's --temp, --top-k ... apply until the user sets a value (the
   // settings dialog shows the server's values from /props as placeholders).
@@ -103,6 +106,33 @@
     $('status').textContent = text;
   }
 
+  async function loadPicker() {
+    const resp = await api('v1/models');
+    if (!resp.ok) {
+      setStatus('cannot list the models: ' + await errorText(resp));
+      return false;
+    }
+    const ids = ((await resp.json()).data || []).map((m) => String(m.id));
+    const pick = $('model-pick');
+    pick.replaceChildren(...ids.map((id) => {
+      const opt = document.createElement('option');
+      opt.value = id;
+      opt.textContent = id;
+      return opt;
+    }));
+    const saved = localStorage.getItem(STORE.model);
+    routerModel = ids.includes(saved) ? saved : (ids[0] || '');
+    pick.value = routerModel;
+    pick.hidden = false;
+    $('model-name').hidden = true;
+    return true;
+  }
+
+  $('model-pick').addEventListener('change', (e) => {
+    routerModel = e.target.value;
+    localStorage.setItem(STORE.model, routerModel);
+  });
+
   async function connect() {
     let resp;
     try {
@@ -136,6 +166,7 @@
     $('model-ctx').textContent = gen.n_ctx ? 'context ' + gen.n_ctx : '';
     serverDefaults = props.ui_settings;
     serverParams = gen.params || {};
+    if (props.role === 'router' && !(await loadPicker())) return;
     ready = true;
     setStatus('');
     resumeAll();
@@ -163,6 +194,7 @@
       }
     }
     const body = { messages, stream: true };
+    if (routerModel) body.model = routerModel;
     for (const k of NUMERIC) {
       const v = Number(s[k]);
       if (s[k] === '' || s[k] === null || !Number.isFinite(v)) continue;

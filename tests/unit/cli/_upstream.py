@@ -48,7 +48,7 @@ _WORDS: dict[str, str] = {
     "DEVICE": "none", "<dev1,dev2,..>": "Metal", "M": "ff", "lo-hi": "0-3",
     "<user>/<model>[:quant]": "owner/name", "MODEL_URL": "https://example.com/m.gguf",
     "URL": "https://example.com/mmproj.gguf", "[<repo>/]<model>[:quant]": "gemma3",
-    "KEY=TYPE:VALUE,...": "a=int:1", "<tensor name pattern>=<buffer type>,...": "exps=CPU",
+    "KEY=TYPE:VALUE,...": "llama.context_length=int:1", "<tensor name pattern>=<buffer type>,...": "exps=CPU",
     "N0,N1,N2,...": "3,1", "MiB0,MiB1,MiB2,...": "2048", "TOKEN_ID(+/-)BIAS": "15043+1",
     "SERVERS": "127.0.0.1:50052", "TOOL1,TOOL2,...": "all", "OPTION": "docker:alpine",
     "ORIGINS": "http://localhost", "METHODS": "GET", "HEADERS": "Authorization",

@@ -72,7 +72,7 @@ ACCEPTED = [
     ["--spec-type", "ngram-mod,ngram-map-k,ngram-map-k4v"], ["--spec-ngram-mod-n-min", "7"],
     # runtime and context
     ["-ub", "128"], ["--cache-reuse", "0"], ["--cache-reuse", "256"], ["-sps", "0"], ["-no-kvu"],
-    ["--no-kv-unified"], ["-ctxcp", "0"], ["--no-cache-idle-slots"], ["-cram", "0"],
+    ["--no-kv-unified"], ["-ctxcp", "0"], ["--no-cache-idle-slots"], ["--cache-idle-slots"], ["-cram", "0"],
     ["-cram", "8192"], ["-cram", "-1"], ["-cms", "8192"], ["--cache-prompt"],
     ["--no-cache-prompt"], ["-cb"], ["--no-context-shift"],
     ["--keep", "0"],
@@ -113,7 +113,6 @@ REFUSED = [
     (["--no-spec-draft-backend-sampling"], "--no-spec-draft-backend-sampling"),
     (["-devd", "x"], "--spec-draft-device"), (["-cmoed"], "--spec-draft-cpu-moe"),
     (["-sps", "0.1"], "no slot keeps a prompt"), (["-ctxcp", "32"], "no context checkpoints"), (["-cms", "256"], "no context checkpoints"),
-    (["--cache-idle-slots"], "already goes to the process-wide prompt cache"),
     (["--log-prompts-dir", "/tmp/prompts"], "--log-prompts-dir"),
     (["-hf", "ggml-org/x-GGUF:Q4_K_M"], "GGUF"),
 ]

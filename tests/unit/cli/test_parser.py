@@ -79,6 +79,8 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "model_store_root": ("/srv/models", "/srv/models"),
     "models_preset": ("models.ini", "models.ini"),
     "lora_scaled": ("a:0.5", ((("a", 0.5),),)),
+    "override_kv": ("llama.context_length=int:64,tokenizer.ggml.add_bos_token=bool:false",
+                    ((("n_ctx_train", 64), ("add_bos", False)),)),
     "weights": ("keep", "keep"),
     "session_store": ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
     "slot_save_path": (str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent)),

@@ -10,6 +10,7 @@ import threading
 from mlxcel_trio.engine.loop import EngineLoop
 from mlxcel_trio.engine.spec import EngineSpec
 from mlxcel_trio.protocol.records import (
+    Awake,
     Finished,
     Job,
     Loaded,
@@ -17,6 +18,7 @@ from mlxcel_trio.protocol.records import (
     Shutdown,
     Sleeping,
     Submit,
+    Wake,
     Woke,
 )
 
@@ -79,6 +81,11 @@ def test_sleep_drops_the_model_and_a_submit_wakes_it(tiny_model):
         assert engine.n_decode >= 4, "the per-step counters survive the sleep"
         next_of(Sleeping)  # and it sleeps again after the next window
         assert live_models() == 0 and live_caches() == 0
+        # a Wake reloads and is answered once the model is back (the routes
+        # that read the model's context wait on it, as upstream's)
+        engine.post(Wake(2))
+        next_of(Woke)
+        assert next_of(Awake).job_id == 2 and live_models() == 1
     finally:
         engine.post(Shutdown())
         thread.join(WAIT_S)

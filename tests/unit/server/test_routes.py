@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mlxcel_trio.protocol.routes import ROUTES, Route, quart_rule
+from mlxcel_trio.protocol.routes import ROUTES, UI_ROUTES, Route, quart_rule
 
 
 def test_path_parameters_are_read_off_the_path():
@@ -43,7 +43,8 @@ def test_the_app_mounts_every_route_with_a_handler_that_takes_its_arguments():
 
 def test_the_router_mounts_every_route():
     """Router mode answers the model-management routes itself and forwards
-    every other route of the table."""
+    every other route of the table; with --ui (the default) it serves the
+    web UI's files too, as upstream's router does."""
     from mlxcel_trio.config import ServerConfig
     from mlxcel_trio.server.router.app import create_router_app
     from mlxcel_trio.server.router.pool import Pool
@@ -52,4 +53,5 @@ def test_the_router_mounts_every_route():
     mounted = {(m, rule.endpoint.split(" ", 1)[1])
                for rule in app.url_map.iter_rules() if rule.endpoint != "static"
                for m in rule.methods if m in ("GET", "POST", "DELETE")}
-    assert mounted == {(r.method, r.path) for r in ROUTES if not r.vertex}
+    assert mounted == {(r.method, r.path) for r in ROUTES if not r.vertex} | \
+        {("GET", r.path) for r in UI_ROUTES}
