@@ -85,7 +85,9 @@ def test_sleep_drops_the_model_and_a_submit_wakes_it(tiny_model):
         # that read the model's context wait on it, as upstream's)
         engine.post(Wake(2))
         next_of(Woke)
-        assert next_of(Awake).job_id == 2 and live_models() == 1
+        # (no live-model count here: under load the short idle window can
+        # put it back to sleep before this thread looks)
+        assert next_of(Awake).job_id == 2
     finally:
         engine.post(Shutdown())
         thread.join(WAIT_S)
