@@ -726,7 +726,16 @@
     });
   }
 
+  // The worker (sw.js) caches nothing and intercepts nothing: registering it
+  // makes the page installable and retires any worker an earlier UI on this
+  // origin left.  Browsers allow it on https and localhost only.
+  function registerWorker() {
+    if (!('serviceWorker' in navigator) || !window.isSecureContext) return;
+    navigator.serviceWorker.register('sw.js').catch(() => {});
+  }
+
   wire();
   render();
   connect();
+  registerWorker();
 })();
