@@ -110,6 +110,13 @@ def main(argv: list[str] | None = None) -> int:
     if not (suite / "unit").is_dir() or not (suite / "utils.py").is_file():
         print(f"{suite}: not the server test suite (no unit/ or utils.py)", file=sys.stderr)
         return 2
+    # the suite names chat templates as ../../../models/templates/*.jinja from its
+    # directory: without them every server given one dies at startup
+    templates = suite.parents[2] / "models" / "templates"
+    if not templates.is_dir():
+        print(f"{templates}: missing; the suite's --chat-template-file arguments point there "
+              "(extract the checkout's models/templates/ next to tools/)", file=sys.stderr)
+        return 2
     command = build_command(args)
     print(" ".join(command), file=sys.stderr)
     return subprocess.call(command, cwd=suite, env=build_env(args))
