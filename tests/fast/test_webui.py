@@ -34,6 +34,17 @@ def test_the_route_table_names_exactly_the_shipped_files():
     assert [r.path for r in UI_ROUTES] == ["/", *("/" + name for name in UI_ASSETS + UI_GENERATED)]
 
 
+def test_the_package_data_ships_every_file():
+    import tomllib
+    from fnmatch import fnmatch
+    from pathlib import Path
+
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    patterns = pyproject["tool"]["setuptools"]["package-data"]["mlxcel_trio.server"]
+    for name in UI_ASSETS:
+        assert any(fnmatch("webui/" + name, p) for p in patterns), name
+
+
 def test_the_page_loads_nothing_from_elsewhere_and_has_no_inline_code():
     files = _files()
     for name, text in files.items():
