@@ -129,11 +129,16 @@ QUIET_PATHS = frozenset(r.path for r in ROUTES if r.quiet)
 
 
 # The files of mlxcel_trio/server/webui/, served at /<name>; index.html is also "/".
-UI_ASSETS: tuple[str, ...] = ("index.html", "app.css", "app.js", "markdown.js")
+# sw.js and manifest.webmanifest sit where upstream's UI build puts its own.
+UI_ASSETS: tuple[str, ...] = ("index.html", "app.css", "app.js", "markdown.js", "sw.js",
+                              "manifest.webmanifest")
+# Written when the app is built rather than shipped: they name this server's
+# version (upstream's UI build writes _app/version.json the same way).
+UI_GENERATED: tuple[str, ...] = ("_app/version.json",)
 
 UI_ROUTES: tuple[Route, ...] = (
     Route("GET", "/", "ui_asset", public=True),
-    *(Route("GET", "/" + name, "ui_asset", public=True) for name in UI_ASSETS),
+    *(Route("GET", "/" + name, "ui_asset", public=True) for name in UI_ASSETS + UI_GENERATED),
 )
 
 

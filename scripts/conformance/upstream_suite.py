@@ -34,18 +34,20 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
-# Modules whose subject mlxcel-trio does not implement (yet) or that other
-# work covers; running them only measures that.
+# Modules a run against one local checkpoint cannot measure: every server the
+# suite starts loads that one causal chat model (local_checkpoint.py) and
+# nothing can be downloaded.  Each line says what the module needs instead;
+# the features themselves are covered by this repository's own tests.
 DEFAULT_SKIPS = (
-    "test_embedding",  # --embedding / pooling
-    "test_rerank",  # --reranking
-    "test_lora",  # LoRA adapters
-    "test_speculative",  # draft models
-    "test_vision_api",  # multimodal projector
-    "test_router",  # router mode (--models-dir)
-    "test_proxy",  # the UI's CORS proxy
-    "test_mcp_servers",  # MCP servers
-    "test_tools_builtin",  # built-in server tools
+    "test_embedding",  # an embedding model (bge-small); the checkpoint is a chat model
+    "test_rerank",  # a reranker model (jina-reranker)
+    "test_lora",  # an adapter downloaded from the hub, trained for upstream's model
+    "test_speculative",  # a draft model downloaded from the hub
+    "test_vision_api",  # a vision model and its projector (tinygemma3)
+    "test_router",  # several models in the hub cache and hub downloads
+    "test_proxy",  # --ui-mcp-proxy, refused here (not_applicable: no server-side tools)
+    "test_mcp_servers",  # MCP servers, refused here (not_applicable)
+    "test_tools_builtin",  # --tools, refused here (not_applicable)
 )
 
 
@@ -107,6 +109,13 @@ def main(argv: list[str] | None = None) -> int:
     suite = Path(args.suite).resolve()
     if not (suite / "unit").is_dir() or not (suite / "utils.py").is_file():
         print(f"{suite}: not the server test suite (no unit/ or utils.py)", file=sys.stderr)
+        return 2
+    # the suite names chat templates as ../../../models/templates/*.jinja from its
+    # directory: without them every server given one dies at startup
+    templates = suite.parents[2] / "models" / "templates"
+    if not templates.is_dir():
+        print(f"{templates}: missing; the suite's --chat-template-file arguments point there "
+              "(extract the checkout's models/templates/ next to tools/)", file=sys.stderr)
         return 2
     command = build_command(args)
     print(" ".join(command), file=sys.stderr)

@@ -228,6 +228,8 @@ def test_the_api_key_guards_the_router_and_sigterm_stops_every_child(models_dir)
     r = Router(models_dir, "--api-key", "sekrit", "-np", "1", "-c", "1024").start()
     try:
         assert httpx.get(r.url + "/health").status_code == 200
+        for path in ("/", "/sw.js", "/manifest.webmanifest", "/_app/version.json"):
+            assert httpx.get(r.url + path).status_code == 200, path  # the UI's, keyless
         assert httpx.get(r.url + "/models").status_code == 401
         assert post(r.url, {**BODY, "model": "alpha"}).status_code == 401
         auth = {"Authorization": "Bearer sekrit"}

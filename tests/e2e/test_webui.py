@@ -315,6 +315,7 @@ def test_a_message_streams_into_the_page(ui_server, relay, open_page, tmp_path):
     p.ready()
     assert p.page.text_content("#model-name") == ui_server.argv[4].rstrip("/").rsplit("/", 1)[1]
     assert p.page.text_content("#model-ctx") == "context 2048"
+    assert p.page.is_hidden("#attach-label")  # a text-only model: nothing to attach
     relay.pause_after(PAUSE_AT)
     p.send("Tell me about the engine.")
     assert relay.paused.wait(WAIT_MS / 1000), "the answer never started"
@@ -645,6 +646,37 @@ def test_the_page_sends_no_sampling_field_the_user_did_not_set(servers, open_pag
     p.send("Once more")
     p.wait_state("done")
     assert not SAMPLING & set(p.chat_bodies()[-1])
+    assert not p.errors, p.errors
+
+
+def test_an_attached_image_goes_as_an_image_url_part(tiny_vlm_model, shared_server, open_page,
+                                                    tmp_path):
+    """/props reports modalities.vision: the composer offers images (not
+    audio), and the picture goes ahead of the text as an OpenAI image_url
+    data URL, which the server answers."""
+    import base64
+
+    from PIL import Image
+
+    srv = shared_server(tiny_vlm_model, "-c", "1024", "-np", "1", "--ui-config",
+                        json.dumps({"temperature": 0, "max_tokens": 8}))
+    pic = tmp_path / "pic.png"
+    Image.new("RGB", (24, 30), (200, 30, 60)).save(pic)
+    p = open_page(srv.url)
+    p.ready()
+    p.page.wait_for_selector("#attach-label:not([hidden])")
+    accept = p.page.get_attribute("#attach", "accept")
+    assert "image/*" in accept and "audio" not in accept, accept
+    p.page.set_input_files("#attach", str(pic))
+    p.page.wait_for_selector("#pending img")
+    p.send("What is in this picture?")
+    p.wait_state("done")
+    (user,) = [m for m in p.chat_bodies()[-1]["messages"] if m["role"] == "user"]
+    url = "data:image/png;base64," + base64.b64encode(pic.read_bytes()).decode()
+    assert user["content"] == [{"type": "image_url", "image_url": {"url": url}},
+                               {"type": "text", "text": "What is in this picture?"}]
+    assert p.page.is_hidden("#pending")
+    assert p.page.get_attribute("#messages article.user img", "src") == url
     assert not p.errors, p.errors
 
 

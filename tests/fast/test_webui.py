@@ -11,13 +11,16 @@ from importlib import resources
 
 import pytest
 
-from mlxcel_trio.protocol.routes import UI_ASSETS, UI_ROUTES
+from mlxcel_trio import __version__
+from mlxcel_trio.protocol.routes import UI_ASSETS, UI_GENERATED, UI_ROUTES
 from mlxcel_trio.server.surfaces.webui import CSP
 
 from .conftest import error_of
 
 route = pytest.mark.route
-TYPES = {"html": "text/html", "css": "text/css", "js": "text/javascript"}
+TYPES = {"html": "text/html; charset=utf-8", "css": "text/css; charset=utf-8",
+         "js": "text/javascript; charset=utf-8", "webmanifest": "application/manifest+json",
+         "json": "application/json"}
 LOADING = {"error": {"message": "Loading model", "type": "unavailable_error", "code": 503}}
 
 
@@ -28,7 +31,18 @@ def _files() -> dict[str, str]:
 
 def test_the_route_table_names_exactly_the_shipped_files():
     assert sorted(_files()) == sorted(UI_ASSETS)
-    assert [r.path for r in UI_ROUTES] == ["/", *("/" + name for name in UI_ASSETS)]
+    assert [r.path for r in UI_ROUTES] == ["/", *("/" + name for name in UI_ASSETS + UI_GENERATED)]
+
+
+def test_the_package_data_ships_every_file():
+    import tomllib
+    from fnmatch import fnmatch
+    from pathlib import Path
+
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    patterns = pyproject["tool"]["setuptools"]["package-data"]["mlxcel_trio.server"]
+    for name in UI_ASSETS:
+        assert any(fnmatch("webui/" + name, p) for p in patterns), name
 
 
 def test_the_page_loads_nothing_from_elsewhere_and_has_no_inline_code():
@@ -50,7 +64,9 @@ async def test_every_file_answers_with_the_strict_headers(serve):
         resp = await s.get(r.path)
         assert resp.status_code == 200, r.path
         name = "index.html" if r.path == "/" else r.path[1:]
-        assert resp.content_type.startswith(TYPES[name.rsplit(".", 1)[1]] + "; charset=utf-8")
+        assert resp.content_type == TYPES[name.rsplit(".", 1)[1]], r.path
+        if name in UI_GENERATED:
+            continue
         assert await resp.get_data() == (resources.files("mlxcel_trio.server") / "webui" /
                                          name).read_bytes()
         assert resp.headers["Content-Security-Policy"] == CSP
@@ -59,6 +75,17 @@ async def test_every_file_answers_with_the_strict_headers(serve):
     assert "script-src 'self';" in CSP and "'unsafe-inline'" not in CSP
     props = await (await s.get("/props")).get_json()
     assert props["ui"] is True and props["ui_settings"] == {}
+
+
+async def test_the_install_files_describe_this_server_and_cache_nothing(serve):
+    s = await serve()
+    assert await (await s.get("/_app/version.json")).get_json() == {"version": __version__}
+    manifest = await (await s.get("/manifest.webmanifest")).get_json(force=True)
+    assert manifest["name"] == "mlxcel-trio" and manifest["start_url"] == "./"
+    worker = (await (await s.get("/sw.js")).get_data()).decode()
+    # nothing intercepted, nothing stored: API answers never come from a cache
+    assert "'fetch'" not in worker and ".put(" not in worker and "addAll" not in worker
+    assert 'rel="manifest" href="manifest.webmanifest"' in _files()["index.html"]
 
 
 @route("GET /props")

@@ -9,22 +9,30 @@ framing), `nosniff`, no referrer, and `no-cache` so a new package version is
 picked up on the next load.
 
 The files are read once, when the app is built; a file missing from the
-package fails startup there rather than a request later.  URLs inside the
+package fails startup there rather than a request later.  Besides the page,
+the paths upstream's UI build serves for installing it: sw.js (a worker that
+caches and intercepts nothing), manifest.webmanifest, and _app/version.json,
+which names this server's version.  URLs inside the
 page are relative, so the UI works unchanged under --api-prefix.
 """
 
 from __future__ import annotations
 
+import json
 from importlib import resources
 
 from quart import Response
 
-from ...protocol.routes import UI_ASSETS, UI_ROUTES
+from ... import __version__
+from ...protocol.routes import UI_ASSETS, UI_GENERATED, UI_ROUTES
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-       "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+       "connect-src 'self'; manifest-src 'self'; worker-src 'self'; base-uri 'none'; "
+       "form-action 'none'; frame-ancestors 'none'")
+# upstream's types for the PWA files (its UI embed): manifest+json, json
 _TYPES = {".html": "text/html; charset=utf-8", ".css": "text/css; charset=utf-8",
-          ".js": "text/javascript; charset=utf-8"}
+          ".js": "text/javascript; charset=utf-8",
+          ".webmanifest": "application/manifest+json", ".json": "application/json"}
 _HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
             "Referrer-Policy": "no-referrer", "Cache-Control": "no-cache",
             "Cross-Origin-Opener-Policy": "same-origin"}
@@ -44,6 +52,7 @@ class Assets:
     def load(cls) -> "Assets":
         root = resources.files("mlxcel_trio.server") / "webui"
         files = {name: (root / name).read_bytes() for name in UI_ASSETS}
+        files.update(generated())
         return cls(files)
 
     def answer(self, path: str) -> Response:
@@ -51,6 +60,11 @@ class Assets:
         name = "index.html" if path == "/" else path.removeprefix("/")
         return Response(self.files[name], status=200, content_type=_content_type(name),
                         headers=_HEADERS)
+
+
+def generated() -> dict[str, bytes]:
+    """The files written at startup (routes.UI_GENERATED)."""
+    return {"_app/version.json": json.dumps({"version": __version__}).encode()}
 
 
 def mount(app, prefix: str) -> frozenset[str]:

@@ -42,6 +42,10 @@
   let serverParams = {};            // /props default_generation_settings.params
   let ready = false;
   let editing = null;               // {convId, msgId} while the composer edits a message
+  // What /props says the model takes besides text; the composer offers an
+  // attachment only for these, and each goes as an OpenAI content part.
+  let modalities = { vision: false, audio: false };
+  let pending = [];                 // content parts the next message carries
   const live = new Map();           // assistant msg id -> AbortController of its stream
   let renderQueued = false;
 
@@ -165,6 +169,9 @@
     const gen = props.default_generation_settings || {};
     $('model-ctx').textContent = gen.n_ctx ? 'context ' + gen.n_ctx : '';
     serverDefaults = props.ui_settings;
+    const mod = props.modalities || {};
+    modalities = { vision: mod.vision === true, audio: mod.audio === true };
+    showAttach();
     serverParams = gen.params || {};
     if (props.role === 'router' && !(await loadPicker())) return;
     ready = true;
@@ -189,7 +196,11 @@
     const messages = [];
     if (s.systemMessage) messages.push({ role: 'system', content: String(s.systemMessage) });
     for (const m of conv.messages.slice(0, upto)) {
-      if (m.role === 'user' || (m.role === 'assistant' && m.content)) {
+      if (m.role === 'user' && Array.isArray(m.parts) && m.parts.length) {
+        const parts = m.parts.map((a) => a.part);
+        if (m.content) parts.push({ type: 'text', text: m.content });
+        messages.push({ role: 'user', content: parts });
+      } else if (m.role === 'user' || (m.role === 'assistant' && m.content)) {
         messages.push({ role: m.role, content: m.content });
       }
     }
@@ -396,9 +407,11 @@
     return conv;
   }
 
-  function ask(conv, text) {
-    conv.messages.push({ id: uid(), role: 'user', content: text });
-    if (conv.title === 'New chat') conv.title = text.slice(0, 48);
+  function ask(conv, text, parts) {
+    const msg = { id: uid(), role: 'user', content: text };
+    if (parts.length) msg.parts = parts;
+    conv.messages.push(msg);
+    if (conv.title === 'New chat') conv.title = (text || parts[0].name).slice(0, 48);
     answer(conv);
   }
 
@@ -419,7 +432,7 @@
 
   function submit() {
     const text = $('input').value.trim();
-    if (!ready || !text) return;
+    if (!ready || (!text && !pending.length)) return;
     let conv = currentConv();
     if (busy(conv)) return;
     if (editing) {
@@ -433,7 +446,10 @@
     }
     if (!conv) conv = newConv();
     $('input').value = '';
-    ask(conv, text);
+    const parts = pending;
+    pending = [];
+    renderPending();
+    ask(conv, text, parts);
   }
 
   function regenerate(conv, msg) {
@@ -447,7 +463,94 @@
     editing = { convId: conv.id, msgId: msg.id };
     $('editing').hidden = false;
     $('input').value = msg.content;
+    pending = Array.isArray(msg.parts) ? msg.parts.slice() : [];
+    renderPending();
     $('input').focus();
+  }
+
+  // ---- attachments ---------------------------------------------------------------
+
+  const AUDIO_FORMATS = { 'audio/wav': 'wav', 'audio/x-wav': 'wav', 'audio/wave': 'wav',
+    'audio/mpeg': 'mp3', 'audio/mp3': 'mp3' };
+
+  function showAttach() {
+    const accept = [];
+    if (modalities.vision) accept.push('image/*');
+    if (modalities.audio) accept.push('audio/wav', 'audio/mpeg', '.wav', '.mp3');
+    $('attach').accept = accept.join(',');
+    $('attach-label').hidden = !accept.length;
+    if (!accept.length && pending.length) {
+      pending = [];
+      renderPending();
+    }
+  }
+
+  function readDataUrl(file) {
+    return new Promise((ok, fail) => {
+      const reader = new FileReader();
+      reader.onload = () => ok(String(reader.result));
+      reader.onerror = () => fail(reader.error);
+      reader.readAsDataURL(file);
+    });
+  }
+
+  function audioFormat(file) {
+    if (AUDIO_FORMATS[file.type]) return AUDIO_FORMATS[file.type];
+    const ext = file.name.toLowerCase().split('.').pop();
+    return ext === 'wav' || ext === 'mp3' ? ext : '';
+  }
+
+  // An image goes as an image_url data URL, audio as input_audio (base64
+  // and its format, wav or mp3: what the chat route reads).
+  async function attach(files) {
+    for (const file of files) {
+      const isImage = file.type.startsWith('image/');
+      const format = isImage ? '' : audioFormat(file);
+      if (!(isImage && modalities.vision) && !(format && modalities.audio)) {
+        setStatus('cannot attach ' + file.name + ': the model takes ' +
+          [modalities.vision && 'images', modalities.audio && 'WAV or MP3 audio']
+            .filter(Boolean).join(' and ') + ' only');
+        continue;
+      }
+      let url;
+      try {
+        url = await readDataUrl(file);
+      } catch (e) {
+        setStatus('cannot read ' + file.name);
+        continue;
+      }
+      const part = isImage
+        ? { type: 'image_url', image_url: { url } }
+        : { type: 'input_audio', input_audio: { data: url.slice(url.indexOf(',') + 1), format } };
+      pending.push({ name: file.name, part });
+    }
+    renderPending();
+  }
+
+  function attachmentView(a) {
+    if (a.part.type === 'image_url') {
+      const img = document.createElement('img');
+      img.src = a.part.image_url.url;
+      img.alt = a.name;
+      img.title = a.name;
+      return img;
+    }
+    const span = document.createElement('span');
+    span.textContent = 'audio: ' + a.name;
+    return span;
+  }
+
+  function renderPending() {
+    const list = $('pending');
+    list.replaceChildren(...pending.map((a, i) => {
+      const li = document.createElement('li');
+      li.append(attachmentView(a), button('Remove', () => {
+        pending.splice(i, 1);
+        renderPending();
+      }, 'small remove'));
+      return li;
+    }));
+    list.hidden = !pending.length;
   }
 
   async function copy(text) {
@@ -479,6 +582,10 @@
     const role = m && (m.role === 'user' || m.role === 'assistant') ? m.role : null;
     if (!role || typeof m.content !== 'string') return null;
     const out = { id: uid(), role, content: m.content };
+    if (role === 'user' && Array.isArray(m.parts)) {
+      const parts = m.parts.filter(validAttachment);
+      if (parts.length) out.parts = parts;
+    }
     if (role === 'assistant') {
       out.reasoning = typeof m.reasoning === 'string' ? m.reasoning : '';
       out.state = m.state === 'error' ? 'error' : (m.state === 'done' ? 'done' : 'stopped');
@@ -487,6 +594,17 @@
       if (typeof m.error === 'string') out.error = m.error;
     }
     return out;
+  }
+
+  function validAttachment(a) {
+    if (!a || typeof a.name !== 'string' || !a.part) return false;
+    const p = a.part;
+    if (p.type === 'image_url') {
+      return !!p.image_url && typeof p.image_url.url === 'string' &&
+        p.image_url.url.startsWith('data:image/');
+    }
+    return p.type === 'input_audio' && !!p.input_audio &&
+      typeof p.input_audio.data === 'string' && ['wav', 'mp3'].includes(p.input_audio.format);
   }
 
   async function importFile(file) {
@@ -594,6 +712,12 @@
     content.className = 'content';
     if (msg.role === 'user') content.textContent = msg.content;
     else content.append(window.MlxMarkdown.render(msg.content));
+    if (msg.role === 'user' && Array.isArray(msg.parts) && msg.parts.length) {
+      const box = document.createElement('div');
+      box.className = 'attachments';
+      box.append(...msg.parts.map(attachmentView));
+      art.append(box);
+    }
     art.append(content);
     if (msg.role === 'assistant') {
       const meta = document.createElement('div');
@@ -699,8 +823,15 @@
       editing = null;
       $('editing').hidden = true;
       $('input').value = '';
+      pending = [];
+      renderPending();
     });
     $('export').addEventListener('click', exportAll);
+    $('attach').addEventListener('change', (e) => {
+      const files = Array.from(e.target.files || []);
+      e.target.value = '';
+      attach(files);
+    });
     $('import-file').addEventListener('change', (e) => {
       const file = e.target.files && e.target.files[0];
       if (file) importFile(file);
@@ -726,7 +857,16 @@
     });
   }
 
+  // The worker (sw.js) caches nothing and intercepts nothing: registering it
+  // makes the page installable and retires any worker an earlier UI on this
+  // origin left.  Browsers allow it on https and localhost only.
+  function registerWorker() {
+    if (!('serviceWorker' in navigator) || !window.isSecureContext) return;
+    navigator.serviceWorker.register('sw.js').catch(() => {});
+  }
+
   wire();
   render();
   connect();
+  registerWorker();
 })();
