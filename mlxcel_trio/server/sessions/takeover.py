@@ -37,9 +37,9 @@ tokens the first process would have drawn (the prefill of prompt +
 published ids computes the same logits as the step-by-step decode, up to
 float rounding).  An unseeded request continues with a fresh seed: a
 complete answer, not the same one.  Mirostat's and adaptive-p's running
-state is not replayed (they restart from their initial values).  A stream
-of several generations (n > 1, several prompts) is not continued: it ends
-with an error frame naming why, as does one whose rebuilt prompt differs
+state is not recorded: such a stream ends with an error frame naming it
+(`unreplayed_state`).  So does a stream of several generations (n > 1,
+several prompts), one whose rebuilt prompt differs
 from the recorded one (another model or template), and one that failed
 MAX_ATTEMPTS times.  Frames carry the continuation's own timings.
 """
@@ -111,8 +111,26 @@ class Continuation:
         if prompt_digest(job.prompt) != want.get("prompt"):
             raise ApiError("the rebuilt prompt differs from the recorded one (another model, "
                            "template or setting on this server)", "unavailable_error")
+        why = unreplayed_state(job.sampling)
+        if why is not None:
+            raise ApiError(why, "unavailable_error")
         ids = [t for t in (self.rec.tokens[0] if self.rec.tokens else []) if t != FINISHED]
         return [attrs.evolve(job, replay=tuple(ids))]
+
+
+def unreplayed_state(p) -> str | None:
+    """Why a job's sampler cannot be continued exactly (None: it can).
+    Mirostat's mu and adaptive-p's running average move with every draw and
+    are not recorded, so a continuation would restart them from their initial
+    values: a different distribution from the published token on.  Such a
+    session ends with an error frame rather than continue on other terms."""
+    if p.mirostat:
+        return (f"mirostat {p.mirostat}'s running state (mu) is not recorded, so the "
+                "continuation would not sample as the first process did")
+    if "adaptive_p" in p.samplers and p.adaptive_target >= 0.0:
+        return ("adaptive-p's running average is not recorded, so the continuation "
+                "would not sample as the first process did")
+    return None
 
 
 def continuation(scope: dict) -> Continuation | None:
