@@ -193,8 +193,6 @@ def test_a_second_server_on_the_same_directory_is_refused(tiny_model, start_serv
     assert out.returncode != 0 and "another server is using" in out.stderr, out.stderr
 
 
-# a replica counts as gone 3 s after its last heartbeat (test_replicas.py's reasons)
-REPLICA_ENV = {"MLXCEL_INTERNAL_REPLICA_TTL_S": "3"}
 
 
 KILL_STREAMS = 20
@@ -218,7 +216,8 @@ def test_one_kill_of_a_replica_takes_twenty_streams_at_different_points_over(
     Every client, reading through the survivor, gets the uninterrupted
     run's stream; the unseeded one a whole answer; the mirostat one an error
     frame naming why; the background response "failed" saying it was not
-    continued; the stored response reads back whole."""
+    continued; the stored response reads back whole.  The claim does not
+    wait for the owner's heartbeat to lapse: its connections are gone."""
     seed = int(os.environ.get("MLXCEL_TEST_KILL_SEED") or random.randrange(1 << 31))
     print(f"kill seed {seed} (MLXCEL_TEST_KILL_SEED={seed} replays it)")
     rng = random.Random(seed)
@@ -227,8 +226,10 @@ def test_one_kill_of_a_replica_takes_twenty_streams_at_different_points_over(
         slots = KILL_STREAMS + 4
         args = ("-c", str(2048 * slots), "-np", str(slots), "--session-store", store.url,
                 "--metrics")
-        owner = start_server(tiny_model, *args, env=REPLICA_ENV)
-        survivor = start_server(tiny_model, *args, env=REPLICA_ENV)
+        # the default 10 s replica TTL: the survivor sees the owner's
+        # connections gone and claims before its heartbeat key lapses
+        owner = start_server(tiny_model, *args)
+        survivor = start_server(tiny_model, *args)
         kinds = dict(CASES)
         ref = _references(survivor.url, kinds)
         kinds[STOP_CASE] = _stop_case(ref["completion"])
@@ -275,6 +276,7 @@ def test_one_kill_of_a_replica_takes_twenty_streams_at_different_points_over(
             assert info["is_done"] and info["total_bytes"] == len(full[name]), name
             if cases[name][0] == "/v1/chat/completions":
                 assert len(_chat_ids(full[name])) == 1, name
+        survivor.wait_for_text("has no connection left", timeout=1)
         for name in [*cases, "unseeded"]:   # none had ended before the kill
             survivor.wait_for_text(f"stream {convs[name]!r} continued from byte")
 
@@ -305,19 +307,26 @@ def test_one_kill_of_a_replica_takes_twenty_streams_at_different_points_over(
         store.stop()
 
 
+ROLLING_STREAMS = 8
+
+
 def test_a_rolling_restart_hands_every_stream_on(tiny_model, start_server):
     """SIGTERM on a replica hands its live streams to its peer at once (no
-    wait for the heartbeat to lapse); restarting A, then B, under live
+    wait for the heartbeat to lapse); restarting A, then B, under 8 live
     streams cuts none: each client, reading through the replica still up,
     gets the uninterrupted stream."""
     store = StoreServer().start()
     try:
         # the default 10 s replica TTL: a peer that claimed within it was handed the streams
-        args = ("-c", "12288", "-np", "6", "--session-store", store.url, "--metrics")
+        args = ("-c", str(2048 * ROLLING_STREAMS), "-np", str(ROLLING_STREAMS),
+                "--session-store", store.url, "--metrics")
         a = start_server(tiny_model, *args)
         b = start_server(tiny_model, *args)
-        cases = {name: CASES[name] for name in ("completion", "chat", "grammar", "seeded")}
-        ref = _references(b.url, cases)
+        kinds = {name: CASES[name] for name in ("completion", "chat", "grammar", "seeded")}
+        once = _references(b.url, kinds)   # the same request gives the same stream
+        names = [list(kinds)[i % len(kinds)] for i in range(ROLLING_STREAMS)]
+        cases = {f"{name}-{i}": kinds[name] for i, name in enumerate(names)}
+        ref = {f"{name}-{i}": once[name] for i, name in enumerate(names)}
         convs = {name: f"rolling-{name}-{uuid.uuid4()}" for name in cases}
         have = {}
         for name, (path, body) in cases.items():
