@@ -16,8 +16,9 @@ records in its store's log, beside the published bytes:
 
 A server that finds an unfinished session in its store (`Takeover.run`:
 after a restart on the same file:// directory; with Redis, a session whose
-owner's heartbeat lapsed, claimed atomically on a heartbeat tick:
-store_streams.py's TAKEOVER) rebuilds the request from its record and
+owner's heartbeat lapsed or whose store connections closed, claimed
+atomically on a scan every CLAIM_SCAN_S: store_streams.py's TAKEOVER)
+rebuilds the request from its record and
 dispatches it into its own app below CORS (as the Vertex AI
 predict route does), with a `Continuation` in the ASGI scope.  The request
 then runs the ordinary route code, so the rebuilt renderer is the one the
@@ -68,6 +69,10 @@ log = logging.getLogger("mlxcel.takeover")
 
 SCOPE_KEY = "mlxcel.continuation"   # ASGI scope key: never settable by a client
 RELEASE_S = 5.0                     # SIGTERM: the longest the hand-off waits for its writes
+# how often a replica looks for a gone peer's sessions (at most a third of
+# the replica TTL): a killed peer is seen at once (its store connections
+# closed), so this bounds death -> claim; one SCAN + one CLIENT LIST a time
+CLAIM_SCAN_S = 1.0
 FINISHED = -1                       # in a job's recorded ids: its final frame was rendered
 _SECRET_HEADERS = frozenset({b"authorization", b"x-api-key", b"cookie", b"proxy-authorization",
                              b"content-length"})
@@ -206,7 +211,7 @@ def request_record(request, body: bytes, key_scope: int, tape) -> dict:
 class Takeover:
     """Continues the unfinished sessions a restarted server finds in its
     file store, and (with a Redis store) those a gone replica owned, which
-    this one claims on each heartbeat.  `asgi` (the app below CORS) is set
+    this one claims on each scan.  `asgi` (the app below CORS) is set
     by server/app.py."""
 
     def __init__(self, registry: "StreamRegistry", store, bridge) -> None:
@@ -240,8 +245,8 @@ class Takeover:
                 nursery.start_soon(self._continue, rec, session, self.store.claim(rec))
             if claims is None:
                 return
-            while True:   # a peer's orphans, once per heartbeat
-                await trio.sleep(self.store.replica_ttl_s / 3)
+            while True:   # a peer's orphans
+                await trio.sleep(min(self.store.replica_ttl_s / 3, CLAIM_SCAN_S))
                 if self.stopping:
                     return
                 try:
@@ -317,7 +322,7 @@ class Takeover:
     async def hand_off(self) -> None:
         """SIGTERM: this server's live streams are left to a peer at once
         (their last chunks written, then this replica's heartbeat removed,
-        so the next peer heartbeat claims them), or to a restart on the
+        so the next peer scan claims them), or to a restart on the
         same file:// directory."""
         self.stopping = True
         # drain.py and the runner both call this, maybe at once: the second
