@@ -21,9 +21,10 @@ and what recording the log costs on the decode path.
    With --store redis (a throwaway redis-server on a free port) 1. is
    measured through a second replica: two replicas share the store, the
    owner is SIGKILLed, and the client resumes through the survivor, which
-   claims the session once the owner's heartbeat lapses (the TTL is
-   shortened to --replica-ttl seconds, so the figure is that TTL plus one
-   heartbeat interval plus the claim);
+   claims the session at its first scan (once a second, at most a third
+   of --replica-ttl seconds, default 3; 10 is the server's default) after
+   the owner's store connections closed, before the owner's heartbeat key
+   lapses, so the figure is up to one scan interval plus the claim;
 3. (--acceptance, Redis) --kill-streams (20) concurrent greedy streams
    (/completion, chat, /v1/completions, a grammar, a seeded sampler) on
    the owner, each client cut at a random byte offset, the owner SIGKILLed

@@ -15,6 +15,8 @@ the first server had already finished would prove nothing).
 from __future__ import annotations
 
 import json
+import os
+import random
 import signal
 import time
 import uuid
@@ -133,12 +135,7 @@ def test_a_killed_server_s_streams_continue_after_a_restart(tiny_model, start_se
     first = start_server(tiny_model, *args)
     cases = dict(CASES)
     ref = _references(first.url, cases)
-    # a stop string taken from the middle of the greedy text
-    text = "".join(json.loads(b[6:])["content"] for b in ref["completion"].split(b"\n\n")
-                   if b.startswith(b"data: {"))
-    stop = text[len(text) // 2:len(text) // 2 + 6]
-    cases[STOP_CASE] = ("/completion", {"prompt": PROMPT, "n_predict": LONG, **GREEDY,
-                                        "stop": [stop]})
+    cases[STOP_CASE] = _stop_case(ref["completion"])
     ref[STOP_CASE] = _plain(first.url, *cases[STOP_CASE])
     assert b'"stop_type":"word"' in ref[STOP_CASE]
 
@@ -196,37 +193,140 @@ def test_a_second_server_on_the_same_directory_is_refused(tiny_model, start_serv
     assert out.returncode != 0 and "another server is using" in out.stderr, out.stderr
 
 
-# a replica counts as gone 3 s after its last heartbeat (test_replicas.py's reasons)
-REPLICA_ENV = {"MLXCEL_INTERNAL_REPLICA_TTL_S": "3"}
 
 
-def test_a_killed_replica_s_streams_continue_on_the_survivor(tiny_model, start_server):
+KILL_STREAMS = 20
+
+
+def _stop_case(ref_completion: bytes) -> tuple[str, dict]:
+    """A stop string taken from the middle of the greedy text."""
+    text = "".join(json.loads(b[6:])["content"] for b in ref_completion.split(b"\n\n")
+                   if b.startswith(b"data: {"))
+    stop = text[len(text) // 2:len(text) // 2 + 6]
+    return "/completion", {"prompt": PROMPT, "n_predict": LONG, **GREEDY, "stop": [stop]}
+
+
+def test_one_kill_of_a_replica_takes_twenty_streams_at_different_points_over(
+        tiny_model, start_server):
+    """Two replicas on a real Redis.  20 resumable streams (greedy, chat,
+    /v1/completions, a grammar, a stop string, seeded sampling) start one
+    after another on the owner, so they stand at different points, plus an
+    unseeded stream, a mirostat one, a stored and a background response;
+    the owner is SIGKILLed once at a moment drawn from a printed seed.
+    Every client, reading through the survivor, gets the uninterrupted
+    run's stream; the unseeded one a whole answer; the mirostat one an error
+    frame naming why; the background response "failed" saying it was not
+    continued; the stored response reads back whole.  The claim does not
+    wait for the owner's heartbeat to lapse: its connections are gone."""
+    seed = int(os.environ.get("MLXCEL_TEST_KILL_SEED") or random.randrange(1 << 31))
+    print(f"kill seed {seed} (MLXCEL_TEST_KILL_SEED={seed} replays it)")
+    rng = random.Random(seed)
     store = StoreServer().start()
     try:
-        args = ("-c", "12288", "-np", "6", "--session-store", store.url, "--metrics")
-        owner = start_server(tiny_model, *args, env=REPLICA_ENV)
-        survivor = start_server(tiny_model, *args, env=REPLICA_ENV)
-        cases = dict(CASES)
-        ref = _references(survivor.url, cases)
-        convs, have = _cut_then_kill(owner, cases, "replica")
-        _resume_all(survivor, cases, convs, have, ref)   # read through the survivor
+        slots = KILL_STREAMS + 4
+        args = ("-c", str(2048 * slots), "-np", str(slots), "--session-store", store.url,
+                "--metrics")
+        # the default 10 s replica TTL: the survivor sees the owner's
+        # connections gone and claims before its heartbeat key lapses
+        owner = start_server(tiny_model, *args)
+        survivor = start_server(tiny_model, *args)
+        kinds = dict(CASES)
+        ref = _references(survivor.url, kinds)
+        kinds[STOP_CASE] = _stop_case(ref["completion"])
+        ref[STOP_CASE] = _plain(survivor.url, *kinds[STOP_CASE])
+        assert b'"stop_type":"word"' in ref[STOP_CASE]
+        # the same request gives the same stream (a batch row runs as a solo run)
+        names = [list(kinds)[i % len(kinds)] for i in range(KILL_STREAMS)]
+        cases = {f"{name}-{i}": kinds[name] for i, name in enumerate(names)}
+        refs = {f"{name}-{i}": ref[name] for i, name in enumerate(names)}
+
+        kept = httpx.post(owner.url + "/v1/responses", timeout=60, json={
+            "model": "m", "input": "Hello", "max_output_tokens": 8, "temperature": 0}).json()
+        assert kept["status"] == "completed"
+        bg = httpx.post(owner.url + "/v1/responses", timeout=60, json={
+            "model": "m", "input": "Hello", "background": True, "max_output_tokens": LONG,
+            "temperature": 0, "ignore_eos": True}).json()
+        extra = {"unseeded": ("/completion", {"prompt": PROMPT, "n_predict": LONG,
+                                              "stream": True, "temperature": 1.0,
+                                              "ignore_eos": True, "cache_prompt": False}),
+                 "mirostat": ("/completion", {"prompt": PROMPT, "n_predict": LONG, **GREEDY,
+                                              "temperature": 0.8, "mirostat": 2,
+                                              "seed": 7})}
+        convs = {name: f"kill-{name}-{uuid.uuid4()}" for name in [*cases, *extra]}
+        have = {}
+        for name, (path, body) in {**cases, **extra}.items():   # one after another
+            got, ended = post_cut(owner.url, path, body, convs[name], rng.randint(150, 600))
+            assert not ended, name
+            have[name] = got
+        time.sleep(rng.uniform(0.0, 1.0))   # the kill moment the seed draws
+        owner.signal(signal.SIGKILL)
+        owner.wait(10)
+
+        with ThreadPoolExecutor(8) as pool:   # every client reads through the survivor
+            tails = {name: pool.submit(get_cut, survivor.url, convs[name], len(have[name]))
+                     for name in convs}
+            full = {}
+            for name, tail in tails.items():
+                got, ended = tail.result()
+                assert ended, name
+                full[name] = have[name] + got
+        for name in cases:
+            assert _comparable(full[name]) == _comparable(refs[name]), (name, seed)
+            (info,) = lookup(survivor.url, convs[name])
+            assert info["is_done"] and info["total_bytes"] == len(full[name]), name
+            if cases[name][0] == "/v1/chat/completions":
+                assert len(_chat_ids(full[name])) == 1, name
+        survivor.wait_for_text("has no connection left", timeout=1)
+        for name in [*cases, "unseeded"]:   # none had ended before the kill
+            survivor.wait_for_text(f"stream {convs[name]!r} continued from byte")
+
+        got = [json.loads(b[6:]) for b in full["unseeded"].split(b"\n\n")
+               if b.startswith(b"data: {")]
+        counts = [f["tokens_predicted"] for f in got if not f["stop"]]
+        assert [f["stop"] for f in got].count(True) == 1 and got[-1]["stop"]
+        assert got[-1]["tokens_predicted"] == LONG and counts[-1] == LONG
+        assert all(b > a for a, b in zip(counts, counts[1:]))   # no gap, no repeat
+
+        last = full["mirostat"].rstrip().split(b"\n\n")[-1]
+        err = json.loads(last[6:])["error"]
+        assert err["type"] == "unavailable_error" and "mirostat" in err["message"], err
+
+        metrics = httpx.get(survivor.url + "/metrics", timeout=10).text
+        assert f'mlxcel_stream_takeovers_total{{outcome="continued"}} {len(cases) + 1}.0' \
+            in metrics
+        assert 'mlxcel_stream_takeovers_total{outcome="failed"} 1.0' in metrics
+
+        again = httpx.get(f"{survivor.url}/v1/responses/{kept['id']}", timeout=10).json()
+        assert again == kept
+        orphan = httpx.get(f"{survivor.url}/v1/responses/{bg['id']}", timeout=10).json()
+        assert orphan["status"] == "failed", orphan   # its owner's heartbeat lapsed above
+        assert "not continued by another replica" in orphan["error"]["message"], orphan
+        cancel = httpx.post(f"{survivor.url}/v1/responses/{bg['id']}/cancel", timeout=10)
+        assert cancel.json()["status"] == "failed"
     finally:
         store.stop()
 
 
+ROLLING_STREAMS = 8
+
+
 def test_a_rolling_restart_hands_every_stream_on(tiny_model, start_server):
     """SIGTERM on a replica hands its live streams to its peer at once (no
-    wait for the heartbeat to lapse); restarting A, then B, under live
+    wait for the heartbeat to lapse); restarting A, then B, under 8 live
     streams cuts none: each client, reading through the replica still up,
     gets the uninterrupted stream."""
     store = StoreServer().start()
     try:
         # the default 10 s replica TTL: a peer that claimed within it was handed the streams
-        args = ("-c", "12288", "-np", "6", "--session-store", store.url, "--metrics")
+        args = ("-c", str(2048 * ROLLING_STREAMS), "-np", str(ROLLING_STREAMS),
+                "--session-store", store.url, "--metrics")
         a = start_server(tiny_model, *args)
         b = start_server(tiny_model, *args)
-        cases = {name: CASES[name] for name in ("completion", "chat", "grammar", "seeded")}
-        ref = _references(b.url, cases)
+        kinds = {name: CASES[name] for name in ("completion", "chat", "grammar", "seeded")}
+        once = _references(b.url, kinds)   # the same request gives the same stream
+        names = [list(kinds)[i % len(kinds)] for i in range(ROLLING_STREAMS)]
+        cases = {f"{name}-{i}": kinds[name] for i, name in enumerate(names)}
+        ref = {f"{name}-{i}": once[name] for i, name in enumerate(names)}
         convs = {name: f"rolling-{name}-{uuid.uuid4()}" for name in cases}
         have = {}
         for name, (path, body) in cases.items():

@@ -23,7 +23,13 @@ With a shared session store (sessions/shared.py) every stored response is
 also written there, so `previous_response_id`, GET and cancel work on every
 replica: `fetch` reads this process's entries first, then the store's;
 `keep` writes both.  A background run lives on the replica that started it:
-a cancel through another replica is forwarded to it.
+a cancel through another replica is forwarded to it.  When that replica
+dies (its heartbeat lapses) the run is not continued elsewhere: a stream
+session's log records what its client was sent and its request, but a
+background run publishes nothing until it ends, and claiming it would need
+an owner-fenced claim of its own; so its entry, read through any replica,
+answers status "failed" with an error saying so (ORPHANED), which a client
+can act on (create it again) instead of polling "in_progress" forever.
 """
 
 from __future__ import annotations
@@ -44,6 +50,9 @@ log = logging.getLogger("mlxcel.responses")
 MAX_RESPONSES = 256
 MAX_BYTES = 32 * 1024 * 1024
 MAX_BACKGROUND = 64
+# what GET answers for a background run whose replica died (see the docstring)
+ORPHANED = ("the response's server stopped before it finished; a background response "
+            "is not continued by another replica: create it again")
 
 
 @attrs.define
@@ -116,8 +125,22 @@ class ResponseStore:
             raise unavailable(self.shared.shown) from None
         if record is None:
             return None
-        return Stored(record["obj"], record["history"], record.get("background", False),
-                      replica=record.get("replica"))
+        stored = Stored(record["obj"], record["history"], record.get("background", False),
+                        replica=record.get("replica"))
+        if stored.live and await self._orphaned(stored):
+            stored.obj = {**stored.obj, "status": "failed", "error": {
+                "code": "server_error", "message": ORPHANED}}
+        return stored
+
+    async def _orphaned(self, stored: Stored) -> bool:
+        """A live background response whose replica's heartbeat lapsed: its
+        run died with that process."""
+        if stored.replica in (None, self.shared.replica):
+            return False
+        try:
+            return not await self.shared.owner_alive(stored.replica)
+        except StoreDown:
+            return False
 
     async def keep(self, scope: str, rid: str, stored: Stored) -> None:
         """`put`, and write it to the shared store (a failed write is logged:

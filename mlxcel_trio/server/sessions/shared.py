@@ -22,7 +22,12 @@ Keys (all under `mlxcel:`, every one with an expiry, refreshed on write):
     r:<replica>       the owner's heartbeat; absent: the owner is gone, and
                       a live replica takes its sessions over (TAKEOVER:
                       the hash's replica, epoch and attempts; req holds
-                      the request record); one without a record ends
+                      the request record); one without a record ends.
+                      Each replica names its connections (CLIENT SETNAME
+                      mlxcel-<replica>): a peer whose key has not lapsed
+                      but which holds no connection died (the kernel
+                      closed its sockets), and its key is dropped at the
+                      next claim scan instead of waiting out the TTL
     c:<replica>       the owner's control stream: cancel a stream, force a
                       reasoning end, cancel a background response
     cc:<id>           a controllable completion: owner, scope, armed
@@ -69,7 +74,8 @@ from ... import store_url
 from .store_control import ControlBus
 from .store_heartbeat import Heartbeat
 from .store_records import RESPONSE_TTL_ENV, RESPONSE_TTL_S, CompletionRecords, ResponseRecords
-from .store_streams import APPEND, CLAIM, REMOVE, TAKEOVER, Pending, StreamLog
+from .store_streams import APPEND, CLAIM, REMOVE, TAKEOVER, Pending, StreamLog, \
+    connection_name
 from .store_transport import BLOCK_MS, THREADS, StoreDown, Transport, seconds_from_env
 
 log = logging.getLogger("mlxcel.session_store")
@@ -96,7 +102,8 @@ class SharedStore(Transport, Heartbeat, ControlBus, StreamLog, CompletionRecords
         self._refused = redis.exceptions.ResponseError
         self._redis = redis.Redis.from_url(
             store_url.client_url(url), socket_timeout=BLOCK_MS / 1000 + 5,
-            socket_connect_timeout=2, max_connections=THREADS + 8)
+            socket_connect_timeout=2, max_connections=THREADS + 8,
+            client_name=connection_name(self.replica))
         self._append = self._redis.register_script(APPEND)
         self._claim = self._redis.register_script(CLAIM)
         self._remove = self._redis.register_script(REMOVE)
@@ -106,6 +113,7 @@ class SharedStore(Transport, Heartbeat, ControlBus, StreamLog, CompletionRecords
         self._backoff = 0.0
         self._was_down = False
         self._released = False          # SIGTERM handed the sessions off: no more beats
+        self._no_client_list = False    # the store refused CLIENT LIST (store_streams.py)
         self._flushing = False          # the writer has a batch in flight
         self._pending: OrderedDict[str, Pending] = OrderedDict()   # by session gen
         self._wake = trio.Event()

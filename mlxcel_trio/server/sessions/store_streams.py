@@ -80,6 +80,11 @@ return a
 """
 
 
+def connection_name(replica: str) -> str:
+    """The name (CLIENT SETNAME) of each of a replica's store connections."""
+    return "mlxcel-" + replica
+
+
 @attrs.define(eq=False)
 class Recovered:
     """A session read back from its log (a restart, file_store.py) or claimed
@@ -377,6 +382,14 @@ class StreamLog:
             for o in owners:
                 pipe.exists(P + "r:" + o)
             alive = {o for o, e in zip(owners, pipe.execute()) if e}
+            for o in alive - self._connected(r, alive):
+                # its heartbeat key has not lapsed yet, but the process holds no
+                # connection: it died (the kernel closed its sockets); dropping
+                # the key lets TAKEOVER (which still checks it) claim at once
+                log.info("session store: replica %s has no connection left: its "
+                         "sessions are claimed before its heartbeat lapses", o)
+                r.delete(P + "r:" + o)
+                alive.discard(o)
             out = []
             for key, owner in found:
                 if owner in alive:
@@ -386,6 +399,21 @@ class StreamLog:
                     out.append(self._read_back(r, key.decode()[len(prefix):], int(attempts)))
             return out
         return await self.call(scan)
+
+    def _connected(self, r, owners: set[str]) -> set[str]:
+        """Those of `owners` with a connection to the store (each replica
+        names its connections, connection_name).  A store that refuses
+        CLIENT LIST (an ACL) answers all: the heartbeat TTL alone decides."""
+        if not owners or self._no_client_list:
+            return owners
+        try:
+            names = {c.get("name", "") for c in r.client_list()}
+        except self._refused:
+            self._no_client_list = True
+            log.info("session store %s refuses CLIENT LIST: a dead replica's sessions are "
+                     "claimed once its heartbeat lapses", self.shown)
+            return owners
+        return {o for o in owners if connection_name(o) in names}
 
     def _read_back(self, r, scoped: str, attempts: int) -> Recovered:
         scope, cid = scoped.split(":", 1)

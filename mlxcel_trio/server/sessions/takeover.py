@@ -16,8 +16,9 @@ records in its store's log, beside the published bytes:
 
 A server that finds an unfinished session in its store (`Takeover.run`:
 after a restart on the same file:// directory; with Redis, a session whose
-owner's heartbeat lapsed, claimed atomically on a heartbeat tick:
-store_streams.py's TAKEOVER) rebuilds the request from its record and
+owner's heartbeat lapsed or whose store connections closed, claimed
+atomically on a scan every CLAIM_SCAN_S: store_streams.py's TAKEOVER)
+rebuilds the request from its record and
 dispatches it into its own app below CORS (as the Vertex AI
 predict route does), with a `Continuation` in the ASGI scope.  The request
 then runs the ordinary route code, so the rebuilt renderer is the one the
@@ -37,9 +38,9 @@ tokens the first process would have drawn (the prefill of prompt +
 published ids computes the same logits as the step-by-step decode, up to
 float rounding).  An unseeded request continues with a fresh seed: a
 complete answer, not the same one.  Mirostat's and adaptive-p's running
-state is not replayed (they restart from their initial values).  A stream
-of several generations (n > 1, several prompts) is not continued: it ends
-with an error frame naming why, as does one whose rebuilt prompt differs
+state is not recorded: such a stream ends with an error frame naming it
+(`unreplayed_state`).  So does a stream of several generations (n > 1,
+several prompts), one whose rebuilt prompt differs
 from the recorded one (another model or template), and one that failed
 MAX_ATTEMPTS times.  Frames carry the continuation's own timings.
 """
@@ -68,6 +69,10 @@ log = logging.getLogger("mlxcel.takeover")
 
 SCOPE_KEY = "mlxcel.continuation"   # ASGI scope key: never settable by a client
 RELEASE_S = 5.0                     # SIGTERM: the longest the hand-off waits for its writes
+# how often a replica looks for a gone peer's sessions (at most a third of
+# the replica TTL): a killed peer is seen at once (its store connections
+# closed), so this bounds death -> claim; one SCAN + one CLIENT LIST a time
+CLAIM_SCAN_S = 1.0
 FINISHED = -1                       # in a job's recorded ids: its final frame was rendered
 _SECRET_HEADERS = frozenset({b"authorization", b"x-api-key", b"cookie", b"proxy-authorization",
                              b"content-length"})
@@ -111,8 +116,26 @@ class Continuation:
         if prompt_digest(job.prompt) != want.get("prompt"):
             raise ApiError("the rebuilt prompt differs from the recorded one (another model, "
                            "template or setting on this server)", "unavailable_error")
+        why = unreplayed_state(job.sampling)
+        if why is not None:
+            raise ApiError(why, "unavailable_error")
         ids = [t for t in (self.rec.tokens[0] if self.rec.tokens else []) if t != FINISHED]
         return [attrs.evolve(job, replay=tuple(ids))]
+
+
+def unreplayed_state(p) -> str | None:
+    """Why a job's sampler cannot be continued exactly (None: it can).
+    Mirostat's mu and adaptive-p's running average move with every draw and
+    are not recorded, so a continuation would restart them from their initial
+    values: a different distribution from the published token on.  Such a
+    session ends with an error frame rather than continue on other terms."""
+    if p.mirostat:
+        return (f"mirostat {p.mirostat}'s running state (mu) is not recorded, so the "
+                "continuation would not sample as the first process did")
+    if "adaptive_p" in p.samplers and p.adaptive_target >= 0.0:
+        return ("adaptive-p's running average is not recorded, so the continuation "
+                "would not sample as the first process did")
+    return None
 
 
 def continuation(scope: dict) -> Continuation | None:
@@ -188,7 +211,7 @@ def request_record(request, body: bytes, key_scope: int, tape) -> dict:
 class Takeover:
     """Continues the unfinished sessions a restarted server finds in its
     file store, and (with a Redis store) those a gone replica owned, which
-    this one claims on each heartbeat.  `asgi` (the app below CORS) is set
+    this one claims on each scan.  `asgi` (the app below CORS) is set
     by server/app.py."""
 
     def __init__(self, registry: "StreamRegistry", store, bridge) -> None:
@@ -222,8 +245,8 @@ class Takeover:
                 nursery.start_soon(self._continue, rec, session, self.store.claim(rec))
             if claims is None:
                 return
-            while True:   # a peer's orphans, once per heartbeat
-                await trio.sleep(self.store.replica_ttl_s / 3)
+            while True:   # a peer's orphans
+                await trio.sleep(min(self.store.replica_ttl_s / 3, CLAIM_SCAN_S))
                 if self.stopping:
                     return
                 try:
@@ -299,7 +322,7 @@ class Takeover:
     async def hand_off(self) -> None:
         """SIGTERM: this server's live streams are left to a peer at once
         (their last chunks written, then this replica's heartbeat removed,
-        so the next peer heartbeat claims them), or to a restart on the
+        so the next peer scan claims them), or to a restart on the
         same file:// directory."""
         self.stopping = True
         # drain.py and the runner both call this, maybe at once: the second

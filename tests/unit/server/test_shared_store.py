@@ -300,3 +300,23 @@ async def test_a_gone_owner_s_session_is_claimed_once_and_its_late_writes_fenced
         assert remote.done and remote.replica == store.replica
         assert await collect(store.follow(remote, 0, 0)) == b"one two three"
         nursery.cancel_scope.cancel()
+
+
+async def test_an_owner_with_no_connection_left_is_claimed_before_its_ttl(
+        store, store_server):  # noqa: F811
+    """A SIGKILLed replica's sockets are closed by the kernel: a peer that
+    finds none of its named connections claims at once, its heartbeat key
+    not lapsed yet; one still connected is left alone."""
+    owner = SharedStore(store_server.url, stream_ttl_s=5, max_bytes=64)
+    async with trio.open_nursery() as owner_nursery:
+        await owner_nursery.start(owner.run)
+        gen, _ = await owner.open_stream(0, "severed", {"path": "/completion"})
+        assert await flushed(owner, gen, 0, "severed", 0, b"one ", tokens=[[1]])
+        assert await store.claim_orphans() == []      # connected and beating: alive
+        owner_nursery.cancel_scope.cancel()
+    assert await store.claim_orphans() == []          # still connected: the TTL decides
+    owner._redis.connection_pool.disconnect()         # what the process's death does
+    assert await store.owner_alive(owner.replica)     # its key has not lapsed
+    (rec,) = await store.claim_orphans()
+    assert (rec.cid, rec.attempts, bytes(rec.data)) == ("severed", 1, b"one ")
+    assert not await store.owner_alive(owner.replica)
