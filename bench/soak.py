@@ -60,8 +60,11 @@ def proc_sample(pid: int) -> dict:
         key, _, rest = line.partition(":")
         if key in ("VmRSS", "Threads"):
             status[key] = int(rest.split()[0])
+    # utime + stime: how busy the server was (CPU-seconds; 2 per second is both cores)
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    cpu_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return {"rss_mib": status["VmRSS"] / 1024, "threads": status["Threads"],
-            "fds": len(os.listdir(f"/proc/{pid}/fd"))}
+            "fds": len(os.listdir(f"/proc/{pid}/fd")), "cpu_s": round(cpu_s, 1)}
 
 
 def percentile(xs: list[float], q: float) -> float | None:
@@ -142,8 +145,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fixture", default="bench")
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--rate", type=float, default=0.5, help="requests per second per client")
+    p.add_argument("--probe-s", type=float, default=0.0,
+                   help="also send one small completion every this many seconds (0: none), "
+                        "so that a slow rate still has small-request latencies in each window")
     p.add_argument("--store", action="store_true", help="serve with a session store")
     p.add_argument("--out", type=Path, default=Path("soak-out"))
+    p.add_argument("--blas", default="auto",
+                   help="the server's --blas (default: the server's own default, auto; the "
+                        "test harness's bundled BLAS is ~40x slower on the bench fixture)")
     a = p.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     from fixtures.build import ensure
@@ -155,13 +164,37 @@ def main(argv: list[str] | None = None) -> int:
         from tests.store_server import StoreServer
         store = StoreServer().start()
         args += ["--session-store", store.url]
-    srv = ServerProcess(ensure(a.fixture), *args).start()
+    srv = ServerProcess(ensure(a.fixture), *args, env={"MLXCEL_BLAS": a.blas}).start()
     try:
         return run(a, srv, store)
     finally:
         srv.stop()
         if store is not None:
             store.stop()
+
+
+def probe_loop(url: str, every_s: float, deadline: float, t_tok: float, clients: int,
+               tally, watch, stop: threading.Event) -> None:
+    """One small non-streamed completion (4 tokens) every `every_s` seconds,
+    on a kept-alive connection, counted as a small request."""
+    import httpx
+
+    body = {"prompt": stress.PROMPT[:60], "n_predict": 4, "temperature": 0}
+    with httpx.Client(base_url=url, timeout=300.0) as c:
+        while time.monotonic() < deadline and not stop.is_set():
+            started = time.monotonic()
+            watch.begin("probe", stress.bound_for(4, t_tok, clients))
+            try:
+                r = c.post("/completion", json=body)
+                status, ok = r.status_code, r.status_code == 200 and "content" in r.json()
+            except (httpx.HTTPError, ValueError) as exc:
+                status, ok = type(exc).__name__, False
+            dumped = watch.end()
+            elapsed = time.monotonic() - started
+            o = stress.Outcome("probe", status, elapsed, stress.bound_for(4, t_tok, clients), ok)
+            if tally.add(o) and not dumped:
+                watch.dumper.dump(o)
+            stop.wait(max(0.0, every_s - elapsed))
 
 
 def run(a, srv, store) -> int:
@@ -178,6 +211,10 @@ def run(a, srv, store) -> int:
         m, deadline, t_tok, a.clients, tally, watch, stop, a.rate, started)) for m in mixes]
     for t in threads:
         t.start()
+    if a.probe_s:
+        threads.append(threading.Thread(target=probe_loop, daemon=True, args=(
+            srv.url, a.probe_s, deadline, t_tok, a.clients, tally, watch, stop)))
+        threads[-1].start()
     threading.Thread(target=watch.watch, args=(stop,), daemon=True).start()
     samples: list[dict] = []
     seen = 0
@@ -187,7 +224,7 @@ def run(a, srv, store) -> int:
         with tally.lock:
             window = tally.outcomes[seen:]
             seen = len(tally.outcomes)
-        small = [o.elapsed_s for o in window if o.op == "completion" and o.ok
+        small = [o.elapsed_s for o in window if o.op in ("completion", "probe") and o.ok
                  and o.bound_s <= stress.bound_for(SMALL, t_tok, a.clients)]
         row = {"t_s": round(time.monotonic() - started, 1), **proc_sample(srv.proc.pid),
                "trio_tasks": task_count(srv),
@@ -210,10 +247,12 @@ def run(a, srv, store) -> int:
     slopes = {name: slope_per_hour([(x["t_s"], x.get(name)) for x in samples])
               for name in SERIES}
     p99 = [x["p99_small_s"] for x in samples if x["p99_small_s"] is not None]
-    report = {"minutes": a.minutes, "fixture": a.fixture, "clients": a.clients,
-              "rate_per_client": a.rate, "requests": len(tally.outcomes),
+    report = {"minutes": a.minutes, "fixture": a.fixture, "blas": a.blas, "clients": a.clients,
+              "rate_per_client": a.rate, "probe_s": a.probe_s, "requests": len(tally.outcomes),
               "breaches": len(tally.breaches), "failures": len(tally.failures),
               "slope_per_hour": slopes,
+              "server_cpu_s_per_s": round((samples[-1]["cpu_s"] - samples[0]["cpu_s"])
+                                          / max(1.0, samples[-1]["t_s"]), 3),
               "p99_small_end_over_start": (p99[-1] / p99[0]) if len(p99) >= 2 and p99[0] else None,
               "samples": samples}
     (a.out / "soak.json").write_text(json.dumps(report, indent=1))

@@ -1,6 +1,7 @@
 """Faults beyond a client's, against real processes: a full disk under the
-slot files and under the log file (a small tmpfs, mounted by the test; it
-skips where mounting needs a privilege this process lacks), and a session
+slot files and under the log file (a small ext4 on a loop device, or a
+tmpfs where no loop device can be made: tests/e2e/small_disk.py; they skip
+where mounting needs a privilege this process lacks), and a session
 store that stops answering mid-stream (a SIGSTOPped redis-server / valkey-
 server: the connection stays open, nothing comes back), a slow store link
 and one that stops forwarding (a TCP proxy between two replicas and the
@@ -10,11 +11,12 @@ test_replicas.py."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
-import subprocess
 import time
 import uuid
+import warnings
 
 import httpx
 import pytest
@@ -22,6 +24,8 @@ import pytest
 from tests.conftest import wait_until
 from tests.store_server import StoreServer
 
+from . import small_disk as disks
+from .small_disk import fill
 from .sse import post
 from .tcp_proxy import TcpProxy
 from .test_stream_resume import TERMINAL, frames, get_cut, post_cut
@@ -35,26 +39,20 @@ BOUND_S = 30.0
 
 @pytest.fixture
 def small_disk(tmp_path):
-    """A 256 KiB tmpfs at a fresh directory, unmounted at the end."""
-    where = tmp_path / "disk"
-    where.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(where)],
-                          capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip() or done.returncode}); "
-                    "the full-disk tests need root")
-    yield where
-    subprocess.run(["umount", "-l", str(where)], check=False)
-
-
-def fill(where) -> None:
-    """Write until the disk is full (ENOSPC)."""
-    with open(where / "filler", "wb", buffering=0) as f:   # unbuffered: close cannot fail
+    """A small filesystem at a fresh directory: ext4 on a loop device where
+    this process may make one, else a tmpfs (said in the output: a warning);
+    unmounted (and the loop device detached) at the end."""
+    with contextlib.ExitStack() as stack:
         try:
-            while True:
-                f.write(b"\0" * 4096)
-        except OSError:
-            pass
+            disk = stack.enter_context(disks.small_disk(tmp_path))
+        except OSError as exc:
+            pytest.skip(f"no small filesystem to fill here: {exc}; "
+                        "the full-disk tests need root")
+        print(f"full-disk test on {disk.kind}")
+        if disk.fallback:
+            warnings.warn(f"full-disk test on {disk.kind}, not a loop-device ext4: "
+                          f"{disk.fallback}", stacklevel=1)
+        yield disk.path
 
 
 def test_a_full_disk_under_slot_files_is_a_clear_error_and_serving_goes_on(
