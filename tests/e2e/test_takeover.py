@@ -133,11 +133,7 @@ def test_a_killed_server_s_streams_continue_after_a_restart(tiny_model, start_se
     store = f"file://{tmp_path / 'sessions'}"
     args = ("-c", "12288", "-np", "6", "--session-store", store, "--metrics")
     first = start_server(tiny_model, *args)
-    cases = dict(CASES)
-    ref = _references(first.url, cases)
-    cases[STOP_CASE] = _stop_case(ref["completion"])
-    ref[STOP_CASE] = _plain(first.url, *cases[STOP_CASE])
-    assert b'"stop_type":"word"' in ref[STOP_CASE]
+    cases, ref = _cases_with_stop(first.url)
 
     convs, have = _cut_then_kill(first, cases, "takeover")
     second = start_server(tiny_model, *args)
@@ -206,6 +202,25 @@ def _stop_case(ref_completion: bytes) -> tuple[str, dict]:
     return "/completion", {"prompt": PROMPT, "n_predict": LONG, **GREEDY, "stop": [stop]}
 
 
+def _cases_with_stop(url: str) -> tuple[dict, dict]:
+    """CASES plus a stop-string case cut from the greedy completion, and
+    every case's uninterrupted stream from the server at `url`."""
+    cases = dict(CASES)
+    ref = _references(url, cases)
+    cases[STOP_CASE] = _stop_case(ref["completion"])
+    ref[STOP_CASE] = _plain(url, *cases[STOP_CASE])
+    assert b'"stop_type":"word"' in ref[STOP_CASE]
+    return cases, ref
+
+
+def _repeated(kinds: dict, once: dict, n: int) -> tuple[dict, dict]:
+    """n streams cycling through `kinds`, each with its kind's reference
+    (the same request gives the same stream: a batch row runs as a solo run)."""
+    names = [list(kinds)[i % len(kinds)] for i in range(n)]
+    return ({f"{name}-{i}": kinds[name] for i, name in enumerate(names)},
+            {f"{name}-{i}": once[name] for i, name in enumerate(names)})
+
+
 def test_one_kill_of_a_replica_takes_twenty_streams_at_different_points_over(
         tiny_model, start_server):
     """Two replicas on a real Redis.  20 resumable streams (greedy, chat,
@@ -230,15 +245,8 @@ def test_one_kill_of_a_replica_takes_twenty_streams_at_different_points_over(
         # connections gone and claims before its heartbeat key lapses
         owner = start_server(tiny_model, *args)
         survivor = start_server(tiny_model, *args)
-        kinds = dict(CASES)
-        ref = _references(survivor.url, kinds)
-        kinds[STOP_CASE] = _stop_case(ref["completion"])
-        ref[STOP_CASE] = _plain(survivor.url, *kinds[STOP_CASE])
-        assert b'"stop_type":"word"' in ref[STOP_CASE]
-        # the same request gives the same stream (a batch row runs as a solo run)
-        names = [list(kinds)[i % len(kinds)] for i in range(KILL_STREAMS)]
-        cases = {f"{name}-{i}": kinds[name] for i, name in enumerate(names)}
-        refs = {f"{name}-{i}": ref[name] for i, name in enumerate(names)}
+        kinds, ref = _cases_with_stop(survivor.url)
+        cases, refs = _repeated(kinds, ref, KILL_STREAMS)
 
         kept = httpx.post(owner.url + "/v1/responses", timeout=60, json={
             "model": "m", "input": "Hello", "max_output_tokens": 8, "temperature": 0}).json()
@@ -323,10 +331,7 @@ def test_a_rolling_restart_hands_every_stream_on(tiny_model, start_server):
         a = start_server(tiny_model, *args)
         b = start_server(tiny_model, *args)
         kinds = {name: CASES[name] for name in ("completion", "chat", "grammar", "seeded")}
-        once = _references(b.url, kinds)   # the same request gives the same stream
-        names = [list(kinds)[i % len(kinds)] for i in range(ROLLING_STREAMS)]
-        cases = {f"{name}-{i}": kinds[name] for i, name in enumerate(names)}
-        ref = {f"{name}-{i}": once[name] for i, name in enumerate(names)}
+        cases, ref = _repeated(kinds, _references(b.url, kinds), ROLLING_STREAMS)
         convs = {name: f"rolling-{name}-{uuid.uuid4()}" for name in cases}
         have = {}
         for name, (path, body) in cases.items():
