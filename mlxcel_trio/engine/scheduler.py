@@ -516,6 +516,7 @@ class Scheduler:
         if self._cache is not None and seq.ns is not None and n_prompt > 1:
             # as upstream, no chunk reuse for a prompt with images or audio
             reuse = 0 if _has_media(job) else job.n_cache_reuse
+            log.debug("updating prompt cache")  # upstream's words for this load
             n_cache, caches = self._cache.lookup(seq.ns, job.prompt, reuse, self._shifter)
             seq.n_cache, seq.cached, seq.n_kv0 = n_cache, caches, n_cache
             seq.cache_tier = self._cache.last_tier
