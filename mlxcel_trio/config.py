@@ -118,6 +118,8 @@ class ServerConfig:
     context_shift: bool = False  # --context-shift: shift instead of stopping at the bound
     n_keep: int = _row("n_keep")  # --keep: the default n_keep (-1 = the whole prompt)
     cont_batching: bool = True   # -nocb: prompts wait while any slot decodes
+    kv_unified: bool | None = None  # -kvu / -no-kvu; None: unset (see `unified_kv`)
+    cache_idle_slots: bool = True   # --no-cache-idle-slots: idle slots keep their tokens
     rope: "RopeOverrides" = attrs.field(factory=lambda: RopeOverrides())
     # --override-kv's keys with an analogue (cli/override_kv.py); None / 0: the checkpoint's
     add_bos: bool | None = None      # tokenizer.ggml.add_bos_token
@@ -299,6 +301,13 @@ class ServerConfig:
     def slots(self) -> int:
         """The resolved slot count: upstream's auto (-1) is 4."""
         return 4 if self.n_parallel < 0 else self.n_parallel
+
+    @property
+    def unified_kv(self) -> bool:
+        """Whether the context is one KV budget shared by every slot:
+        upstream's auto slot count turns it on whatever -kvu says, and an
+        explicit count leaves it to -kvu (off when not given)."""
+        return self.n_parallel < 0 or bool(self.kv_unified)
 
     @property
     def model_alias(self) -> str | None:

@@ -8,13 +8,15 @@ are refused here, before any model is resolved.
 (engine/prompt_cache.py, engine/kv_shift.py);
 --cache-disk and --cache-disk-mib, mlxcel-trio's own, its disk tier
 (engine/cache_disk.py).
+-kvu / --kv-unified (on by default when -np is auto) makes the context one
+budget shared by every slot (engine/kv_budget.py); --cache-idle-slots clears
+an idle slot's retained tokens when a task starts under it.
 The per-slot prompt machinery (--ctx-checkpoints, --checkpoint-min-step,
---slot-prompt-similarity, --cache-idle-slots) is not applicable: it accepts
+--slot-prompt-similarity) is not applicable: it accepts
 only the value that turns it off (its upstream default asks for behaviour
 that does not exist here) and refuses the rest saying what is missing.
---ubatch-size has no MLX meaning; --kv-unified and
---swa-full only shape memory, so they are tuning options (accepted, and
-named at startup as having no effect).
+--ubatch-size has no MLX meaning; --swa-full only shapes memory, so it is
+a tuning option (accepted, and named at startup as having no effect).
 """
 
 from __future__ import annotations
@@ -89,19 +91,22 @@ CONTEXT: tuple[Option, ...] = (
            value=Int(-1, INT32_MAX), metavar="N", default=CACHE_DISK_DEFAULT_MIB,
            default_text=f"{CACHE_DISK_DEFAULT_MIB}, -1 - no limit",
            env="MLXCEL_CACHE_DISK_MIB", section="server", upstream=False, owner=CONTEXT_ISSUE),
-    # memory layout only: each sequence gets its own KV cache from the batch generator
-    tuning(("-kvu", "--kv-unified"), "kv_unified", "one KV buffer shared by every slot",
+    # the budget only: mlx-lm's batch caches hold each sequence at its own
+    # length, so unified KV is accounting (engine/kv_budget.py), not a buffer
+    Option(("-kvu", "--kv-unified"), "kv_unified",
+           "use single unified KV buffer shared across all sequences: one sequence may "
+           "use the whole context, and all of them together hold at most that much",
            kind="bool", negations=("-no-kvu", "--no-kv-unified"),
            default_text="enabled if number of slots is auto", env="LLAMA_ARG_KV_UNIFIED",
-           owner=CONTEXT_ISSUE, quiet=equals(False)),
-    # slots retain no KV of their own: every finished or cancelled sequence
-    # already goes to the process-wide prompt cache and frees its KV, which is
-    # what the enabled form (upstream's default) buys; the disabled form is named
-    tuning(("--cache-idle-slots",), "cache_idle_slots",
-           "save idle slots to the prompt cache when a new task arrives",
-           kind="bool", negations=("--no-cache-idle-slots",), default=True,
+           section="server", owner=CONTEXT_ISSUE),
+    # finished sequences already leave their KV to the prompt cache; this
+    # decides whether a slot also forgets the tokens it last held when
+    # another task starts (under unified KV), as upstream's does
+    Option(("--cache-idle-slots",), "cache_idle_slots",
+           "save idle slots to the prompt cache on new task, and clear them when using "
+           "unified KV", kind="bool", negations=("--no-cache-idle-slots",), default=True,
            default_text="enabled, requires cache-ram", env="LLAMA_ARG_CACHE_IDLE_SLOTS",
-           owner=CONTEXT_ISSUE, quiet=equals(True)),
+           section="server", owner=CONTEXT_ISSUE),
     Option(("--context-shift",), "context_shift",
            "when a generation fills its slot's context, drop old tokens (after "
            "n_keep) and continue instead of stopping", kind="bool",

@@ -69,12 +69,13 @@ def n_ctx_train_of(config: dict, n_ctx: int) -> int:
     return int(config.get("max_position_embeddings") or n_ctx)
 
 
-def slot_context(n_ctx: int, n_slots: int, n_ctx_train: int) -> int:
-    """Each slot's context: an even share of the total, capped (with
-    upstream's warning) at the training context, as upstream's server does.
-    Computed once per load; admission, the bound, /props and /slots all read
-    this value."""
-    n_ctx_slot = n_ctx // n_slots
+def slot_context(n_ctx: int, n_slots: int, n_ctx_train: int, unified: bool = False) -> int:
+    """What one sequence may hold: the whole context under unified KV (the
+    slots then share it as one budget, kv_budget.py), else an even share of
+    it; capped (with upstream's warning) at the training context, as
+    upstream's server does.  Computed once per load; admission, the bound,
+    /props and /slots all read this value."""
+    n_ctx_slot = n_ctx if unified else n_ctx // n_slots
     if n_ctx_slot > n_ctx_train:
         log.warning("the slot context (%d) exceeds the training context of the model (%d) "
                     "- capping", n_ctx_slot, n_ctx_train)
@@ -95,7 +96,7 @@ def _mib(n: int) -> str:
 
 
 def model_facts(model, config: dict, path: Path, n_ctx: int, n_ctx_slot: int,
-                 n_slots: int) -> ModelInfo:
+                 n_slots: int, kv_unified: bool = False) -> ModelInfo:
     from mlx.utils import tree_flatten
 
     params = tree_flatten(model.parameters())
@@ -126,6 +127,7 @@ def model_facts(model, config: dict, path: Path, n_ctx: int, n_ctx_slot: int,
         n_ctx_slot=n_ctx_slot,
         n_ctx_train=n_ctx_train_of(config, n_ctx),
         n_slots=n_slots,
+        kv_unified=kv_unified,
         n_vocab=int(config.get("vocab_size", 0)),
         n_embd=int(config.get("hidden_size", 0)),
         n_params=n_params,
@@ -225,7 +227,9 @@ class Loading:
         if self.spec.n_ctx_train:  # --override-kv ARCH.context_length
             config = {**config, "max_position_embeddings": self.spec.n_ctx_train}
         n_ctx = self.spec.ctx_size or int(config.get("max_position_embeddings") or 4096)
-        self._n_ctx_slot = slot_context(n_ctx, self.spec.n_slots, n_ctx_train_of(config, n_ctx))
+        self._n_ctx = n_ctx
+        self._n_ctx_slot = slot_context(n_ctx, self.spec.n_slots, n_ctx_train_of(config, n_ctx),
+                                        self.spec.kv_unified)
         vocab = Vocab(self._path, int(config.get("vocab_size", 0)) or None)
         vocab.override_specials(*self.spec.specials)
         self.vocab = vocab
@@ -239,7 +243,8 @@ class Loading:
                      v, KV_CACHE_TYPES[v].describe())
         if self.spec.warmup:
             self._run_warmup(scheduler, vocab)
-        info = model_facts(model, config, self._path, n_ctx, self._n_ctx_slot, self.spec.n_slots)
+        info = model_facts(model, config, self._path, n_ctx, self._n_ctx_slot, self.spec.n_slots,
+                           self.spec.kv_unified)
         if self._vision is not None:
             import attrs
 
@@ -373,6 +378,9 @@ class Loading:
                          clock=self._lockstep.clock if self._lockstep is not None else None,
                          drafter=build_chain(self.spec.speculative, self._draft),
                          n_ctx_slot=self._n_ctx_slot,
+                         kv_budget=self._n_ctx if self.spec.kv_unified else None,
+                         clear_idle=self.spec.kv_unified and self.spec.cache_idle_slots
+                         and cache_on,
                          batch_size=self.spec.batch_size, special=self.spec.special,
                          context_shift=self.spec.context_shift,
                          cache_reuse=self.spec.cache_reuse,

@@ -115,6 +115,7 @@ class EngineLoop(Loading, IdleSleep, LockstepRunner):
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self.vocab = None  # published before Loaded is emitted; read-only after
         self._n_ctx_slot = 0  # set once by _load; a wake reuses it
+        self._n_ctx = 0       # the context (unified KV's budget), set with it
         # Cumulative, this thread's own; trio keeps the copy EngineStats carries.
         self.n_decode = 0       # scheduler steps that computed for >= 1 slot
         self.n_busy_slots = 0   # sum over those steps of the slots computed

@@ -11,6 +11,10 @@ Context: a prompt that does not fit a slot is refused at admission.  With
 --context-shift off (upstream's default) a generation stops at the slot's
 bound (`truncated`, stop type "limit"); with it on, the sequence is shifted
 before it would fill the last cell (engine/context_shift.py) and continues.
+Under unified KV (kv_budget.py) the slot's bound is the whole context and
+the slots share it as one budget: a job waits for room as it waits for a
+slot, and when the live sequences outgrow the budget they all fail as
+upstream's do.
 
 --no-cont-batching (upstream's gate `cont_batching || batch.size() == 0`):
 a job takes its slot at once, but its prompt enters the generator only
@@ -60,6 +64,7 @@ from ..protocol.records import (
     TokenProbs,
 )
 from . import cache_kinds, context_shift, kv_shift
+from .kv_budget import CONTEXT_EXCEEDED, KvBudget, total_held
 from .detokenizer import IncrementalDetokenizer
 from .kv_cache import CacheFactory
 from .lora import AdapterRows, split_rows
@@ -177,7 +182,8 @@ class Scheduler:
                  cont_batching: bool = True, kv_types: tuple[str, str] = DEFAULT_KV,
                  drafter: Chain | None = None, n_adapters: int = 0, vision=None,
                  audio=None, clock: Callable[[], float] | None = None,
-                 cache_reuse: int = 0) -> None:
+                 cache_reuse: int = 0, kv_budget: int | None = None,
+                 clear_idle: bool = False) -> None:
         self.vocab = vocab
         self._vision = vision  # an image tower (engine/towers/) for an integrated VLM
         self._audio = audio    # an audio tower (engine/towers/) for a chat model with audio
@@ -191,6 +197,11 @@ class Scheduler:
         self._render_special = special  # -sp: special tokens appear in the text
         self.n_slots = n_slots
         self.n_ctx_slot = n_ctx_slot
+        # unified KV (kv_budget.py): None = the split, each slot capped at n_ctx_slot
+        self._budget = KvBudget(kv_budget) if kv_budget is not None else None
+        # --cache-idle-slots under unified KV: a client job's start clears
+        # the idle slots' retained tokens (their KV went to the prompt cache)
+        self._clear_idle = clear_idle
         self._model = model
         self._batch_size = batch_size
         self._new_caches = CacheFactory(model, *kv_types)
@@ -375,6 +386,19 @@ class Scheduler:
         self._pending.appendleft(job)
         self._admit(out)
 
+    def _exceeded(self, out: list) -> None:
+        """The unified budget cannot take the next step's tokens: as
+        upstream, every admitted job fails with a server error and its slot
+        is freed and cleared (its KV is not worth keeping); then the
+        waiting jobs get the room."""
+        log.error("Context size has been exceeded. n_ctx = %d, held = %d by %d sequences",
+                  self._budget.n_ctx, self.n_held, len(self._by_job))
+        for seq in list(self._by_job.values()):
+            out.append(Failed.coded(seq.job.id, CONTEXT_EXCEEDED))
+            self._release(seq, out, cancelled=False, donate=False)
+            self._slot_tokens[seq.slot], self._slot_ns[seq.slot] = (), None
+        self._admit(out)
+
     def fail_all(self, out: list, message: str) -> None:
         """After a failed step: every admitted job fails with a server error
         and the generator starts over empty; queued jobs are kept."""
@@ -391,6 +415,9 @@ class Scheduler:
     def step(self, out: list) -> None:
         """One prefill chunk and/or one decode step for everything admitted."""
         if not self._by_job:
+            return
+        if self._budget is not None and self._budget.overflows(self.n_held):
+            self._exceeded(out)
             return
         if self._held and not self._decoding():
             while self._held:
@@ -436,20 +463,31 @@ class Scheduler:
 
     # -- internals -------------------------------------------------------------
 
+    @property
+    def n_held(self) -> int:
+        """Tokens the admitted sequences hold (prompt + generated each)."""
+        return total_held(len(seq.kv) for seq in self._by_job.values())
+
     def _admit(self, out: list) -> None:
-        """Move waiting jobs into free slots (FIFO, honoring id_slot)."""
+        """Move waiting jobs into free slots (FIFO, honoring id_slot; under
+        unified KV the first job that does not fit the budget waits, and
+        every job behind it)."""
         waiting: deque[Job] = deque()
         try:
             while self._pending and self._free:
                 job = self._pending.popleft()
                 if job.id_slot == -1:
-                    slot = self._free.pop(0)
+                    slot = self._free[0]
                 elif job.id_slot in self._free:
                     slot = job.id_slot
-                    self._free.remove(slot)
                 else:
                     waiting.append(job)
                     continue
+                if self._budget is not None and not self._budget.admits(
+                        self.n_held, len(job.prompt) + len(job.replay)):
+                    self._pending.appendleft(job)  # first in line for the room
+                    break
+                self._free.remove(slot)
                 try:
                     self._start(job, slot, out)
                 except BaseException:
@@ -478,6 +516,7 @@ class Scheduler:
         if self._cache is not None and seq.ns is not None and n_prompt > 1:
             # as upstream, no chunk reuse for a prompt with images or audio
             reuse = 0 if _has_media(job) else job.n_cache_reuse
+            log.debug("updating prompt cache")  # upstream's words for this load
             n_cache, caches = self._cache.lookup(seq.ns, job.prompt, reuse, self._shifter)
             seq.n_cache, seq.cached, seq.n_kv0 = n_cache, caches, n_cache
             seq.cache_tier = self._cache.last_tier
@@ -489,6 +528,8 @@ class Scheduler:
             seq.cache_tier = "none"
             seq.cached, seq.n_kv0 = self._image_prefill(seq), n_prompt - 1
         out.append(Started(job.id, slot, n_prompt, n_cache))
+        if self._clear_idle and job.id > 0:
+            self._clear_idle_slots()
         if job.return_progress:
             self._progress(seq, 0, seq.t_start, out)
         if n_prompt == 0:
@@ -506,6 +547,17 @@ class Scheduler:
             self._held.append(seq)
             return
         self._insert(seq)
+
+    def _clear_idle_slots(self) -> None:
+        """Upstream's idle-slot save on a task's start: an idle slot's KV is
+        already in the prompt cache (donated when its job ended), so under
+        unified KV what remains is to forget the tokens it retained."""
+        for slot in self._free:
+            if self._slot_tokens[slot]:
+                log.debug("slot %d | idle slot left to the prompt cache and cleared "
+                          "(%d tokens) __TEST_TAG_CACHE_IDLE_SLOT__", slot,
+                          len(self._slot_tokens[slot]))
+                self._slot_tokens[slot], self._slot_ns[slot] = (), None
 
     def _replay(self, seq: _Sequence, out: list) -> None:
         """A continued generation: the tokens already published go through
@@ -753,17 +805,18 @@ class Scheduler:
                       seq.cache_tier)
         self._release(seq, out, cancelled=False, held=held)
 
-    def _release(self, seq: _Sequence, out: list, cancelled: bool, held=None) -> None:
+    def _release(self, seq: _Sequence, out: list, cancelled: bool, held=None,
+                 donate: bool = True) -> None:
         seq.done = True
         if seq in self._held:
             self._held.remove(seq)
-        if seq.job.id > REFILL_IDS:  # a refill leaves the restored stream alone
+        if seq.job.id > 0:  # a refill leaves the restored stream alone, as warmup leaves none
             # after a context shift the slot holds the shifted window, as upstream's
             self._slot_tokens[seq.slot] = (tuple(seq.kv) if seq.n_shifts
                                            else seq.job.prompt + tuple(seq.tokens))
             self._slot_ns[seq.slot] = seq.job.cache_ns
         if seq.uid is not None:
-            donate = self._cache is not None and seq.ns is not None
+            donate = donate and self._cache is not None and seq.ns is not None
             if donate and held is None:
                 try:
                     held = self._gen.extract_cache([seq.uid]).get(seq.uid)

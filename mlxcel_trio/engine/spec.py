@@ -30,6 +30,12 @@ class EngineSpec:
     context_shift: bool = False
     cache_reuse: int = 0              # --cache-reuse (named at load; requests carry their own)
     cont_batching: bool = True
+    # one KV budget of the whole context shared by every slot (kv_budget.py);
+    # False: each slot is capped at its even share
+    kv_unified: bool = False
+    # a task's start clears idle slots' retained tokens under unified KV
+    # (needs the prompt cache, which is where their KV already went)
+    cache_idle_slots: bool = True
     rope: RopeOverrides = RopeOverrides()
     # --override-kv (cli/override_kv.py): BOS / EOS handling (None: the tokenizer's)
     # and the training context (0: config.json's max_position_embeddings)
@@ -58,7 +64,8 @@ class EngineSpec:
             cache_ram_mib=cfg.cache_ram, cache_disk=(cfg.cache_disk, cfg.cache_disk_mib),
             sleep_idle_s=cfg.sleep_idle_seconds if cfg.sleep_idle_seconds >= 0 else None,
             context_shift=cfg.context_shift, cache_reuse=cfg.cache_reuse,
-            cont_batching=cfg.cont_batching, rope=cfg.rope,
+            cont_batching=cfg.cont_batching, kv_unified=cfg.unified_kv,
+            cache_idle_slots=cfg.cache_idle_slots, rope=cfg.rope,
             specials=(cfg.add_bos, cfg.add_eos), n_ctx_train=cfg.n_ctx_train,
             kv_types=(cfg.cache_type_k, cfg.cache_type_v), blas=cfg.blas, weights=cfg.weights,
             encoder_only=(None if cfg.encoder_mode is None

@@ -311,8 +311,8 @@ class ModelInfo:
 
     path: str
     model_type: str
-    n_ctx: int            # total context (all slots)
-    n_ctx_slot: int       # per slot
+    n_ctx: int            # total context (all slots): the KV budget under unified KV
+    n_ctx_slot: int       # per slot: what one sequence may hold
     n_ctx_train: int
     n_slots: int
     n_vocab: int
@@ -328,6 +328,7 @@ class ModelInfo:
     transcriber: "TranscriberInfo | None" = None  # a speech-to-text model served as -m
     vision: VisionInfo | None = None  # None: the checkpoint has no image tower
     audio: AudioInfo | None = None    # None: the chat checkpoint has no audio tower
+    kv_unified: bool = False  # every slot draws on one budget of n_ctx tokens
 
 
 @attrs.frozen
@@ -595,6 +596,8 @@ FAILURE_CODES = frozenset({
     "exceeds_batch", "embed_exceeds_context", "unknown_language", "audio_too_long",
     # slot actions and context shift
     "slot_busy", "restore_too_long", "restore_invalid_tokens", "shift_shared_prompt",
+    # unified KV: the live sequences outgrew the shared budget
+    "context_exceeded",
 })
 
 

@@ -112,7 +112,21 @@ async def _watch_load(bridge: Bridge, shutdown: trio.Event, status: dict,
                  info.n_ctx_slot, cfg.batch_size, cfg.ubatch_size,
                  str(cfg.cont_batching).lower(), str(cfg.context_shift).lower(), cfg.cache_ram,
                  " (sized to this machine)" if cfg.cache_ram_auto else "")
+        log.info("initializing, n_slots = %d, n_ctx_slot = %d, kv_unified = '%s'",
+                 info.n_slots, info.n_ctx_slot, str(info.kv_unified).lower())
+        _say_idle_slots(cfg)
         log.info("%s", choices_line(cfg))
+
+
+def _say_idle_slots(cfg: ServerConfig) -> None:
+    """Upstream's startup account of --cache-idle-slots (the tag is its
+    test suite's marker that the feature is on)."""
+    if not cfg.cache_idle_slots:
+        return
+    if cfg.cache_ram == 0:
+        log.warning("--cache-idle-slots requires --cache-ram, disabling")
+    else:
+        log.debug("__TEST_TAG_CACHE_IDLE_SLOTS_ENABLED__")
 
 
 def _hypercorn_config(config: ServerConfig) -> HypercornConfig:

@@ -152,15 +152,19 @@ def test_parallel_auto_batch_and_ubatch_geometry(geometry_server):
     import httpx
 
     props = httpx.get(geometry_server.url + "/props").json()
-    # any negative --parallel is upstream's auto: 4 slots; the context is split
+    # any negative --parallel is upstream's auto: 4 slots sharing one unified
+    # KV budget, so each slot reports (and may use) the whole context
     assert props["total_slots"] == 4
-    assert props["default_generation_settings"]["n_ctx"] == 64
-    assert props["geometry"] == {"n_ctx": 256, "n_ctx_slot": 64, "n_slots": 4, "n_batch": 16,
+    assert props["default_generation_settings"]["n_ctx"] == 256
+    assert props["geometry"] == {"n_ctx": 256, "n_ctx_slot": 256, "n_slots": 4, "n_batch": 16,
                                  "n_ubatch": 100, "cont_batching": False,
-                                 "context_shift": False}
+                                 "context_shift": False, "kv_unified": True}
+    assert [s["n_ctx"] for s in httpx.get(geometry_server.url + "/slots").json()] == [256] * 4
     geometry_server.wait_for_text(
-        "n_ctx_slot = 64, n_batch = 16 (prefill chunk), n_ubatch = 100 (no MLX "
+        "n_ctx_slot = 256, n_batch = 16 (prefill chunk), n_ubatch = 100 (no MLX "
         "effect), cont_batching = false, context_shift = false", timeout=30)
+    geometry_server.wait_for_text(
+        "initializing, n_slots = 4, n_ctx_slot = 256, kv_unified = 'true'", timeout=30)
     # -b is the prefill chunk: a 50-token prompt is prefilled 16 tokens at a time
     frames, _ = stream_frames(geometry_server.url, {"prompt": [5] * 50, "n_predict": 2,
                                                     "return_progress": True, **GREEDY})
@@ -173,6 +177,29 @@ def test_parallel_auto_batch_and_ubatch_geometry(geometry_server):
         results = list(pool.map(lambda i: post(geometry_server.url, {
             "prompt": [5 + i] * 8, "n_predict": 6, **GREEDY}).json(), range(3)))
     assert [r["tokens_predicted"] for r in results] == [6, 6, 6]
+
+
+def test_auto_slots_share_one_kv_budget(geometry_server):
+    """Unified KV under auto slots (engine/kv_budget.py): one request holds
+    more than an even share (64) of the 256-token context; two prompts of
+    one request, 150 + 100 tokens each, cannot both be held (500 > 256):
+    the second waits for the first's room instead of both failing, and four
+    that outgrow the budget together all fail as upstream's do."""
+    lone = post(geometry_server.url, {"prompt": [5] * 150, "n_predict": 100, **GREEDY})
+    assert lone.status_code == 200, lone.text
+    assert lone.json()["tokens_predicted"] == 100
+    # both jobs are submitted at once; held together they would overflow at
+    # the first step and fail with the error below, so both completing in
+    # full means the second was admitted only once the first had ended
+    pair = post(geometry_server.url, {"prompt": [[5] * 150, [6] * 150], "n_predict": 100,
+                                      **GREEDY})
+    assert pair.status_code == 200, pair.text
+    assert [r["tokens_predicted"] for r in pair.json()] == [100, 100]
+    four = post(geometry_server.url, {"prompt": [[5 + i] * 3 for i in range(4)],
+                                      "n_predict": 70, **GREEDY})
+    assert four.status_code == 500, four.text
+    assert four.json()["error"] == {"code": 500, "type": "server_error",
+                                    "message": "Context size has been exceeded."}
 
 
 # -- the training-context cap ----------------------------------------------------

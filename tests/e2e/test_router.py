@@ -275,7 +275,7 @@ def test_presets_define_configure_and_alias_models(models_dir, tiny_model, tmp_p
         props = httpx.get(r.url + "/props", params={"model": "first"}).json()  # by alias
         assert props["total_slots"] == 3 and props["default_generation_settings"]["n_ctx"] == 682
         # the [*] options reach every model, a section's only its own
-        got = _complete(r, "delta")  # n_predict 8, capped by the section's -n 3
+        got = _complete(r, "delta", n_predict=-1)  # -1 falls back to the section's -n 3
         assert got["tokens_predicted"] == 3
     finally:
         r.stop()

@@ -133,7 +133,7 @@ def test_props_endpoint_toggles_and_post(two_slots):
     assert props["is_sleeping"] is False
     assert props["geometry"] == {"n_ctx": 65536, "n_ctx_slot": 32768, "n_slots": 2,
                                  "n_batch": 2048, "n_ubatch": 512, "cont_batching": True,
-                                 "context_shift": False}
+                                 "context_shift": False, "kv_unified": False}
     assert props["sleep_idle_seconds"] == -1
     r = post(two_slots.url, {"anything": 1}, path="/props")
     assert r.status_code == 200 and r.json() == {"success": True}

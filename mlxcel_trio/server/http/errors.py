@@ -70,6 +70,8 @@ ENGINE_FAILURES: dict[str, tuple[str, str]] = {
     "restore_invalid_tokens": ("invalid_request_error",
                                RESTORE_FAILED + "Invalid tokens in slot save file"),
     "shift_shared_prompt": ("server_error", "context shift cannot be used for shared prompt"),
+    # unified KV: the live sequences outgrew the shared budget (engine/kv_budget.py)
+    "context_exceeded": ("server_error", "Context size has been exceeded."),
 }
 
 # The router's own refusals (server/router/): upstream's type and sentence

@@ -148,7 +148,7 @@ def tokenize_prompts(body: dict, vocab, limit: int | None = None,
 
 def resolve(body: Any, served: Served) -> NativeRequest:
     """The body's record: the field table, then the custom handlers (each
-    returns a new record), then the server's -n cap."""
+    returns a new record), then the server's -n for a request's -1."""
     if not isinstance(body, dict):
         raise ApiError("[json.exception.type_error.306] cannot use value() with "
                        f"{json_type_name(body)}")
@@ -158,10 +158,11 @@ def resolve(body: Any, served: Served) -> NativeRequest:
     rec = grammar.resolve(body, rec, served)
     # the LoRA scales this request runs with, fixed now (server/adapters.py)
     rec = attrs.evolve(rec, lora=served.state.adapters.request_scales(body))
-    cap = served.n_predict_cap
-    if cap > 0 and rec.n_predict > cap:
-        # upstream lowers a request's n_predict to the server's -n
-        rec = attrs.evolve(rec, n_predict=cap)
+    server_n = served.n_predict_cap
+    if rec.n_predict == -1 and server_n != -1:
+        # upstream's rule: the request's own limit takes priority over -n,
+        # and -1 (unlimited) falls back to it
+        rec = attrs.evolve(rec, n_predict=server_n)
     return rec
 
 

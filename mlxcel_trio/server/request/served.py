@@ -30,7 +30,7 @@ class Served:
     model_name: str
     defaults: NativeRequest           # an empty request under the server's flags / checkpoint
     build_info: str
-    n_predict_cap: int = -1           # -n: a positive value caps every request
+    n_predict_cap: int = -1           # -n: the limit of a request that sends -1 (or none)
     n_slots: int = 1                  # n_cmpl's upper limit, as upstream's n_parallel
     batch_size: int = 2048            # -b: /infill keeps its context within one batch
     spm_infill: bool = False          # --spm-infill: suffix block first

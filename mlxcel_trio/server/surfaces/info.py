@@ -89,7 +89,9 @@ def props(served: Served):
                        "n_slots": info.n_slots, "n_batch": cfg.batch_size,
                        # -ub: no MLX micro-batch; it bounds an embedding input's length
                        "n_ubatch": cfg.ubatch_size, "cont_batching": cfg.cont_batching,
-                       "context_shift": cfg.context_shift}
+                       "context_shift": cfg.context_shift,
+                       # one KV budget of n_ctx shared by every slot (engine/kv_budget.py)
+                       "kv_unified": info.kv_unified}
     res["sleep_idle_seconds"] = cfg.sleep_idle_seconds
     res["capabilities"] = capabilities_props(served)
     return json_response(res)

@@ -32,7 +32,7 @@ LIVE = ("supported", "aliased", "by_design")
 EXPECT_INERT = frozenset({
     "--fit", "--ubatch-size", "--defrag-thold", "--control-vector-layer-range",
     "--repack", "--mmproj-auto", "--backend-sampling", "--mmap", "--ui",
-    "--cache-idle-slots", "--threads-http",
+    "--threads-http",
 })
 
 # Placeholders whose value is a path: a file that exists is passed.

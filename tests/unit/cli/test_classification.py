@@ -155,7 +155,7 @@ TUNING = [
     (["-C", "ff"], "--cpu-mask 'ff'"), (["-Cr", "0-3"], "--cpu-range '0-3'"),
     (["--poll", "0"], "--poll '0'"), (["--prio", "2"], "--prio '2'"),
     (["-ngl", "3"], "--gpu-layers '3'"), (["-ngl", "99"], "--gpu-layers '99'"),
-    (["--swa-full"], "--swa-full"), (["-kvu"], "--kv-unified"), (["--no-repack"], "--no-repack"),
+    (["--swa-full"], "--swa-full"), (["--no-repack"], "--no-repack"),
 ]
 
 
@@ -172,7 +172,7 @@ def test_tuning_values_start_and_are_named_once(argv: list[str], shown: str,
 
 @pytest.mark.parametrize("argv", [["-t", "0"], ["-fa", "on"], ["-ngl", "all"], ["-ngl", "-1"],
                                   ["--mmap"], ["-lm", "auto"], ["-sm", "none"], ["-mg", "0"],
-                                  ["--poll", "50"], ["-no-kvu"], ["--repack"]], ids=" ".join)
+                                  ["--poll", "50"], ["--repack"]], ids=" ".join)
 def test_neutral_tuning_values_are_not_named(argv: list[str], ckpt: Path) -> None:
     assert noted(argv, ckpt) == ()
 
@@ -302,7 +302,7 @@ def _default_argv(opt: Option) -> list[str] | None:
 
 # These accept only the value that turns them off; their upstream default
 # asks for per-slot behaviour that does not exist here.
-NEUTRAL_ONLY = {"--slot-prompt-similarity", "--ctx-checkpoints", "--cache-idle-slots"}
+NEUTRAL_ONLY = {"--slot-prompt-similarity", "--ctx-checkpoints"}
 DEFERRED = [o for o in OPTIONS if o.status == "deferred"]
 
 

@@ -154,7 +154,7 @@ def test_help_lists_each_visible_option_once_and_no_hidden_one() -> None:
                 assert f"(default: {opt.shown_default()})" in flat, opt.name
 
 
-@pytest.mark.parametrize("spelling", ["-t", "-ngl", "-fa", "--mlock", "--numa", "-kvu"])
+@pytest.mark.parametrize("spelling", ["-t", "-ngl", "-fa", "--mlock", "--numa", "--swa-full"])
 def test_help_lists_the_accepted_no_effect_options_marked_as_such(spelling: str) -> None:
     # upstream lists them; `--help | grep ngl` must not suggest they are refused
     run = run_cli(["--help"])

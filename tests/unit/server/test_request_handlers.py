@@ -142,10 +142,13 @@ def test_jobs_read_id_slot_and_seed_from_the_record() -> None:
     assert jobs.resolve({"id_slot": "1"}, served).id_slot == -1
 
 
-def test_the_servers_n_predict_caps_a_request() -> None:
+def test_a_requests_n_predict_beats_the_servers() -> None:
+    # upstream: the per-request limit takes priority; its -1 falls back to -n
     served = attrs.evolve(_served(n_predict=5), n_predict_cap=5)
-    assert jobs.resolve({"n_predict": 9}, served).n_predict == 5
+    assert jobs.resolve({"n_predict": 9}, served).n_predict == 9
     assert jobs.resolve({"n_predict": 3}, served).n_predict == 3
+    assert jobs.resolve({"n_predict": -1}, served).n_predict == 5
+    assert jobs.resolve({}, served).n_predict == 5
 
 
 # -- generation_settings -----------------------------------------------------------------
