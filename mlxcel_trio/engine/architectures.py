@@ -72,4 +72,27 @@ def kv_problem(config: dict, k: str, v: str) -> str | None:
 
     width = head_dim(config)
     reason = head_problem(k, v, width) if width else None
-    return f"-ctk {k} -ctv {v}: {reason}" if reason else None
+    if reason:
+        return f"-ctk {k} -ctv {v}: {reason}"
+    return None if (k, v) == DEFAULT_KV else cache_kinds_problem(config, k, v)
+
+
+def cache_kinds_problem(config: dict, k: str, v: str) -> str | None:
+    """Why this checkpoint's per-layer cache kinds cannot take the KV types
+    (a sliding window has no quantized form), or None.  The model class is
+    built without weights (its parameters stay lazy, nothing is allocated)
+    only to ask its own `make_cache`, the list a loaded model would give.
+    A class that cannot be built so is left to the load-time check."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from .kv_cache import layers_problem
+    from .mlx_lm_internals import get_classes
+    from .towers.vlm_config import is_vlm, text_config
+
+    cfg = text_config(config) if is_vlm(config) else config
+    try:
+        model_cls, args_cls = get_classes(cfg)
+        layers = make_prompt_cache(model_cls(args_cls.from_dict(cfg)))
+    except Exception:  # noqa: BLE001 - the engine's own check runs after the load
+        return None
+    return layers_problem((k, v), layers)

@@ -16,8 +16,9 @@ ArraysCache's own merge / filter / extend / extract) that BatchGenerator
 drives, so continuous batching and LoRA (an extra entry at the end of the
 cache list) work on every kind, and speculative/rollback.py rolls each kind
 back after a verify step.  What does not: a quantized store for the
-rotating kind (kv_cache.CacheFactory refuses -ctk there).  The table of
-which operation comes from mlx-lm and which is ours: docs/architecture.md.
+rotating kind (mlx-lm has none; -ctk is refused before the load, in
+architectures.cache_kinds_problem).  The table of which operation comes
+from mlx-lm and which is ours: docs/architecture.md.
 
 A cache that cannot be cut is reused only whole: the prompt cache keeps
 *snapshots*, each the state after exactly its tokens, and a new prompt

@@ -299,13 +299,7 @@ class CacheFactory:
         (ArraysCache: no per-token K/V) stay as they are."""
         if self.default:
             return None
-        kinds = {type(c).__name__ for c in self._make(self._model)
-                 if not isinstance(c, ArraysCache)}
-        if kinds != {"KVCache"}:
-            return (f"-ctk {self.names[0]} -ctv {self.names[1]}: this model keeps "
-                    f"{', '.join(sorted(kinds))} layers, which mlxcel-trio stores only "
-                    "in the model's own float type; use -ctk f16 -ctv f16")
-        return None
+        return layers_problem(self.names, self._make(self._model))
 
     def __call__(self) -> list | None:
         """Fresh caches, or None to let mlx-lm build its default ones."""
@@ -317,6 +311,25 @@ class CacheFactory:
     def layers(self) -> list:
         """Fresh caches of the kind a new sequence gets (for inspection)."""
         return self() or self._make(self._model)
+
+
+def layers_problem(names: tuple[str, str], layers: list) -> str | None:
+    """Why a model whose fresh caches are `layers` cannot store K and V as
+    `names` (-ctk, -ctv, not both the default), or None.  Only plain KV
+    layers take a storage format: mlx-lm has no quantized form of its
+    sliding-window ring (RotatingKVCache.to_quantized is not implemented)
+    nor of its other kinds, and a recurrent state (ArraysCache) has no K/V
+    to store, so it is left as it is."""
+    kinds = {type(c).__name__ for c in layers
+             if not isinstance(c, ArraysCache)} - {"KVCache"}
+    if kinds:
+        what = ", ".join(sorted(kinds))
+        if "RotatingKVCache" in kinds:
+            what += " (sliding-window attention)"
+        return (f"-ctk {names[0]} -ctv {names[1]}: this model keeps {what} layers, "
+                "which mlxcel-trio stores only in the model's own float type; "
+                "use -ctk f16 -ctv f16")
+    return None
 
 
 def is_stored(layer: Any) -> bool:

@@ -166,7 +166,9 @@ def test_concurrent_follow_ups_reuse_their_own_turns(ref):
 def test_a_quantized_kv_store(arch, start_server):
     """The hybrid's attention layer stores q8_0 and its recurrent layers
     keep their own state: a follow-up reuses the cache and equals cold.
-    A sliding window has no quantized store: refused, naming the layers."""
+    A sliding window has no quantized store (mlx-lm has none either):
+    refused before the server listens, naming the option, the value, the
+    layers and what to give instead."""
     name, path, _ = arch
     if name == "tiny-hybrid":
         srv = start_server(path, "-c", "2048", "-np", "2", "-ctk", "q8_0", "-ctv", "q8_0")
@@ -178,4 +180,10 @@ def test_a_quantized_kv_store(arch, start_server):
     srv = start_server(path, "-c", "2048", "-ctk", "q8_0", "-ctv", "q8_0", wait_ready=False)
     assert srv.wait(120) == 1
     out = srv.drain()
-    assert "RotatingKVCache layers" in out and "-ctk f16 -ctv f16" in out, out
+    errors = [ln for ln in out.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1, out
+    assert "-ctk q8_0 -ctv q8_0: this model keeps RotatingKVCache (sliding-window " \
+        "attention) layers" in errors[0] and "use -ctk f16 -ctv f16" in errors[0], out
+    # refused by the preflight: nothing listened, no weight was read
+    assert "listening" not in out, out
+    assert "Traceback" not in out, out

@@ -127,3 +127,20 @@ def test_a_model_with_other_cache_layers_is_refused():
     reason = CacheFactory(model, "q8_0", "q8_0").check()
     assert reason is not None and "RotatingKVCache" in reason and "-ctk f16 -ctv f16" in reason
     assert CacheFactory(model, "f16", "f16").check() is None
+
+
+def test_the_preflight_asks_the_model_class_for_its_cache_kinds():
+    """Before any weight is read: a sliding-window model's -ctk q8_0 is
+    refused, a hybrid's recurrent layers do not stand in the way, and the
+    default types never build the class."""
+    from fixtures.build import ensure
+
+    from mlxcel_trio.engine.architectures import problem
+
+    reason = problem(ensure("tiny-swa"), ("q8_0", "q8_0"))
+    assert reason is not None and reason.startswith("-ctk q8_0 -ctv q8_0: ")
+    assert "RotatingKVCache (sliding-window attention) layers" in reason
+    assert "use -ctk f16 -ctv f16" in reason
+    assert problem(ensure("tiny-swa"), ("bf16", "f16")) is not None
+    assert problem(ensure("tiny-swa"), ("f16", "f16")) is None
+    assert problem(ensure("tiny-hybrid"), ("q8_0", "q8_0")) is None
