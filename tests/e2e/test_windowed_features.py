@@ -143,8 +143,17 @@ def _follow_up_reuses_and_equals_cold(srv, scale=None, topic="item3"):
 
 
 def test_a_follow_up_turn_at_an_adapter_scale_reuses_the_cache(ref):
+    """The adapter applies under prefix reuse: at scale 1 the follow-up
+    differs from the base model's, at scale 0 it is the base model's.  The
+    scale-1 conversation runs first, so its snapshots (the window rotated,
+    the state advanced under the adapter) are in the cache with the same
+    tokens: a scale-0 follow-up that adopted them would differ from its
+    own cold run."""
     with_adapter = _follow_up_reuses_and_equals_cold(ref, scale=1.0, topic="item5")
-    assert with_adapter != _follow_up_reuses_and_equals_cold(ref, topic="item5")
+    at_zero = _follow_up_reuses_and_equals_cold(ref, scale=0.0, topic="item5")
+    base = _follow_up_reuses_and_equals_cold(ref, topic="item5")
+    assert with_adapter != base
+    assert at_zero == base
 
 
 def test_concurrent_follow_ups_reuse_their_own_turns(ref):
