@@ -19,7 +19,18 @@ Rules:
   the budget or get deleted.
 - Writes go to a temporary name in the same directory, then rename.
 
-Engine thread only; nothing here runs per decode step.
+Threads: the tier belongs to the engine thread, except the writing.  `put`
+only gathers the entry's arrays (evaluated there, contiguous: the memory
+tier's own arrays, or copies of views into them) and hands them to a
+background writer through a bounded queue; the writer serializes them
+(safetensors, laid out here over the arrays' own buffers, so the writer
+never calls into MLX), hashes while it writes, renames, and posts the finished entry back.
+The engine thread takes finished entries into its index (and evicts) at its
+next call.  When WRITE_QUEUE entries are already waiting, a new one is not
+written (counted as `write_dropped`): decoding never waits for the disk.
+`close` lets the queue drain (bounded) at shutdown.  The writer thread
+starts on demand and ends after WRITER_IDLE_S without work, so a tier that
+an idle sleep drops leaves no thread behind.
 """
 
 from __future__ import annotations
@@ -28,9 +39,13 @@ import hashlib
 import json
 import logging
 import os
+import queue
 import re
+import struct
 import tempfile
+import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -40,6 +55,9 @@ log = logging.getLogger("mlxcel.engine.cache")
 
 FORMAT = "mlxcel-prompt-cache/1"
 _NAME = re.compile(r"^[0-9a-f]{64}\.safetensors$")
+WRITE_QUEUE = 4        # entries handed over and not yet written, at most
+WRITER_IDLE_S = 5.0    # the writer thread ends after this long without work
+CLOSE_WAIT_S = 30.0    # what shutdown waits for the queue to drain
 
 
 class DiskEntry:
@@ -77,12 +95,21 @@ class DiskTier:
     """Files of one model's prompt-cache entries under `root`, at most
     `budget_bytes` of them (None: no limit)."""
 
-    def __init__(self, root: str | Path, budget_bytes: int | None) -> None:
+    def __init__(self, root: str | Path, budget_bytes: int | None,
+                 background: bool = True) -> None:
         self.root = Path(root)
         self.budget = budget_bytes
         self.layout = ""
         self._entries: dict[str, DiskEntry] = {}   # by file name, oldest first
         self.skipped = 0
+        self.write_dropped = 0
+        # False: put() writes on the calling thread (what bench/cache_disk_write.py
+        # compares against)
+        self.background = background
+        self._pending: queue.Queue[_Write] = queue.Queue(WRITE_QUEUE)
+        self._done: queue.SimpleQueue[tuple[_Write, Path | None]] = queue.SimpleQueue()
+        self._writer: threading.Thread | None = None
+        self._lock = threading.Lock()
 
     def open(self, layout: str) -> None:
         """Index the directory for a model whose layers are `layout`
@@ -134,7 +161,9 @@ class DiskTier:
         return sum(e.nbytes for e in self._entries.values())
 
     def stats(self) -> dict[str, int]:
-        return {"entries": len(self._entries), "bytes": self.nbytes}
+        self._collect()
+        return {"entries": len(self._entries), "bytes": self.nbytes,
+                "write_dropped": self.write_dropped}
 
     # -- lookup -------------------------------------------------------------------
 
@@ -142,6 +171,7 @@ class DiskTier:
         """The entry supplying the most of `prompt`, as (n, entry)."""
         from .prompt_cache import usable
 
+        self._collect()
         best = None
         for e in self._entries.values():
             if e.ns != ns:
@@ -179,9 +209,11 @@ class DiskTier:
     # -- writing ----------------------------------------------------------------
 
     def put(self, ns: str, tokens: np.ndarray, layers: list, cuttable: bool) -> None:
-        """Write one entry (unless the same bytes are already here)."""
+        """Hand one entry to the writer (unless it is WRITE_QUEUE behind).
+        Engine thread: evaluates the arrays it hands over, writes nothing."""
         import mlx.core as mx
 
+        self._collect()
         tensors = {"tokens": mx.array(tokens.astype(np.int32))}
         specs = []
         for i, c in enumerate(layers):
@@ -191,23 +223,100 @@ class DiskTier:
             specs.append((kind.name, fields))
         meta = {"format": FORMAT, "ns": ns, "layout": cache_kinds.layout_of(layers),
                 "cuttable": "1" if cuttable else "0", "layers": json.dumps(specs)}
+        if self._pending.full():
+            self.write_dropped += 1
+            log.debug("prompt cache disk: writer %d entries behind, not writing one of %d "
+                      "tokens", WRITE_QUEUE, len(tokens))
+            return
+        # row-contiguous and evaluated: the writer reads their buffers as they are
+        tensors = {k: mx.contiguous(v) for k, v in tensors.items()}
+        mx.eval(list(tensors.values()))
+        job = _Write(ns, tokens, cuttable, *_serialized(tensors, meta))
+        if not self.background:
+            self._finish(*self._write(job))
+            return
+        self._pending.put_nowait(job)
+        self._ensure_writer()
+
+    def _ensure_writer(self) -> None:
+        with self._lock:
+            if self._writer is None or not self._writer.is_alive():
+                self._writer = threading.Thread(target=self._write_loop, daemon=True,
+                                                name="prompt-cache-disk-writer")
+                self._writer.start()
+
+    def _write_loop(self) -> None:
+        while True:
+            try:
+                job = self._pending.get(timeout=WRITER_IDLE_S)
+            except queue.Empty:
+                with self._lock:
+                    if self._pending.empty():   # a put racing this exit restarts the writer
+                        self._writer = None
+                        return
+                continue
+            try:
+                self._done.put(self._write(job))
+            finally:
+                self._pending.task_done()
+
+    def _write(self, job: _Write) -> tuple[_Write, Path | None]:
+        """Writer thread (or the caller when not in the background): the
+        file, under the digest of its bytes; None when it could not be
+        written."""
         fd, tmp = tempfile.mkstemp(prefix=".write-", suffix=".safetensors", dir=self.root)
-        os.close(fd)
         try:
-            mx.save_safetensors(tmp, tensors, metadata=meta)
-            digest = _sha256(Path(tmp))
+            with os.fdopen(fd, "wb") as f:
+                digest = _write_safetensors(f, job.head, job.views)
             path = self.root / f"{digest}.safetensors"
-            if path.name in self._entries:
-                return
-            os.replace(tmp, path)
+            if not path.exists():
+                os.replace(tmp, path)
+            return job, path
         except OSError as e:
             log.warning("prompt cache disk: could not write an entry: %s", e)
-            return
+            return job, None
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-        self._entries[path.name] = DiskEntry(path, ns, tokens, cuttable, path.stat().st_size)
+
+    def _collect(self) -> None:
+        """Take the entries the writer finished into the index (engine thread)."""
+        while True:
+            try:
+                done = self._done.get_nowait()
+            except queue.Empty:
+                return
+            self._finish(*done)
+
+    def _finish(self, job: _Write, path: Path | None) -> None:
+        if path is None or path.name in self._entries:
+            return
+        try:
+            size = path.stat().st_size
+        except OSError:   # deleted since (another server's budget): nothing to index
+            return
+        self._entries[path.name] = DiskEntry(path, job.ns, job.tokens, job.cuttable, size)
         self._evict()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every handed-over entry is written and indexed;
+        whether that happened within `timeout` seconds."""
+        done = threading.Event()
+
+        def wait() -> None:
+            self._pending.join()
+            done.set()
+
+        threading.Thread(target=wait, daemon=True).start()
+        ok = done.wait(timeout)
+        self._collect()
+        return ok
+
+    def close(self) -> None:
+        """At shutdown: let the writer finish what it was handed (bounded)."""
+        if not self.flush(CLOSE_WAIT_S):
+            log.warning("prompt cache disk: %d entries not written after %.0f s at shutdown",
+                        self._pending.qsize(), CLOSE_WAIT_S)
 
     def _evict(self) -> None:
         if self.budget is None:
@@ -220,3 +329,51 @@ class DiskTier:
                 entry.path.unlink()
             except OSError:
                 pass
+
+
+class _Write:
+    """One entry on its way to the disk: evaluated, contiguous arrays."""
+
+    __slots__ = ("ns", "tokens", "cuttable", "head", "views")
+
+    def __init__(self, ns: str, tokens: np.ndarray, cuttable: bool, head: bytes,
+                 views: list) -> None:
+        self.ns, self.tokens, self.cuttable = ns, tokens, cuttable
+        self.head, self.views = head, views
+
+
+# MLX dtype names -> safetensors' (the ones a cache holds, and a few more)
+_ST_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64",
+              "int8": "I8", "int16": "I16", "int32": "I32", "int64": "I64",
+              "uint8": "U8", "uint16": "U16", "uint32": "U32", "uint64": "U64",
+              "bool": "BOOL"}
+
+
+def _serialized(tensors: dict[str, Any], meta: dict[str, str]) -> tuple[bytes, list]:
+    """A safetensors file of `tensors` (evaluated, row-contiguous mx.arrays)
+    and `meta`, as its header bytes and one byte view per tensor (the
+    arrays' own memory: an mx.array exposes it as a buffer).  Engine
+    thread; the writer then only writes and hashes Python buffers."""
+    header: dict[str, Any] = {"__metadata__": meta}
+    views, at = [], 0
+    for name in sorted(tensors):
+        a = tensors[name]
+        n = a.nbytes
+        header[name] = {"dtype": _ST_DTYPES[str(a.dtype).rsplit(".", 1)[-1]],
+                        "shape": list(a.shape), "data_offsets": [at, at + n]}
+        if n:
+            views.append(memoryview(a).cast("B"))   # any format, bfloat16 too
+        at += n
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)   # the data starts 8-byte aligned
+    return struct.pack("<Q", len(raw)) + raw, views
+
+
+def _write_safetensors(f, head: bytes, views: list) -> str:
+    """Write a `_serialized` file to `f`; the sha256 of its bytes."""
+    h = hashlib.sha256(head)
+    f.write(head)
+    for view in views:
+        h.update(view)
+        f.write(view)
+    return h.hexdigest()

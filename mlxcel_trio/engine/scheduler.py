@@ -331,6 +331,8 @@ class Scheduler:
         exit right after, and MLX must not be mid-evaluation then."""
         import mlx.core as mx
 
+        if self._cache is not None and self._cache.disk is not None:
+            self._cache.disk.close()  # what the disk writer was handed reaches the disk
         self._cache = None  # nothing is worth donating on the way out
         for seq in list(self._by_job.values()):
             self._release(seq, out, cancelled=True)
