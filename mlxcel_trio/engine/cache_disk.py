@@ -58,6 +58,7 @@ _NAME = re.compile(r"^[0-9a-f]{64}\.safetensors$")
 WRITE_QUEUE = 4        # entries handed over and not yet written, at most
 WRITER_IDLE_S = 5.0    # the writer thread ends after this long without work
 CLOSE_WAIT_S = 30.0    # what shutdown waits for the queue to drain
+WRITER_NICE = 10       # the writer thread's niceness above the engine's (Linux)
 
 
 class DiskEntry:
@@ -246,6 +247,12 @@ class DiskTier:
                 self._writer.start()
 
     def _write_loop(self) -> None:
+        try:   # Linux: a thread's own niceness; where cores are few, decoding goes first
+            tid = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, tid,
+                           min(19, os.getpriority(os.PRIO_PROCESS, tid) + WRITER_NICE))
+        except (AttributeError, OSError):
+            pass
         while True:
             try:
                 job = self._pending.get(timeout=WRITER_IDLE_S)
