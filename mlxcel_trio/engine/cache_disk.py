@@ -215,6 +215,11 @@ class DiskTier:
         import mlx.core as mx
 
         self._collect()
+        if self.background and self._pending.full():
+            self.write_dropped += 1
+            log.debug("prompt cache disk: writer %d entries behind, not writing one of %d "
+                      "tokens", WRITE_QUEUE, len(tokens))
+            return
         tensors = {"tokens": mx.array(tokens.astype(np.int32))}
         specs = []
         for i, c in enumerate(layers):
@@ -224,11 +229,6 @@ class DiskTier:
             specs.append((kind.name, fields))
         meta = {"format": FORMAT, "ns": ns, "layout": cache_kinds.layout_of(layers),
                 "cuttable": "1" if cuttable else "0", "layers": json.dumps(specs)}
-        if self._pending.full():
-            self.write_dropped += 1
-            log.debug("prompt cache disk: writer %d entries behind, not writing one of %d "
-                      "tokens", WRITE_QUEUE, len(tokens))
-            return
         # row-contiguous and evaluated: the writer reads their buffers as they are
         tensors = {k: mx.contiguous(v) for k, v in tensors.items()}
         mx.eval(list(tensors.values()))
@@ -279,10 +279,11 @@ class DiskTier:
             if not path.exists():
                 os.replace(tmp, path)
             return job, path
-        except OSError as e:
+        except Exception as e:  # noqa: BLE001 - a full disk, a dying device: the tier goes on
             log.warning("prompt cache disk: could not write an entry: %s", e)
             return job, None
         finally:
+            job.head, job.views = b"", []   # the arrays may go once the memory tier lets go
             if os.path.exists(tmp):
                 os.unlink(tmp)
 
