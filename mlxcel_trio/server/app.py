@@ -130,7 +130,8 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
                 return not_generating(config.encoder_mode or "--embeddings")
             if route.wakes and (failed := await bridge.wake()) is not None:
                 raise ApiError.from_failed(failed)
-            if request.headers.get(streams.HEADER):   # its draws, for a continuation
+            if state.shared.continues or request.headers.get(streams.HEADER):
+                # its draws, for a continuation (a resumable stream, a background response)
                 request_tape.start(takeover.played(request.scope))
             if route.body:
                 body = await read_json_body(request)

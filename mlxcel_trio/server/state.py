@@ -75,12 +75,17 @@ class AppState:
             url = config.session_store
         shared = session_store(url)
         streams = StreamRegistry.from_env(detached, shared)
+        responses = ResponseStore(shared=shared, continuing=streams.continuing)
+        takeover = None
+        if shared.continues:
+            takeover = Takeover(streams, shared, bridge)
+            takeover.on_failed = responses.continuation_failed
         return cls(config, bridge, detached, streams,
                    ControlRegistry(bridge, shared), adapters=AdapterTable.from_config(config),
-                   responses=ResponseStore(shared=shared), shared=shared, media=media,
+                   responses=responses, shared=shared, media=media,
                    watchdog=(RequestWatchdog(bridge.monitor) if hasattr(bridge, "monitor")
                              else None),
-                   takeover=Takeover(streams, shared, bridge) if shared.continues else None)
+                   takeover=takeover)
 
     def chat_settings(self) -> chat_settings.ChatSettings:
         """The server's chat settings, built on first use: they need the

@@ -6,6 +6,8 @@ thinking request (reasoning_content deltas, then the answer), a greedy
 included), and an unseeded sampled stream, which cannot equal any reference:
 it must come out whole, each token counted once (`tokens_predicted` rises
 frame by frame to exactly n_predict, EOS ignored), with one final frame.
+The LoRA and thinking requests are also taken over by a peer: two replicas
+on a real Redis, the owner SIGKILLed.
 """
 
 from __future__ import annotations
@@ -55,6 +57,16 @@ def _close(a, b) -> bool:
     return a == b
 
 
+def _show_what_they_claim(ref: dict) -> None:
+    """The adapter's style in the LoRA run, a thinking block then an answer."""
+    lora_text = "".join(c["choices"][0]["delta"].get("content") or ""
+                        for c in _data(ref["lora"]) if c.get("choices"))
+    assert lora_text.startswith("Sure!"), lora_text[:80]
+    deltas = [c["choices"][0]["delta"] for c in _data(ref["thinking"]) if c.get("choices")]
+    assert any(d.get("reasoning_content") for d in deltas)
+    assert any(d.get("content") for d in deltas)
+
+
 def test_lora_thinking_probs_and_unseeded_streams_continue(start_server, tmp_path):
     from fixtures.build import ensure
 
@@ -63,13 +75,7 @@ def test_lora_thinking_probs_and_unseeded_streams_continue(start_server, tmp_pat
             "--lora-scaled", f"{ensure('trained-lora')}:0")
     first = start_server(ensure("trained"), *args)
     ref = {name: _plain(first.url, path, body) for name, (path, body) in CASES.items()}
-    # the cases show what they claim: the adapter's style, a thinking block, probabilities
-    lora_text = "".join(c["choices"][0]["delta"].get("content") or ""
-                        for c in _data(ref["lora"]) if c.get("choices"))
-    assert lora_text.startswith("Sure!"), lora_text[:80]
-    deltas = [c["choices"][0]["delta"] for c in _data(ref["thinking"]) if c.get("choices")]
-    assert any(d.get("reasoning_content") for d in deltas)
-    assert any(d.get("content") for d in deltas)
+    _show_what_they_claim(ref)
     assert all("completion_probabilities" in f for f in _data(ref["n_probs"])
                if not f["stop"])
 
@@ -106,3 +112,39 @@ def test_lora_thinking_probs_and_unseeded_streams_continue(start_server, tmp_pat
     # would count back (a frame is left out only for a token ending
     # mid-UTF-8, whose text the next frame carries)
     assert all(b > a for a, b in zip(counts, counts[1:])), counts
+
+
+def test_lora_and_thinking_streams_continue_on_a_peer(start_server):
+    """The same LoRA and thinking requests on two replicas sharing a real
+    Redis: the owner is SIGKILLed with both mid-stream, and each client,
+    reading through the survivor, gets the uninterrupted run's stream."""
+    from fixtures.build import ensure
+
+    from tests.store_server import StoreServer
+
+    store = StoreServer().start()
+    try:
+        args = ("-c", "4096", "-np", "2", "--session-store", store.url,
+                "--lora-scaled", f"{ensure('trained-lora')}:0")
+        owner = start_server(ensure("trained"), *args)
+        survivor = start_server(ensure("trained"), *args)
+        cases = {name: CASES[name] for name in ("lora", "thinking")}
+        ref = {name: _plain(survivor.url, path, body) for name, (path, body) in cases.items()}
+        _show_what_they_claim(ref)
+        convs = {name: f"peer-{name}-{uuid.uuid4()}" for name in cases}
+        have = {}
+        for name, (path, body) in cases.items():
+            got, ended = post_cut(owner.url, path, body, convs[name], 200)
+            assert not ended, name
+            have[name] = got
+        owner.signal(signal.SIGKILL)
+        owner.wait(10)
+        for name in cases:
+            tail, ended = get_cut(survivor.url, convs[name], len(have[name]))
+            assert ended, name
+            full = have[name] + tail
+            assert _comparable(full) == _comparable(ref[name]), name
+        for conv in convs.values():   # none had ended before the kill
+            survivor.wait_for_text(f"stream {conv!r} continued from byte")
+    finally:
+        store.stop()

@@ -29,10 +29,21 @@ does), so a killed server (SIGKILL, OOM) loses nothing a client saw.  Open
 and end records are fsync'd at once; chunks are fsync'd at most once per
 FSYNC_S, so a machine crash (power loss) loses at most the last second.
 
+Stored responses (`store` on /v1/responses: response_store.py) are one
+JSON file each, DIR/responses/<digest of scope and id>.json, written to a
+temporary file, fsync'd and renamed over the old one, so a restarted
+server answers GET /v1/responses/:id and `previous_response_id` for what
+the killed one stored (a background run's entry included: its run is a
+stream session here, continued as the others).  A write reaches the disk
+before the chunks queued after it (`defer`: the writer runs publications
+first).  Bounds: at most MAX_RESPONSE_FILES files (the oldest written is
+removed first) and each is removed once RESPONSE_TTL_S (30 days, as the
+Redis store) passed since its last write.
+
 One server per DIR: the server holds an exclusive lock on DIR/lock while
 it runs, and a second one is refused at startup (store_url.file_problem).
-Stored responses and control entries are not kept here: they stay in the
-process, as with `memory` (memory_store.LocalPeers).
+Control entries are not kept here: they stay in the process, as with
+`memory` (memory_store.LocalPeers).
 """
 
 from __future__ import annotations
@@ -45,19 +56,23 @@ import os
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import attrs
 import trio
 
 from ... import store_url
 from .memory_store import LocalPeers
+from .store_records import RESPONSE_TTL_ENV, RESPONSE_TTL_S
 from .store_streams import Pending, Recovered, applied, enqueue
+from .store_transport import seconds_from_env
 
 log = logging.getLogger("mlxcel.session_store")
 
 FSYNC_S = 1.0
 SUFFIX = ".log"
+RESPONSES = "responses"         # DIR/responses: the stored responses
+MAX_RESPONSE_FILES = 4096       # stored responses kept on disk at most
 
 
 def _header(kind: str, payload: bytes = b"", **fields) -> bytes:
@@ -138,6 +153,9 @@ class FileStore(LocalPeers):
         self._last_sync = 0.0
         self._flushing = False                     # the writer has a batch in flight
         self._recovered: list[Recovered] = []
+        self._deferred: list[Callable[[], Awaitable[None]]] = []   # run before each batch
+        self._responses: OrderedDict[str, float] = OrderedDict()   # path -> written, oldest first
+        self.response_ttl_s = seconds_from_env(RESPONSE_TTL_ENV, RESPONSE_TTL_S)
 
     @property
     def up(self) -> bool:
@@ -156,6 +174,7 @@ class FileStore(LocalPeers):
                                "directory") from None
         self._lock_fd = fd
         self._recovered = await trio.to_thread.run_sync(self._recover)
+        await trio.to_thread.run_sync(self._index_responses)
         log.info("session store %s: %d session(s) recovered", self.shown, len(self._recovered))
         try:
             async with trio.open_nursery() as nursery:
@@ -205,6 +224,9 @@ class FileStore(LocalPeers):
                 if ended <= cutoff:
                     del self._ended[path]
                     _unlink(path)
+            cutoff = time.time() - self.response_ttl_s
+            while self._responses and next(iter(self._responses.values())) <= cutoff:
+                _unlink(self._responses.popitem(last=False)[0])
 
     # -- heartbeat and control: one server, no peers --------------------------------------
 
@@ -213,12 +235,63 @@ class FileStore(LocalPeers):
         restart on this directory continues the sessions left unfinished."""
         with trio.move_on_after(10.0):
             await trio.sleep(0.05)   # the producers just cancelled queue their last chunks
-            while self._pending or self._flushing:
+            while self._pending or self._deferred or self._flushing:
                 await trio.sleep(0.01)
         self._last_sync = 0.0
 
     def on_tick(self, fn: Callable[[], None]) -> None:
         self._ticks.append(fn)
+
+    def defer(self, fn: Callable[[], Awaitable[None]]) -> None:
+        """A publication (a stored response) the writer runs before the
+        chunks queued after it."""
+        self._deferred.append(fn)
+        self._wake.set()
+
+    # -- stored responses -------------------------------------------------------------------
+
+    def _response_path(self, scope: str, rid: str) -> str:
+        digest = hashlib.sha256(f"{scope}\0{rid}".encode()).hexdigest()[:40]
+        return os.path.join(self.dir, RESPONSES, digest + ".json")
+
+    def _index_responses(self) -> None:
+        """Worker thread, at startup: the files an earlier server left, by age."""
+        folder = os.path.join(self.dir, RESPONSES)
+        os.makedirs(folder, exist_ok=True)
+        found = []
+        for name in os.listdir(folder):
+            path = os.path.join(folder, name)
+            if name.endswith(".tmp"):
+                _unlink(path)
+            elif name.endswith(".json"):
+                found.append((os.path.getmtime(path), path))
+        self._responses = OrderedDict((path, t) for t, path in sorted(found))
+
+    async def put_response(self, scope: str, rid: str, record: dict) -> None:
+        data = json.dumps({**record, "replica": self.replica},
+                          separators=(",", ":")).encode()
+        path = self._response_path(scope, rid)
+        try:
+            await trio.to_thread.run_sync(_replace, path, data)
+        except OSError as exc:
+            log.warning("session store %s: a stored response was not written (%s)",
+                        self.shown, exc)
+            return
+        self._responses.pop(path, None)
+        self._responses[path] = time.time()
+        while len(self._responses) > MAX_RESPONSE_FILES:
+            _unlink(self._responses.popitem(last=False)[0])
+
+    async def get_response(self, scope: str, rid: str) -> dict | None:
+        path = self._response_path(scope, rid)
+        written = self._responses.get(path)
+        if written is None or time.time() - written > self.response_ttl_s:
+            return None
+        try:
+            raw = await trio.to_thread.run_sync(_read, path)
+            return json.loads(raw)
+        except (OSError, ValueError):
+            return None
 
     # -- the stream log ---------------------------------------------------------------------
 
@@ -257,6 +330,15 @@ class FileStore(LocalPeers):
         while True:
             await self._wake.wait()
             self._wake = trio.Event()
+            # publications first: one queued before a chunk lands before it
+            deferred, self._deferred = self._deferred, []
+            self._flushing = bool(deferred)
+            for fn in deferred:
+                try:
+                    await fn()
+                except Exception:  # a bad publication never stops the writer
+                    log.exception("session store: a queued publication failed")
+            self._flushing = False
             batch, self._pending = list(self._pending.values()), OrderedDict()
             if not batch:
                 continue
@@ -330,6 +412,21 @@ def _compact(path: str, max_bytes: int) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def _replace(path: str, data: bytes) -> None:
+    """Worker thread: `path` holds `data` whole, or what it held before."""
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
 
 
 def _unlink(path: str) -> None:

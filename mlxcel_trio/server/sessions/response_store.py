@@ -19,24 +19,27 @@ those is bounded by MAX_BACKGROUND).
 Entries are keyed by (scope, id): with several API keys a response stored
 under one key is an unknown id under another (server/http/key_scope.py).
 
-With a shared session store (sessions/shared.py) every stored response is
-also written there, so `previous_response_id`, GET and cancel work on every
-replica: `fetch` reads this process's entries first, then the store's;
-`keep` writes both.  A background run lives on the replica that started it:
-a cancel through another replica is forwarded to it.  When that replica
-dies (its heartbeat lapses) the run is not continued elsewhere: a stream
-session's log records what its client was sent and its request, but a
-background run publishes nothing until it ends, and claiming it would need
-an owner-fenced claim of its own; so its entry, read through any replica,
-answers status "failed" with an error saying so (ORPHANED), which a client
-can act on (create it again) instead of polling "in_progress" forever.
+With a session store beyond the process (sessions/shared.py's Redis, or
+file_store.py's directory) every stored response is also written there, so
+`previous_response_id`, GET and cancel work on every replica and after a
+restart: `fetch` reads this process's entries first, then the store's;
+`keep` writes both.  A background run lives on the replica that runs it: a
+cancel through another replica is forwarded to it.  Its run is a stream
+session of its own (id SESSION_PREFIX + the response id:
+surfaces/responses_background.py), so when that replica dies a live one
+(or the restarted server) continues it; meanwhile its entry, read through
+any replica, answers the status it was written with ("in_progress") while
+the stream registry says the session goes on (`continuing`), else "failed"
+with an error saying why (ORPHANED, or the takeover's reason), which a
+client can act on (create it again) instead of polling "in_progress"
+forever.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import attrs
 
@@ -50,9 +53,11 @@ log = logging.getLogger("mlxcel.responses")
 MAX_RESPONSES = 256
 MAX_BYTES = 32 * 1024 * 1024
 MAX_BACKGROUND = 64
-# what GET answers for a background run whose replica died (see the docstring)
-ORPHANED = ("the response's server stopped before it finished; a background response "
-            "is not continued by another replica: create it again")
+# what GET answers for a background run whose replica died and that no
+# replica continues (see the docstring)
+ORPHANED = ("the response's server stopped before it finished, and no server continued "
+            "it: create it again")
+SESSION_PREFIX = "mlxcel-background-"   # + the response id: a background run's stream session
 
 
 @attrs.define
@@ -63,6 +68,7 @@ class Stored:
     cancel: Callable[[], None] | None = None   # set while a background run is live
     size: int = 0
     replica: str | None = None            # read from the shared store: the replica that wrote it
+    session: str | None = None            # a background run's stream session (its id)
 
     @property
     def live(self) -> bool:
@@ -71,8 +77,12 @@ class Stored:
 
 class ResponseStore:
     def __init__(self, max_responses: int = MAX_RESPONSES, max_bytes: int = MAX_BYTES,
-                 shared: SessionStore | None = None) -> None:
+                 shared: SessionStore | None = None,
+                 continuing: Callable[[int, str], Awaitable[bool]] | None = None) -> None:
         self.shared: SessionStore = shared or MemoryStore()
+        # whether a stream session (key scope, id) is live or will be continued
+        # (StreamRegistry.continuing; none: a gone replica's run is over)
+        self.continuing = continuing
         self.shared.on_control("response_cancel", self._cancel_message)
         self.max_responses = max_responses
         self.max_bytes = max_bytes
@@ -126,11 +136,34 @@ class ResponseStore:
         if record is None:
             return None
         stored = Stored(record["obj"], record["history"], record.get("background", False),
-                        replica=record.get("replica"))
-        if stored.live and await self._orphaned(stored):
-            stored.obj = {**stored.obj, "status": "failed", "error": {
-                "code": "server_error", "message": ORPHANED}}
+                        replica=record.get("replica"), session=record.get("session"))
+        if stored.live and await self._orphaned(stored) and \
+                not await self._goes_on(scope, stored):
+            stored.obj = failed(stored.obj, ORPHANED)
         return stored
+
+    async def _goes_on(self, scope: str, stored: Stored) -> bool:
+        """A gone replica's background run whose session is continued."""
+        if stored.session is None or self.continuing is None:
+            return False
+        return await self.continuing(int(scope or 0), stored.session)
+
+    def continuation_failed(self, scope: int, cid: str, why: str) -> None:
+        """The takeover gave up on a session (takeover.py): when it was a
+        background run's, its entry becomes "failed" with the reason."""
+        if not cid.startswith(SESSION_PREFIX):
+            return
+        key, rid = str(scope), cid[len(SESSION_PREFIX):]
+        shared = self.shared
+
+        async def write() -> None:
+            record = await shared.get_response(key, rid)
+            if record is None or record["obj"].get("status") not in ("queued", "in_progress"):
+                return
+            stored = Stored(failed(record["obj"], why), record["history"], True, session=cid)
+            self.put(key, rid, stored)
+            await shared.put_response(key, rid, _record(stored))
+        shared.defer(write)
 
     async def _orphaned(self, stored: Stored) -> bool:
         """A live background response whose replica's heartbeat lapsed: its
@@ -179,5 +212,12 @@ class ResponseStore:
             stored.cancel()
 
 
+def failed(obj: dict[str, Any], why: str) -> dict[str, Any]:
+    return {**obj, "status": "failed", "error": {"code": "server_error", "message": why}}
+
+
 def _record(stored: Stored) -> dict[str, Any]:
-    return {"obj": stored.obj, "history": stored.history, "background": stored.background}
+    out = {"obj": stored.obj, "history": stored.history, "background": stored.background}
+    if stored.session is not None:
+        out["session"] = stored.session
+    return out

@@ -426,6 +426,18 @@ class StreamRegistry:
             found += [s for s in remote if s.conversation_id not in local]
         return found
 
+    async def continuing(self, owner: int, conversation_id: str) -> bool:
+        """Whether the session is live, here or on a live replica, or will be
+        continued by a takeover (a store that cannot answer: assumed so)."""
+        session = self.get(owner, conversation_id)
+        if session is not None:
+            return not session.done
+        try:
+            remote = await self.shared.describe(owner, conversation_id)
+        except StoreDown:
+            return True
+        return remote is not None and not remote.done
+
     async def stop(self, owner: int, conversation_id: str) -> None:
         """DELETE: evict here, and in the store, asking the replica that
         generates it (when another) to stop it."""

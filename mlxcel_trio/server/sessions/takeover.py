@@ -219,6 +219,9 @@ class Takeover:
         self.store = store
         self.bridge = bridge
         self.asgi = None
+        # (key scope, session id, why) of each session given up: set by
+        # server/state.py (response_store.ResponseStore.continuation_failed)
+        self.on_failed: Callable[[int, str, str], None] | None = None
         self.continued = 0            # sessions continued (the first continued token reached)
         self.failed = 0               # sessions ended with an error frame
         self.first_token_sum = 0.0    # claim -> first continued byte, summed over sessions
@@ -343,6 +346,8 @@ class Takeover:
         err = ApiError(f"the stream's server stopped and it cannot be continued: {why}",
                        "unavailable_error")
         self.registry.end_continued(session, error_frame(err))
+        if self.on_failed is not None:   # a background response's run says so in its entry
+            self.on_failed(session.owner, session.conversation_id, err.message)
 
 
 def _reason(body: bytes) -> str:

@@ -15,28 +15,29 @@ Unlike upstream (which refuses `previous_response_id` and keeps nothing),
 responses are stored as OpenAI stores them (server/sessions/response_store.py):
 `previous_response_id` continues a stored conversation, GET
 /v1/responses/:id answers a stored response, and `background: true` runs the
-generation as detached work (server/sessions/detached.py) with its own
-cancel scope, so POST answers at once
-(status "queued"), GET follows it, and POST /v1/responses/:id/cancel stops
-it.  As OpenAI's contract says, only a background response can be cancelled.
+generation as detached work (responses_background.py: with a session store
+that continues, it outlives its process), so POST answers at once (status
+"queued"), GET follows it, and POST /v1/responses/:id/cancel stops it.  As
+OpenAI's contract says, only a background response can be cancelled.  The
+shapes and the stream's renderer are responses_shapes.py's.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Any
 
-import trio
 from quart import Response
 
-from ...chat.parser import ChatMsg, ChatStream
-from ...protocol.records import Finished, PromptProgress, TokenPiece
+from ...chat.parser import ChatMsg
 from .openai_chat import chat_plan, final_message, plan_jobs, random_string
 from ..request.chat_checks import bad
 from ..request.jobs import now_s, run_all
 from ..request.served import Served
-from ..http.errors import ApiError, dumps, json_response
+from ..http.errors import ApiError, json_response
 from ..sessions.response_store import MAX_BACKGROUND, ResponseStore, Stored
+from . import responses_background
+from .responses_shapes import Renderer, assistant_turn, output_items, response_object, usage
 from .streaming import stream_jobs
 
 log = logging.getLogger("mlxcel.http")
@@ -199,40 +200,6 @@ def to_chat_body(body: Any, history: list | None = None) -> dict:
     return chat
 
 
-# -- shapes -------------------------------------------------------------------------------
-
-def _usage(fin: Finished) -> dict:
-    n = len(fin.tokens)
-    return {"input_tokens": fin.n_prompt, "output_tokens": n, "total_tokens": n + fin.n_prompt,
-            "input_tokens_details": {"cached_tokens": fin.timings.cache_n}}
-
-
-def _call_item(call, status: str = "completed") -> dict:
-    return {"id": "fc_" + call.id, "type": "function_call", "status": status,
-            "arguments": call.arguments, "call_id": "call_" + call.id, "name": call.name}
-
-
-def _text_part(text: str) -> dict:
-    return {"type": "output_text", "annotations": [], "logprobs": [], "text": text}
-
-
-def output_items(msg: ChatMsg) -> list[dict]:
-    items: list[dict] = []
-    if msg.reasoning_content:
-        items.append({"id": "rs_" + random_string(), "summary": [], "type": "reasoning",
-                      "content": [{"text": msg.reasoning_content, "type": "reasoning_text"}],
-                      "encrypted_content": "", "status": "completed"})
-    if msg.content:
-        items.append({"content": [_text_part(msg.content)], "id": "msg_" + random_string(),
-                      "role": "assistant", "status": "completed", "type": "message"})
-    items += [_call_item(c) for c in msg.tool_calls]
-    return items
-
-
-def _event(kind: str, data: dict) -> bytes:
-    return f"event: {kind}\ndata: ".encode() + dumps({"type": kind, **data}).encode() + b"\n\n"
-
-
 # -- routes -------------------------------------------------------------------------------
 
 async def _previous(body: Any, store: ResponseStore, scope: str) -> Stored | None:
@@ -249,28 +216,6 @@ def _turns(body: dict, chat_body: dict) -> list:
     """The conversation a stored response carries on: everything but the
     instructions, which are not carried over."""
     return chat_body["messages"][1 if "instructions" in body else 0:]
-
-
-def assistant_turn(msg: ChatMsg) -> dict:
-    """The reply as the chat message a continuation renders."""
-    turn: dict[str, Any] = {"role": "assistant", "content": msg.content}
-    if msg.reasoning_content:
-        turn["reasoning_content"] = msg.reasoning_content
-    if msg.tool_calls:
-        turn["tool_calls"] = [{"type": "function", "id": "call_" + c.id,
-                               "function": {"name": c.name, "arguments": c.arguments}}
-                              for c in msg.tool_calls]
-    return turn
-
-
-def _object(served: Served, rid: str, created: int, status: str, output: list,
-            usage: dict | None, extra: dict) -> dict:
-    obj = {"completed_at": now_s() if status == "completed" else None, "created_at": created,
-           "id": rid, "model": served.model_name, "object": "response", "output": output,
-           "status": status, "usage": usage, **extra}
-    if obj["completed_at"] is None:
-        del obj["completed_at"]
-    return obj
 
 
 async def create(served: Served, config, body: Any, store: ResponseStore,
@@ -301,61 +246,19 @@ async def create(served: Served, config, body: Any, store: ResponseStore,
             store.publish(scope, rid, Stored(obj, turns + [assistant_turn(msg)], background))
 
     if background:
-        return await _start_background(served, chat, job, store, scope, rid, created, turns,
-                                       extra)
+        return await responses_background.start(served, chat, job, values, store, scope, rid,
+                                                created, turns, extra)
     if not chat.stream:
         (fin,) = await run_all(served, [job])
         msg = final_message(chat, fin.content)
-        obj = _object(served, rid, created, "completed", output_items(msg), _usage(fin), extra)
+        obj = response_object(served, rid, created, "completed", output_items(msg), usage(fin),
+                              extra)
         if keep:  # stored (everywhere) before the answer
             await store.keep(scope, rid, Stored(obj, turns + [assistant_turn(msg)], background))
         return json_response(obj)
-    renderer = _Renderer(served, chat, rid, values.timings_per_token, created, extra,
+    renderer = Renderer(served, chat, rid, values.timings_per_token, created, extra,
                          finished)
     return await stream_jobs(served, [job], renderer.render, values.sse_ping_interval)
-
-
-async def _start_background(served: Served, chat, job, store: ResponseStore, scope: str,
-                            rid: str, created: int, turns: list, extra: dict) -> Response:
-    """Queue the generation as detached work; its entry is what GET sees."""
-    scope_cs = trio.CancelScope()
-    entry = Stored(_object(served, rid, created, "queued", [], None, extra), turns, True,
-                   scope_cs.cancel)
-
-    queued = trio.Event()   # the "queued" state is written before any later one
-
-    async def run() -> None:
-        obj = None
-        with scope_cs:
-            await queued.wait()
-            entry.obj["status"] = "in_progress"
-            await store.keep(scope, rid, entry)
-            try:
-                (fin,) = await run_all(served, [job])
-                msg = final_message(chat, fin.content)
-                obj = _object(served, rid, created, "completed", output_items(msg),
-                              _usage(fin), extra)
-                entry.history = turns + [assistant_turn(msg)]
-            except ApiError as err:
-                obj = _object(served, rid, created, "failed", [], None,
-                              {**extra, "error": {"code": err.type, "message": err.message}})
-            except Exception as err:  # a failed run is recorded, never raised
-                log.exception("background response %s failed", rid)
-                obj = _object(served, rid, created, "failed", [], None,
-                              {**extra, "error": {"code": "server_error", "message": str(err)}})
-        entry.cancel = None
-        if scope_cs.cancelled_caught or obj is None:
-            obj = {**entry.obj, "status": "cancelled"}
-        entry.obj = obj
-        with trio.CancelScope(shield=True):   # the final state reaches the store
-            await store.keep(scope, rid, entry)
-
-    served.state.detached.start(run, name=f"background response {rid}")
-    try:
-        await store.keep(scope, rid, entry)  # after start: a refused start leaves nothing queued
-    finally:
-        queued.set()
-    return json_response(entry.obj)
 
 
 async def _lookup(store: ResponseStore, scope: str, rid: str) -> Stored:
@@ -381,110 +284,6 @@ async def cancel(store: ResponseStore, scope: str, rid: str) -> Response:
         stored.cancel()
         stored.obj = {**stored.obj, "status": "cancelled"}
     return json_response(stored.obj)
-
-
-class _Renderer:
-    def __init__(self, served: Served, chat, rid: str, per_token_timings: bool, created: int,
-                 extra: dict, finished: Callable[[ChatMsg, dict], None]) -> None:
-        self.served, self.rid = served, rid
-        self.created_at, self.extra, self.finished = created, extra, finished
-        self.stream = ChatStream(chat.syntax, chat.prefill, chat.echo)
-        self.created = False
-        self.reasoning_id = "rs_" + random_string()
-        self.message_id = "msg_" + random_string()
-        self.thinking_started = self.text_started = False
-        self.fc_id = ""
-        self.per_token_timings = per_token_timings
-
-    def _state(self) -> dict:
-        return {"response": {"id": self.rid, "object": "response", "status": "in_progress"}}
-
-    def _diffs(self, diffs) -> list[tuple[str, dict]]:
-        out: list[tuple[str, dict]] = []
-        for d in diffs:
-            if d.reasoning_content:
-                if not self.thinking_started:
-                    self.thinking_started = True
-                    out.append(("response.output_item.added", {"item": {
-                        "id": self.reasoning_id, "summary": [], "type": "reasoning",
-                        "content": [], "encrypted_content": "", "status": "in_progress"}}))
-                out.append(("response.reasoning_text.delta", {
-                    "delta": d.reasoning_content, "item_id": self.reasoning_id}))
-            if d.content:
-                if not self.text_started:
-                    self.text_started = True
-                    out.append(("response.output_item.added", {"item": {
-                        "content": [], "id": self.message_id, "role": "assistant",
-                        "status": "in_progress", "type": "message"}}))
-                    out.append(("response.content_part.added", {
-                        "item_id": self.message_id, "part": {"type": "output_text", "text": ""}}))
-                out.append(("response.output_text.delta", {"item_id": self.message_id,
-                                                           "delta": d.content}))
-            if d.tool_name:
-                self.fc_id = d.tool_id
-                call = self.stream.msg.tool_calls[d.tool_index]
-                out.append(("response.output_item.added", {"item": {
-                    "id": "fc_" + call.id, "arguments": "", "call_id": "call_" + call.id,
-                    "name": call.name, "type": "function_call", "status": "in_progress"}}))
-            if d.tool_arguments:
-                out.append(("response.function_call_arguments.delta", {
-                    "delta": d.tool_arguments, "item_id": "fc_" + self.fc_id}))
-        return out
-
-    def render(self, ev) -> list[bytes]:
-        events: list[tuple[str, dict]] = []
-        if isinstance(ev, (TokenPiece, PromptProgress)):
-            if not self.created:
-                self.created = True
-                events += [("response.created", self._state()),
-                           ("response.in_progress", self._state())]
-            elif isinstance(ev, PromptProgress):
-                events.append(("response.in_progress", self._state()))
-        if isinstance(ev, TokenPiece):
-            events += self._diffs(self.stream.update(ev.text))
-            if events and (self.per_token_timings or ev.last):
-                events[-1][1]["timings"] = ev.timings.to_json()
-        elif isinstance(ev, PromptProgress):
-            if self.per_token_timings:
-                events[-1][1]["timings"] = ev.timings().to_json()
-            events[-1][1]["prompt_progress"] = ev.to_json()
-        elif isinstance(ev, Finished):
-            events += self._diffs(self.stream.finish())
-            events += self._done(ev)
-        return [_event(kind, data) for kind, data in events]
-
-    def _done(self, fin: Finished) -> list[tuple[str, dict]]:
-        msg = self.stream.msg
-        out: list[tuple[str, dict]] = []
-        output: list[dict] = []
-        if msg.reasoning_content:
-            item = {"id": self.reasoning_id, "summary": [], "type": "reasoning",
-                    "content": [{"text": msg.reasoning_content, "type": "reasoning_text"}],
-                    "encrypted_content": ""}
-            out.append(("response.output_item.done", {"item": item}))
-            output.append(item)
-        if msg.content:
-            part = _text_part(msg.content)
-            out.append(("response.output_text.done", {"item_id": self.message_id,
-                                                      "text": msg.content}))
-            out.append(("response.content_part.done", {"item_id": self.message_id,
-                                                       "part": part}))
-            item = {"type": "message", "status": "completed", "id": self.message_id,
-                    "content": [part], "role": "assistant"}
-            out.append(("response.output_item.done", {"item": item}))
-            output.append(item)
-        for call in msg.tool_calls:
-            item = _call_item(call)
-            out.append(("response.output_item.done", {"item": item}))
-            output.append(item)
-        response = {
-            "id": self.rid, "object": "response", "created_at": now_s(), "status": "completed",
-            "model": self.served.model_name, "output": output, "usage": _usage(fin),
-            **self.extra}
-        out.append(("response.completed", {"response": response,
-                                           "timings": fin.timings.to_json()}))
-        self.finished(msg, {**response, "created_at": self.created_at, "completed_at": now_s()})
-        return out
 
 
 async def input_tokens(served: Served, config, body: Any, store: ResponseStore,
