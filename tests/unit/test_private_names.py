@@ -15,13 +15,10 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[1]
 
-# Not yet public, in rooms other work owns: the stream sessions' resume
-# header parser (server/sessions/) and the native kernels' test reset
-# (engine/native/, whose tests are white-box but do not say so yet).
+# Not yet public, in a room other work owns: the stream sessions' resume
+# header parser (server/sessions/).
 KNOWN = {
     ("unit/server/test_streams.py", "from mlxcel_trio.server.sessions.streams import _parse_from"),
-    ("unit/engine/test_weights.py", "native._reset_for_tests"),
-    ("unit/native/test_fallback.py", "native._reset_for_tests"),
 }
 
 

@@ -1,5 +1,8 @@
 """The CPU weight policy: what --weights auto / keep / float32 serve, and that
-converted weights compute exactly what their float32 form does."""
+converted weights compute exactly what their float32 form does.
+
+White-box: the native kernels' cached probe is reset between tests
+(`native._reset_for_tests`), so each sees the environment it sets."""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """Without the kernels (turned off, no compiler, a failed build) the weight
-policy keeps today's paths and says why; nothing here builds anything."""
+policy keeps today's paths and says why; nothing here builds anything.
+
+White-box: each test resets the kernels' cached probe
+(`native._reset_for_tests`) so that it sees its own environment."""
 
 from __future__ import annotations
 
