@@ -680,6 +680,46 @@ def test_an_attached_image_goes_as_an_image_url_part(tiny_vlm_model, shared_serv
     assert not p.errors, p.errors
 
 
+def test_an_attached_clip_goes_as_an_input_audio_part(shared_server, open_page, tmp_path):
+    """/props reports modalities.audio (the tiny Gemma 3n and its audio
+    tower): the composer offers audio (not images), and the clip goes ahead
+    of the text as an OpenAI input_audio part, its bytes in base64 and its
+    format from the file, which the server answers."""
+    import base64
+
+    import numpy as np
+    import soundfile as sf
+
+    pytest.importorskip("mlx_vlm")
+    from fixtures.build import ensure
+
+    srv = shared_server(ensure("tiny-gemma3n"), "-c", "2048", "-np", "1", "--no-warmup",
+                        "--ui-config", json.dumps({"temperature": 0, "max_tokens": 4}))
+    clip = tmp_path / "tone.wav"
+    rate = 16000
+    t = np.arange(rate) / rate
+    sf.write(clip, (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32), rate)
+    p = open_page(srv.url)
+    p.ready()
+    p.page.wait_for_selector("#attach-label:not([hidden])")
+    accept = p.page.get_attribute("#attach", "accept")
+    assert ".wav" in accept and "image" not in accept, accept
+    p.page.set_input_files("#attach", str(clip))
+    p.page.wait_for_selector("#pending li")
+    assert p.page.text_content("#pending li span") == "audio: tone.wav"
+    p.send("What do you hear?")
+    done = p.wait_state("done")
+    (user,) = [m for m in p.chat_bodies()[-1]["messages"] if m["role"] == "user"]
+    data = base64.b64encode(clip.read_bytes()).decode()
+    assert user["content"] == [{"type": "input_audio",
+                                "input_audio": {"data": data, "format": "wav"}},
+                               {"type": "text", "text": "What do you hear?"}]
+    assert done["content"] and done["state"] == "done"
+    assert p.page.is_hidden("#pending")
+    assert p.page.text_content("#messages article.user .attachments span") == "audio: tone.wav"
+    assert not p.errors, p.errors
+
+
 @pytest.fixture(scope="module")
 def ui_router(tmp_path_factory, tiny_model):
     """Router mode over two copies of the tiny model, with the web UI."""
