@@ -257,7 +257,8 @@ class PromptCache:
             self.evictions += 1
 
     def stats(self) -> dict[str, int]:
-        disk = self.disk.stats() if self.disk is not None else {"entries": 0, "bytes": 0}
+        disk = (self.disk.stats() if self.disk is not None
+                else {"entries": 0, "bytes": 0, "write_dropped": 0})
         return {"entries": len(self._lru), "bytes": self.nbytes,
                 "peak_bytes": self.peak_nbytes,
                 "budget_bytes": -1 if self.budget is None else self.budget,
@@ -265,7 +266,8 @@ class PromptCache:
                 "disk_hits": self.disk_hits,
                 "reused_memory": self.reused["memory"], "reused_disk": self.reused["disk"],
                 "reused_shifted": self.shifted,
-                "disk_entries": disk["entries"], "disk_bytes": disk["bytes"]}
+                "disk_entries": disk["entries"], "disk_bytes": disk["bytes"],
+                "disk_write_dropped": disk["write_dropped"]}
 
 
 def adopt(layers: list, n: int) -> list:

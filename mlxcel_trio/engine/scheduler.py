@@ -856,13 +856,7 @@ class Scheduler:
             self._cache_stats(out)
 
     def _cache_stats(self, out: list) -> None:
-        st = self._cache.stats()
-        out.append(CacheStats(st["entries"], st["bytes"], st["peak_bytes"],
-                              st["budget_bytes"], st["hits"], st["misses"], st["evictions"],
-                              disk_hits=st["disk_hits"], reused_memory=st["reused_memory"],
-                              reused_disk=st["reused_disk"],
-                              reused_shifted=st["reused_shifted"], disk_entries=st["disk_entries"],
-                              disk_bytes=st["disk_bytes"]))
+        out.append(CacheStats(**self._cache.stats()))   # the same names, one for one
 
 
 def _has_media(job: Job) -> bool:

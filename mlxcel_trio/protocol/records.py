@@ -574,6 +574,7 @@ class CacheStats:
     reused_shifted: int = 0  # of reused_memory, those in shifted chunks (--cache-reuse)
     disk_entries: int = 0
     disk_bytes: int = 0
+    disk_write_dropped: int = 0  # entries not written: the disk writer was WRITE_QUEUE behind
 
 
 @attrs.frozen

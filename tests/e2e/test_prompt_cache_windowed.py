@@ -117,6 +117,8 @@ def test_restart_hits_the_disk_tier_with_cold_output(kind, start_server, tmp_pat
     srv.wait_for_text(f"({cached} cached, cache disk)")
     body = httpx.get(srv.url + "/metrics", timeout=30).text
     assert 'mlxcel_prompt_cache_lookups_total{tier="disk"} 1.0' in body
+    # an idle writer never fell behind: nothing was dropped, and it is counted
+    assert "mlxcel_prompt_cache_disk_writes_dropped_total 0.0" in body
 
 
 def test_corrupt_truncated_and_foreign_files_are_skipped(start_server, tmp_path):

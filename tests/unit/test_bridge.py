@@ -238,3 +238,17 @@ async def test_metrics_read_the_engine_counters_the_events_carried(nursery):
     await _run_one(bridge)
     values = upstream_values(bridge)
     assert values["n_decode_total"] == 4 and values["n_busy_slots_per_decode"] == 1.5
+
+
+async def test_metrics_count_the_disk_writes_the_writer_dropped(nursery):
+    """The disk tier's dropped writes reach /metrics from the CacheStats
+    the engine last reported."""
+    from prometheus_client import generate_latest
+
+    from mlxcel_trio.server.surfaces.metrics import Metrics
+
+    bridge, _, _ = await _started(nursery, _emitting(
+        (CacheStats(1, 4096, 4096, -1, 0, 1, disk_write_dropped=3),)))
+    await _run_one(bridge)
+    body = generate_latest(Metrics(bridge).registry).decode()
+    assert "mlxcel_prompt_cache_disk_writes_dropped_total 3.0" in body

@@ -192,6 +192,9 @@ def _prompt_cache_tiers(st):
     yield CounterMetricFamily("mlxcel_prompt_cache_shifted_tokens", "Of the reused prompt "
                               "tokens, those in chunks moved to a new position (--cache-reuse)",
                               value=st.reused_shifted if st else 0)
+    yield CounterMetricFamily("mlxcel_prompt_cache_disk_writes_dropped", "Prompt cache entries "
+                              "the disk tier did not write because its writer was behind "
+                              "(--cache-disk)", value=st.disk_write_dropped if st else 0)
 
 
 class Metrics:

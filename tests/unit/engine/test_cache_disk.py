@@ -1,5 +1,8 @@
 """The disk tier on its own: each cache kind written and read back, the
-index kept across instances, foreign layouts and damaged files skipped."""
+index kept across instances, foreign layouts and damaged files skipped.
+
+White-box in one test: the writer-thread test holds the module's file
+writer to fill the write queue, which no public name can do."""
 
 from __future__ import annotations
 
