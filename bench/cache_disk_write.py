@@ -52,23 +52,13 @@ def _layers(mib: int):
 
 def _inline_put(disk, ns, tokens, layers, cuttable) -> None:
     """The disk tier's put() before the writer thread (for the comparison)."""
-    import json as _json
     import os
 
     import mlx.core as mx
-    import numpy as np
 
-    from mlxcel_trio.engine import cache_disk, cache_kinds
+    from mlxcel_trio.engine import cache_disk
 
-    tensors = {"tokens": mx.array(tokens.astype(np.int32))}
-    specs = []
-    for i, c in enumerate(layers):
-        kind = cache_kinds.kind_of(c)
-        arrays, fields = kind.arrays(c)
-        tensors.update({f"L{i}.{k}": v for k, v in arrays.items()})
-        specs.append((kind.name, fields))
-    meta = {"format": cache_disk.FORMAT, "ns": ns, "layout": cache_kinds.layout_of(layers),
-            "cuttable": "1" if cuttable else "0", "layers": _json.dumps(specs)}
+    tensors, meta = cache_disk.entry_tensors(ns, tokens, layers, cuttable)
     fd, tmp = tempfile.mkstemp(prefix=".write-", suffix=".safetensors", dir=disk.root)
     os.close(fd)
     mx.save_safetensors(tmp, tensors, metadata=meta)

@@ -220,15 +220,7 @@ class DiskTier:
             log.debug("prompt cache disk: writer %d entries behind, not writing one of %d "
                       "tokens", WRITE_QUEUE, len(tokens))
             return
-        tensors = {"tokens": mx.array(tokens.astype(np.int32))}
-        specs = []
-        for i, c in enumerate(layers):
-            kind = cache_kinds.kind_of(c)
-            arrays, fields = kind.arrays(c)
-            tensors.update({f"L{i}.{k}": v for k, v in arrays.items()})
-            specs.append((kind.name, fields))
-        meta = {"format": FORMAT, "ns": ns, "layout": cache_kinds.layout_of(layers),
-                "cuttable": "1" if cuttable else "0", "layers": json.dumps(specs)}
+        tensors, meta = entry_tensors(ns, tokens, layers, cuttable)
         # row-contiguous and evaluated: the writer reads their buffers as they are
         tensors = {k: mx.contiguous(v) for k, v in tensors.items()}
         mx.eval(list(tensors.values()))
@@ -375,6 +367,23 @@ def _serialized(tensors: dict[str, Any], meta: dict[str, str]) -> tuple[bytes, l
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)   # the data starts 8-byte aligned
     return struct.pack("<Q", len(raw)) + raw, views
+
+
+def entry_tensors(ns: str, tokens, layers: list, cuttable: bool) -> tuple[dict, dict]:
+    """One entry as the file holds it: the token tensor and each layer's
+    arrays by name, and the metadata that says how to read them back."""
+    import mlx.core as mx
+
+    tensors = {"tokens": mx.array(tokens.astype(np.int32))}
+    specs = []
+    for i, c in enumerate(layers):
+        kind = cache_kinds.kind_of(c)
+        arrays, fields = kind.arrays(c)
+        tensors.update({f"L{i}.{k}": v for k, v in arrays.items()})
+        specs.append((kind.name, fields))
+    meta = {"format": FORMAT, "ns": ns, "layout": cache_kinds.layout_of(layers),
+            "cuttable": "1" if cuttable else "0", "layers": json.dumps(specs)}
+    return tensors, meta
 
 
 def _write_safetensors(f, head: bytes, views: list) -> str:

@@ -67,6 +67,21 @@ def _show_what_they_claim(ref: dict) -> None:
     assert any(d.get("content") for d in deltas)
 
 
+def _cut_then_kill(owner, cases: dict, tag: str) -> tuple[dict, dict]:
+    """Each case started on `owner` under a fresh conversation id and cut
+    after 200 bytes, none ended; then the owner SIGKILLed.  The ids and
+    the bytes each client had."""
+    convs = {name: f"{tag}-{name}-{uuid.uuid4()}" for name in cases}
+    have = {}
+    for name, (path, body) in cases.items():
+        got, ended = post_cut(owner.url, path, body, convs[name], 200)
+        assert not ended, name
+        have[name] = got
+    owner.signal(signal.SIGKILL)
+    owner.wait(10)
+    return convs, have
+
+
 def test_lora_thinking_probs_and_unseeded_streams_continue(start_server, tmp_path):
     from fixtures.build import ensure
 
@@ -80,14 +95,7 @@ def test_lora_thinking_probs_and_unseeded_streams_continue(start_server, tmp_pat
                if not f["stop"])
 
     cases = {**CASES, "unseeded": UNSEEDED}
-    convs = {name: f"more-{name}-{uuid.uuid4()}" for name in cases}
-    have = {}
-    for name, (path, body) in cases.items():
-        got, ended = post_cut(first.url, path, body, convs[name], 200)
-        assert not ended, name
-        have[name] = got
-    first.signal(signal.SIGKILL)
-    first.wait(10)
+    convs, have = _cut_then_kill(first, cases, "more")
 
     second = start_server(ensure("trained"), *args)
     full = {}
@@ -131,14 +139,7 @@ def test_lora_and_thinking_streams_continue_on_a_peer(start_server):
         cases = {name: CASES[name] for name in ("lora", "thinking")}
         ref = {name: _plain(survivor.url, path, body) for name, (path, body) in cases.items()}
         _show_what_they_claim(ref)
-        convs = {name: f"peer-{name}-{uuid.uuid4()}" for name in cases}
-        have = {}
-        for name, (path, body) in cases.items():
-            got, ended = post_cut(owner.url, path, body, convs[name], 200)
-            assert not ended, name
-            have[name] = got
-        owner.signal(signal.SIGKILL)
-        owner.wait(10)
+        convs, have = _cut_then_kill(owner, cases, "peer")
         for name in cases:
             tail, ended = get_cut(survivor.url, convs[name], len(have[name]))
             assert ended, name

@@ -406,12 +406,7 @@ def _compact(path: str, max_bytes: int) -> None:
     out += _header("d", bytes(rec.data), at=rec.first, t=rec.tokens or None)
     if rec.done:
         out += _header("e", completed_at=rec.completed_at)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(out)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    _replace(path, out)
 
 
 def _replace(path: str, data: bytes) -> None:
