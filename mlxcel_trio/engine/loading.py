@@ -223,6 +223,9 @@ class Loading:
             return self._load_transcriber_only()
         t0 = time.perf_counter()
         model, config = self._load_model()
+        from .native.layers import installed
+
+        on_native = installed(model) > 0
         self._fit_blas(config)
         if self.spec.n_ctx_train:  # --override-kv ARCH.context_length
             config = {**config, "max_position_embeddings": self.spec.n_ctx_train}
@@ -257,7 +260,7 @@ class Loading:
             import attrs
 
             info = attrs.evolve(info, **self._load_encoders())
-        self._report(info, time.perf_counter() - t0, self.spec.blas)
+        self._report(info, time.perf_counter() - t0, self.spec.blas, on_native)
         self._emit(StepEvents((Loaded(info),)))
         return scheduler
 
@@ -393,14 +396,14 @@ class Loading:
                                        if cache_on else None))
 
     @staticmethod
-    def _report(info: ModelInfo, seconds: float, blas: str) -> None:
+    def _report(info: ModelInfo, seconds: float, blas: str, on_native: bool = False) -> None:
         """One readable load summary, then what the platform costs (if anything)."""
         import mlx.core as mx
 
         from .platform_report import describe
 
         device = "cpu" if mx.default_device() == mx.cpu else "gpu"
-        platform, warning = describe(device, info.dtype, info.quantization, blas)
+        platform, warning = describe(device, info.dtype, info.quantization, blas, on_native)
         log.info("model loaded in %.2f s: %s | %s, %s, %s parameters, %s | context %d "
                  "(training %d), %d slots of %d | %s", seconds, info.path, info.model_type,
                  info.quantization or info.dtype, _count(info.n_params),

@@ -72,14 +72,17 @@ def fit_blas_threads(config: dict) -> str | None:
 
 
 def describe(device: str, dtype: str, quantization: str | None,
-             blas_setting: str = "auto") -> tuple[str, str | None]:
-    """(summary line, optional warning) for the startup log."""
+             blas_setting: str = "auto", on_native: bool = False) -> tuple[str, str | None]:
+    """(summary line, optional warning) for the startup log.  16-bit and
+    quantized weights are slow only on MLX's own CPU kernels, not on the
+    native ones (engine/native)."""
     weights = quantization or dtype
     if device != "cpu":
         return f"MLX device {device}, weights {weights}", None
     blas = loaded_blas()
-    line = f"MLX device cpu, weights {weights}, BLAS: {blas}"
-    if quantization or dtype in ("bfloat16", "float16"):
+    line = f"MLX device cpu, weights {weights}{' on the native kernels' if on_native else ''}, " \
+        f"BLAS: {blas}"
+    if (quantization or dtype in ("bfloat16", "float16")) and not on_native:
         return line, (f"{weights} weights on a CPU do not use BLAS and run 10-100x slower "
                       "than float32 here; --weights float32 (or auto, when it fits in "
                       "memory) serves them in float32")

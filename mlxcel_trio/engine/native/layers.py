@@ -105,6 +105,12 @@ def eligible(model: nn.Module) -> int:
     return sum(_swap_for(m) is not None for _, m in model.named_modules())
 
 
+def installed(model: nn.Module) -> int:
+    """How many of the model's layers run on the kernels now."""
+    ours = (NativeLinear, NativeQuantizedLinear, NativeEmbedding, NativeQuantizedEmbedding)
+    return sum(isinstance(m, ours) for _, m in model.named_modules())
+
+
 def install(model: nn.Module) -> int:
     """Swap the eligible layers in place; returns how many.  Floating
     parameters outside them become float32."""
