@@ -234,7 +234,9 @@ class Pool:
         self._nursery.start_soon(run)
 
     def update(self, entries: Mapping[str, ModelEntry]) -> None:
-        """A rescan: new models appear; a running model keeps its instance."""
+        """A rescan: new models appear; a running model keeps its instance;
+        configs are read again (a directory's checkpoint may have changed)."""
+        self._inputs.clear()
         for name, entry in entries.items():
             inst = self.instances.get(name)
             if inst is None or (not inst.running and inst.entry != entry):
