@@ -382,6 +382,12 @@ def test_the_inventory_lists_each_models_input_modalities(tiny_model, tmp_path):
                            "output_modalities": ["text"]},
             }, listed
         assert set(r.statuses().values()) == {"unloaded"}  # read from the configs alone
+        # a rescan reads the configs again: a directory now holding a VLM lists images
+        shutil.rmtree(root / "words")
+        shutil.copytree(ensure("tiny-vlm"), root / "words")
+        listed = {m["id"]: m["architecture"]["input_modalities"] for m in httpx.get(
+            r.url + "/v1/models", params={"reload": "1"}, timeout=10).json()["data"]}
+        assert listed["words"] == ["text", "image"], listed
         props = httpx.get(r.url + "/props", params={"model": "pics"}, timeout=120).json()
         assert props["modalities"] == {"vision": True, "video": False, "audio": False}
     finally:
