@@ -116,6 +116,34 @@ def serves_speech(path: str) -> bool:
     return is_whisper(path)
 
 
+def input_modalities(path: str, media: bool = True) -> tuple[str, ...]:
+    """What the checkpoint at `path` takes, from its config.json alone (the
+    router lists it before any model loads): "text", then "image" for an
+    integrated VLM of a family served here and "audio" for a chat model with
+    an audio tower, by the same tests the loader builds those towers by
+    (loading.py), and "audio" for a Whisper checkpoint.  With `media` False
+    (--no-mmproj) no tower is built, so a chat model takes text alone, as
+    its /props modalities then say.  An unreadable config is text alone."""
+    import json
+    from pathlib import Path
+
+    from .audio_chat import is_audio_chat
+    from .towers.vlm_config import is_vlm
+
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return ("text",)
+    if not isinstance(config, dict):
+        return ("text",)
+    out = ["text"]
+    if media and is_vlm(config):
+        out.append("image")
+    if (media and is_audio_chat(config)) or serves_speech(path):
+        out.append("audio")
+    return tuple(out)
+
+
 def adapter_problem(paths: tuple[str, ...], encoder_flag: str | None = None) -> str | None:
     """Why LoRA adapters at `paths` cannot be served (every problem, one
     line each), from their configs alone; None when they can be loaded."""

@@ -37,8 +37,8 @@ from hypercorn.config import Config as HypercornConfig
 from .. import logging_setup, memory_fit
 from ..bridge import Bridge, engine_loop, follow
 from ..config import ServerConfig
-from ..engine.preflight import (checkpoint_problem, distributed_problem, join_world,
-                                mlx_lm_problem, world)
+from ..engine.preflight import (checkpoint_problem, distributed_problem, input_modalities,
+                                join_world, mlx_lm_problem, world)
 from .request import grammar_fields as server_grammar
 from .http import hypercorn_internals
 from .http.app_shell import MAX_HEAD_BYTES
@@ -275,7 +275,9 @@ def run(config: ServerConfig) -> int:
     if config.router:
         from .router.runner import main as router_main
 
-        code = trio.run(router_main, config, sock, lifecycle, _hypercorn_config(config))
+        # the router reads each checkpoint's modalities through the pre-load checks
+        code = trio.run(router_main, config, sock, lifecycle, _hypercorn_config(config),
+                        input_modalities)
     else:
         code = trio.run(_main, config, sock, lifecycle, distributed)
     # Everything is shut down by now (sockets closed, engine thread joined).

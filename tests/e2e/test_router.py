@@ -350,3 +350,45 @@ def test_no_model_and_no_models_dir_routes_over_the_model_cache(tiny_model, tmp_
         assert _complete(r, "test/tiny")["tokens_predicted"] == 8
     finally:
         r.stop()
+
+
+def test_the_inventory_lists_each_models_input_modalities(tiny_model, tmp_path):
+    """architecture.input_modalities (upstream's router listing) from each
+    checkpoint's config, no model loaded: a VLM takes images, a chat model
+    with an audio tower and a Whisper checkpoint audio, a text model text;
+    --no-mmproj in a model's preset leaves its chat model text alone.  A
+    loaded child's /props then reports the same."""
+    pytest.importorskip("mlx_vlm")
+    from fixtures.build import ensure
+
+    root = tmp_path / "models"
+    for name, kind in (("words", "tiny"), ("pics", "tiny-vlm"), ("voice", "tiny-gemma3n"),
+                       ("quiet", "tiny-gemma3n"), ("speech", "tiny-whisper")):
+        shutil.copytree(ensure(kind), root / name)
+    preset = tmp_path / "models.ini"
+    preset.write_text("[quiet]\nno-mmproj = true\n")
+    r = Router(root, "--models-preset", str(preset), "-np", "1", "-c", "1024",
+               "--no-warmup").start()
+    try:
+        for path in ("/v1/models", "/models"):
+            listed = {m["id"]: m["architecture"]
+                      for m in httpx.get(r.url + path, timeout=10).json()["data"]}
+            assert listed == {
+                "words": {"input_modalities": ["text"], "output_modalities": ["text"]},
+                "pics": {"input_modalities": ["text", "image"], "output_modalities": ["text"]},
+                "voice": {"input_modalities": ["text", "audio"], "output_modalities": ["text"]},
+                "quiet": {"input_modalities": ["text"], "output_modalities": ["text"]},
+                "speech": {"input_modalities": ["text", "audio"],
+                           "output_modalities": ["text"]},
+            }, listed
+        assert set(r.statuses().values()) == {"unloaded"}  # read from the configs alone
+        # a rescan reads the configs again: a directory now holding a VLM lists images
+        shutil.rmtree(root / "words")
+        shutil.copytree(ensure("tiny-vlm"), root / "words")
+        listed = {m["id"]: m["architecture"]["input_modalities"] for m in httpx.get(
+            r.url + "/v1/models", params={"reload": "1"}, timeout=10).json()["data"]}
+        assert listed["words"] == ["text", "image"], listed
+        props = httpx.get(r.url + "/props", params={"model": "pics"}, timeout=120).json()
+        assert props["modalities"] == {"vision": True, "video": False, "audio": False}
+    finally:
+        r.stop()

@@ -752,3 +752,69 @@ def test_router_mode_serves_the_page_with_a_model_picker(ui_router, open_page):
     assert ui_router.statuses()["beta"] == "loaded"
     assert p.page.evaluate("localStorage.getItem('mlxcel.model')") == "beta"
     assert not p.errors, p.errors
+
+
+def test_router_mode_offers_attach_for_the_picked_models_modalities(open_page, tmp_path):
+    """The picker reads each model's input_modalities from /v1/models (no
+    model loads for it): picking the VLM offers images, the Gemma 3n audio,
+    the text model nothing (an attachment the new pick cannot take is
+    dropped); an image sent to the VLM goes through the router as an
+    image_url part and is answered."""
+    import base64
+
+    from PIL import Image
+
+    pytest.importorskip("mlx_vlm")
+    from fixtures.build import ensure
+
+    from .test_router import Router
+
+    root = tmp_path / "models"
+    for name, kind in (("pics", "tiny-vlm"), ("voice", "tiny-gemma3n"), ("words", "tiny")):
+        shutil.copytree(ensure(kind), root / name)
+    r = Router(root, "--models-max", "1", "-np", "1", "-c", "1024", "--no-warmup",
+               "--ui-config", json.dumps({"temperature": 0, "max_tokens": 4})).start()
+    try:
+        pic = tmp_path / "pic.png"
+        Image.new("RGB", (24, 30), (200, 30, 60)).save(pic)
+        p = open_page(r.url)
+        p.ready()
+        p.page.wait_for_selector("#model-pick:not([hidden])")
+        assert p.page.input_value("#model-pick") == "pics"  # the first listed
+        p.page.wait_for_selector("#attach-label:not([hidden])")
+        accept = p.page.get_attribute("#attach", "accept")
+        assert "image/*" in accept and "audio" not in accept, accept
+        p.page.select_option("#model-pick", "words")
+        p.page.wait_for_selector("#attach-label", state="hidden")
+        p.page.select_option("#model-pick", "voice")
+        p.page.wait_for_selector("#attach-label:not([hidden])")
+        accept = p.page.get_attribute("#attach", "accept")
+        assert ".wav" in accept and "image" not in accept, accept
+        p.page.select_option("#model-pick", "pics")
+        p.page.wait_for_selector("#attach-label:not([hidden])")
+        p.page.set_input_files("#attach", str(pic))
+        p.page.wait_for_selector("#pending img")
+        p.page.select_option("#model-pick", "voice")  # takes no image: the pending one goes
+        p.page.wait_for_selector("#pending", state="hidden")
+        assert set(r.statuses().values()) == {"unloaded"}  # nothing loaded to decide
+        p.page.select_option("#model-pick", "pics")
+        p.page.set_input_files("#attach", str(pic))
+        p.page.wait_for_selector("#pending img")
+        p.send("What is in this picture?")
+        p.wait_state("done")
+        body = p.chat_bodies()[-1]
+        url = "data:image/png;base64," + base64.b64encode(pic.read_bytes()).decode()
+        (user,) = [m for m in body["messages"] if m["role"] == "user"]
+        assert body["model"] == "pics" and user["content"] == [
+            {"type": "image_url", "image_url": {"url": url}},
+            {"type": "text", "text": "What is in this picture?"}]
+        assert p.answer()["state"] == "done" and not p.answer().get("error")
+        # the pick is remembered: a new visit starts on it, Attach as it allows
+        p.page.select_option("#model-pick", "words")
+        p.page.reload()
+        p.ready()
+        assert p.page.input_value("#model-pick") == "words"
+        assert p.page.is_hidden("#attach-label")
+        assert not p.errors, p.errors
+    finally:
+        r.stop()

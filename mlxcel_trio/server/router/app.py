@@ -46,8 +46,8 @@ CONV_MEMORY = 4096  # conversation ids remembered for the stream routes (oldest 
 
 def inventory(pool: Pool) -> dict:
     """upstream's router listing: one OpenAI model object per model, with
-    its status (upstream also merges the loaded child's own facts in; not
-    here yet)."""
+    its status and the input modalities its config says it takes (upstream
+    also merges the loaded child's own facts in; not here yet)."""
     now = int(time.time())
     data = []
     for inst in pool.instances.values():
@@ -57,7 +57,8 @@ def inventory(pool: Pool) -> dict:
         entry = {"id": inst.name, "aliases": list(inst.entry.aliases),
                  "tags": list(inst.entry.tags), "object": "model",
                  "owned_by": "llamacpp", "created": now, "status": status,
-                 "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]},
+                 "architecture": {"input_modalities": list(pool.inputs(inst)),
+                                  "output_modalities": ["text"]},
                  "source": inst.entry.source, "can_remove": inst.entry.source == "cache"}
         data.append(entry)
     return {"data": data, "object": "list"}

@@ -34,7 +34,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 import httpx
 import trio
@@ -49,6 +49,8 @@ STOP_GRACE_S = 10.0
 HEALTH_ENV = "MLXCEL_INTERNAL_ROUTER_HEALTH_S"
 HEALTH_S = float(os.environ.get(HEALTH_ENV) or 5.0)
 HEALTH_FAILS = 3
+
+ReadInputs = Callable[[str, bool], tuple[str, ...]]  # (checkpoint path, media on) -> modalities
 
 
 def free_port() -> int:
@@ -86,13 +88,23 @@ class Instance:
         return f"http://127.0.0.1:{self.port}"
 
 
+# the spellings of --mmproj-auto a child's command line may hold (cli/options_model.py)
+MEDIA_SPELLINGS = {"--mmproj-auto": True, "--no-mmproj": False, "--no-mmproj-auto": False}
+
+
 class Pool:
     def __init__(self, entries: Mapping[str, ModelEntry], child_args: tuple[str, ...],
                  models_max: int, env: Mapping[str, str],
-                 global_args: tuple[str, ...] = ()) -> None:
+                 global_args: tuple[str, ...] = (), *,
+                 read_inputs: ReadInputs, media: bool = True) -> None:
         self.instances = {name: Instance(e) for name, e in entries.items()}
         self.child_args = child_args
         self.global_args = global_args      # the [*] preset's options
+        # a checkpoint's input modalities from its config (engine/preflight.py's,
+        # handed in by server/runner.py), and the router's own --mmproj-auto
+        self._read_inputs = read_inputs
+        self._media = media
+        self._inputs: dict[tuple[Path, bool], tuple[str, ...]] = {}
         self.models_max = models_max
         self.env = dict(env)
         self._nursery: trio.Nursery | None = None
@@ -102,6 +114,20 @@ class Pool:
         # old child still exiting beside its new one.
         self._stopping: set[int] = set()
         self._unhealthy: set[int] = set()   # children killed by the health check
+
+    def inputs(self, inst: Instance) -> tuple[str, ...]:
+        """What `inst`'s model takes ("text", "image", "audio"), as its own
+        server's /props will say once loaded: read from its config without
+        loading it, with --no-mmproj as its command line would resolve it
+        (the last spelling wins; without one, the router's own setting,
+        which the environment's LLAMA_ARG_MMPROJ_AUTO reaches too)."""
+        media = self._media
+        for arg in (*self.global_args, *inst.entry.args, *self.child_args):
+            media = MEDIA_SPELLINGS.get(arg, media)
+        key = (inst.entry.path, media)
+        if key not in self._inputs:
+            self._inputs[key] = self._read_inputs(str(inst.entry.path), media)
+        return self._inputs[key]
 
     # -- events (GET /models/sse) ---------------------------------------------
 
@@ -208,7 +234,9 @@ class Pool:
         self._nursery.start_soon(run)
 
     def update(self, entries: Mapping[str, ModelEntry]) -> None:
-        """A rescan: new models appear; a running model keeps its instance."""
+        """A rescan: new models appear; a running model keeps its instance;
+        configs are read again (a directory's checkpoint may have changed)."""
+        self._inputs.clear()
         for name, entry in entries.items():
             inst = self.instances.get(name)
             if inst is None or (not inst.running and inst.entry != entry):

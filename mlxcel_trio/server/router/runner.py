@@ -20,13 +20,13 @@ from ...config import ServerConfig
 from . import catalog
 from .app import create_router_app
 from ..http.errors import ApiError
-from .pool import Pool
+from .pool import Pool, ReadInputs
 
 log = logging.getLogger("mlxcel.router")
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per forwarded request
 
 
-async def main(config: ServerConfig, sock, lifecycle, hc) -> int:
+async def main(config: ServerConfig, sock, lifecycle, hc, read_inputs: ReadInputs) -> int:
     from ..http import listen
     from ..process import warn_open_cors, watch_signals
 
@@ -34,7 +34,8 @@ async def main(config: ServerConfig, sock, lifecycle, hc) -> int:
     entries = catalog.discover(config.models_dir, os.environ, config.presets)
     glob = config.preset_global
     pool = Pool(entries, config.child_args, config.models_max, env,
-                glob.args if glob is not None else ())
+                glob.args if glob is not None else (), read_inputs=read_inputs,
+                media=config.mmproj_auto)
     app = create_router_app(config, pool, os.environ)
     shutdown = trio.Event()
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

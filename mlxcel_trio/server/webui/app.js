@@ -22,8 +22,11 @@
     settings: 'mlxcel.settings', current: 'mlxcel.current', model: 'mlxcel.model',
   };
   // Router mode (/props role "router"): the models it serves, in a picker;
-  // the one picked goes as each request's "model", which routes it.
+  // the one picked goes as each request's "model", which routes it.  What
+  // each takes comes from /v1/models (architecture.input_modalities, read
+  // from its config), so picking one sets the Attach button without loading it.
   let routerModel = '';
+  let routerInputs = {};            // model id -> its input_modalities
   // An empty sampling setting is the server's own default: it is not sent, so
   // the server's --temp, --top-k ... apply until the user sets a value (the
   // settings dialog shows the server's values from /props as placeholders).
@@ -116,7 +119,13 @@
       setStatus('cannot list the models: ' + await errorText(resp));
       return false;
     }
-    const ids = ((await resp.json()).data || []).map((m) => String(m.id));
+    const models = (await resp.json()).data || [];
+    const ids = models.map((m) => String(m.id));
+    routerInputs = {};
+    for (const m of models) {
+      const inputs = (m.architecture || {}).input_modalities;
+      routerInputs[String(m.id)] = Array.isArray(inputs) ? inputs : [];
+    }
     const pick = $('model-pick');
     pick.replaceChildren(...ids.map((id) => {
       const opt = document.createElement('option');
@@ -129,12 +138,21 @@
     pick.value = routerModel;
     pick.hidden = false;
     $('model-name').hidden = true;
+    pickedInputs();
     return true;
+  }
+
+  // The picked model's modalities, as /props reports a single model's.
+  function pickedInputs() {
+    const inputs = routerInputs[routerModel] || [];
+    modalities = { vision: inputs.includes('image'), audio: inputs.includes('audio') };
+    showAttach();
   }
 
   $('model-pick').addEventListener('change', (e) => {
     routerModel = e.target.value;
     localStorage.setItem(STORE.model, routerModel);
+    pickedInputs();
   });
 
   async function connect() {
@@ -479,8 +497,11 @@
     if (modalities.audio) accept.push('audio/wav', 'audio/mpeg', '.wav', '.mp3');
     $('attach').accept = accept.join(',');
     $('attach-label').hidden = !accept.length;
-    if (!accept.length && pending.length) {
-      pending = [];
+    // attachments the model now in use cannot take (another one was picked)
+    const kept = pending.filter((a) => (a.part.type === 'image_url' ? modalities.vision
+      : modalities.audio));
+    if (kept.length !== pending.length) {
+      pending = kept;
       renderPending();
     }
   }

@@ -49,7 +49,8 @@ def test_the_router_mounts_every_route():
     from mlxcel_trio.server.router.app import create_router_app
     from mlxcel_trio.server.router.pool import Pool
 
-    app = create_router_app(ServerConfig(model="", router=True), Pool({}, (), 4, {}), {})
+    pool = Pool({}, (), 4, {}, read_inputs=lambda path, media: ("text",))
+    app = create_router_app(ServerConfig(model="", router=True), pool, {})
     mounted = {(m, rule.endpoint.split(" ", 1)[1])
                for rule in app.url_map.iter_rules() if rule.endpoint != "static"
                for m in rule.methods if m in ("GET", "POST", "DELETE")}
