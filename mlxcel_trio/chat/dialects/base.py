@@ -274,16 +274,23 @@ def tagged_params(s: str, i: int, name: str, tools: Tools, key_open: str, key_cl
             key = s[k + len(key_open):ke].strip()
             v = ke + len(key_close)
             if value_open:
+                after_key = v
                 v = skip_ws(s, v)
                 if not s.startswith(value_open, v):
                     if partial and value_open.startswith(s[v:]):
+                        if lag and after_key < len(s):
+                            # something follows the key's close: upstream's
+                            # stream takes the key in (`{"city":`)
+                            head = args_object(pairs, False) + ("," if pairs else "")
+                            return ToolCall(name, head + json.dumps(key) + ":",
+                                            complete=False), None
                         return _open_call(name, pairs, partial)
                     return INVALID
                 v += len(value_open)
             ve = s.find(value_close, v)
             if ve < 0:
                 so_far = hold(s[v:], value_close).strip()
-                if lag and v >= len(s):
+                if lag and v >= len(s) and not value_open:
                     return arriving()
                 if (partial or lag) and string_typed(tools, name, key):
                     # a string streams as written, as upstream's (`{"city":"Pari`)
