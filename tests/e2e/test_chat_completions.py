@@ -22,6 +22,8 @@ from .sse import post, stream_frames
 pytestmark = pytest.mark.e2e
 
 GREEDY = {"temperature": 0, "max_tokens": 12, "extra_body": {"ignore_eos": True}}
+# a forced call on the random weights: no reasoning first (it could run past max_tokens)
+NOW = {"reasoning_budget_tokens": 0}
 USER = {"role": "user", "content": "Tell me about the engine."}
 THINK = [USER, {"role": "assistant", "content": "<think>\n"}]
 CALL = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')
@@ -354,7 +356,8 @@ def test_props_report_the_template_in_force(server, primed_server):
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_named_tool_choice_forces_the_call(client, stream):
     kw = dict(model="m", messages=[USER], tools=TOOLS,
-              tool_choice={"type": "function", "function": {"name": "get_weather"}}, **GREEDY)
+              tool_choice={"type": "function", "function": {"name": "get_weather"}},
+              **{**GREEDY, "extra_body": {**GREEDY["extra_body"], **NOW}})
     whole = client.chat.completions.create(**kw).choices[0].message
     assert [tc.function.name for tc in whole.tool_calls] == ["get_weather"]
     assert "tool_call" not in whole.content
@@ -431,7 +434,7 @@ def test_a_forced_call_follows_the_tools_schema(client, choice, stream):
     tool's parameters schema and the call closes the answer, as upstream's
     grammar does (a random-weight model could not produce them otherwise)."""
     kw = dict(model="m", messages=[USER], tools=STRICT, tool_choice=choice, temperature=0,
-              max_tokens=60, parallel_tool_calls=False)
+              max_tokens=60, parallel_tool_calls=False, extra_body=NOW)
     if stream:
         chunks, content, _ = stream_chat(client, **kw)
         calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
@@ -472,7 +475,8 @@ def test_required_with_parallel_calls_keeps_every_call_in_schema(client):
     """parallel_tool_calls (upstream's default: the template's capability):
     further calls may follow the first, each one held to its schema."""
     res = client.chat.completions.create(model="m", messages=[USER], tools=STRICT,
-                                         tool_choice="required", temperature=0, max_tokens=200)
+                                         tool_choice="required", temperature=0, max_tokens=200,
+                                         extra_body=NOW)
     calls = res.choices[0].message.tool_calls
     want = {"get_weather": "Paris", "get_time": "Oslo"}
     assert calls and all(json.loads(c.function.arguments) == {"city": want[c.function.name]}

@@ -60,8 +60,11 @@ TOOLS = [{"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris"]}},
                    "required": ["city"], "additionalProperties": False}}}]
 USER = {"role": "user", "content": "Weather in Paris?"}
+# a reasoning budget of 0: the call comes at once (with reasoning allowed the
+# random weights may think past max_tokens; test_forced_after_reasoning covers that)
 KW = dict(model="m", messages=[USER], tools=TOOLS, tool_choice="required", temperature=0,
           max_tokens=200, parallel_tool_calls=False)
+NOW = {"reasoning_budget_tokens": 0}
 
 
 def template_server(name: str, tiny_model, start_server):
@@ -84,17 +87,17 @@ def family(request, tiny_model, start_server):
 
 def test_a_required_call_in_the_family_dialect(family):
     name, client = family
-    res = client.chat.completions.create(**KW).choices[0]
+    res = client.chat.completions.create(**KW, extra_body=NOW).choices[0]
     (call,) = res.message.tool_calls
     assert call.function.name == "get_weather"
     assert json.loads(call.function.arguments) == {"city": "Paris"}
     assert res.finish_reason == "tool_calls" and not res.message.content
 
-    raw = client.chat.completions.create(**KW, extra_body={"parse_tool_calls": False})
+    raw = client.chat.completions.create(**KW, extra_body={**NOW, "parse_tool_calls": False})
     text = raw.choices[0].message.content or ""
     assert FAMILIES[name] in _opener(name) + text, text
 
-    chunks = list(client.chat.completions.create(stream=True, **KW))
+    chunks = list(client.chat.completions.create(stream=True, **KW, extra_body=NOW))
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     assert not "".join(d.content or "" for d in deltas)
     parts = [tc for d in deltas for tc in (d.tool_calls or [])]
@@ -107,3 +110,34 @@ def _opener(name: str) -> str:
     """The forced opening the server wrote before the model's text."""
     from mlxcel_trio.chat.dialects import detect
     return detect((TEMPLATES / name).read_text(encoding="utf-8")).opener(None)
+
+
+@pytest.fixture(scope="module")
+def primed(tiny_model, start_server):
+    """DeepSeek R1's template opens the thinking block in its prompt."""
+    for srv in template_server("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", tiny_model,
+                               start_server):
+        yield openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+
+
+def test_forced_after_reasoning(primed):
+    """With reasoning allowed, the required call comes after the thoughts
+    (the budget closes the block after 3 tokens, the grammar then writes the
+    call): reasoning_content and the call both come back, streamed alike."""
+    body = {"reasoning_budget_tokens": 3}
+    res = primed.chat.completions.create(**KW, extra_body=body).choices[0]
+    (call,) = res.message.tool_calls
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    assert getattr(res.message, "reasoning_content", None), res.message
+    assert res.finish_reason == "tool_calls" and not res.message.content
+    raw = primed.chat.completions.create(**KW, extra_body={**body, "parse_tool_calls": False,
+                                                           "reasoning_format": "none"})
+    text = raw.choices[0].message.content or ""
+    assert "</think>" in text and text.index("</think>") < text.index("<｜tool▁call▁begin｜>")
+    chunks = list(primed.chat.completions.create(stream=True, **KW, extra_body=body))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == \
+        res.message.reasoning_content
+    assert not "".join(d.content or "" for d in deltas)
+    parts = [tc for d in deltas for tc in (d.tool_calls or [])]
+    assert "".join(p.function.arguments or "" for p in parts) == call.function.arguments

@@ -17,7 +17,7 @@ opens a call in the family's own syntax and the Lark grammar of the rest.
 
 from __future__ import annotations
 
-from .base import Dialect, Parsed, ToolCall
+from .base import Dialect, Parsed, ToolCall, after_thoughts
 from .table import BY_NAME, NONE, TABLE, detect, lookup
 
 OFFERED: tuple = ()  # parse's default: calls are read, no schemas known
@@ -66,5 +66,5 @@ def _opener(generation_prompt: str, start: str) -> str:
     return generation_prompt[i:] if i >= 0 else ""
 
 
-__all__ = ["BY_NAME", "Dialect", "NONE", "Parsed", "TABLE", "ToolCall", "detect", "lookup",
-           "parse"]
+__all__ = ["BY_NAME", "Dialect", "NONE", "Parsed", "TABLE", "ToolCall", "after_thoughts", "detect",
+           "lookup", "parse"]

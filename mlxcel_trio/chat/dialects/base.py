@@ -72,6 +72,9 @@ class Dialect:
     opener: Callable[[str | None], str] | None = None
     # ... and the Lark grammar of what follows it: (tools, name, parallel) -> grammar
     grammar: Callable[[Sequence[dict], str | None, bool], str] | None = None
+    # the reasoning block a forced call may follow, where it is no thinking
+    # marker pair (GPT-OSS's analysis message): (its opening, its close)
+    thought: tuple[str, str] | None = None
     content_wrap: tuple[str, str] | None = None  # markers around the answer (Command R7B)
     # upstream's differences in what it reads: its split runs on a request
     # without tools (Functionary v3.2's recipients), and under reasoning
@@ -271,16 +274,23 @@ def tagged_params(s: str, i: int, name: str, tools: Tools, key_open: str, key_cl
             key = s[k + len(key_open):ke].strip()
             v = ke + len(key_close)
             if value_open:
+                after_key = v
                 v = skip_ws(s, v)
                 if not s.startswith(value_open, v):
                     if partial and value_open.startswith(s[v:]):
+                        if lag and after_key < len(s):
+                            # something follows the key's close: upstream's
+                            # stream takes the key in (`{"city":`)
+                            head = args_object(pairs, False) + ("," if pairs else "")
+                            return ToolCall(name, head + json.dumps(key) + ":",
+                                            complete=False), None
                         return _open_call(name, pairs, partial)
                     return INVALID
                 v += len(value_open)
             ve = s.find(value_close, v)
             if ve < 0:
                 so_far = hold(s[v:], value_close).strip()
-                if lag and v >= len(s):
+                if lag and v >= len(s) and not value_open:
                     return arriving()
                 if (partial or lag) and string_typed(tools, name, key):
                     # a string streams as written, as upstream's (`{"city":"Pari`)
@@ -324,6 +334,62 @@ def schema_rule(fn: dict) -> str:
     schema = fn.get("parameters") if isinstance(fn.get("parameters"), dict) else {}
     schema = {"x-guidance": {"whitespace_pattern": JSON_WHITESPACE}, **schema}
     return "%json " + json.dumps(schema, ensure_ascii=False)
+
+
+_TAG = re.compile(r"(<[^<>\s]+>)")
+
+
+def marker(text: str, token_of: Callable[[str], int | None]) -> str:
+    """Marker text as lark: each tag in it (`</think>`, `<|end|>`) as its
+    text or as its one token where the vocabulary has it as one (llguidance
+    matches an added token by its id, never by its text)."""
+    parts = []
+    for k, piece in enumerate(_TAG.split(text)):
+        if not piece:
+            continue
+        tok = token_of(piece) if k % 2 else None
+        parts.append(lark(piece) if tok is None else f"({lark(piece)} | <[{tok}]>)")
+    return " ".join(parts) or '""'
+
+
+def _escaped(text: str) -> str:
+    return "".join(c if c.isascii() and c.isalnum() else "\\x{%x}" % ord(c) for c in text)
+
+
+def after_thoughts(grammar: str, opener: str, close: str, open_: str | None,
+                   token_of: Callable[[str], int | None], gap: bool = True) -> str:
+    """A forced call's grammar with a reasoning block first, as vLLM forces
+    a call once the reasoning ends: thoughts, `close`, a blank or two
+    (`gap`), then `opener` and the call.  `open_` None: the prompt opened
+    the block; otherwise the model may open it (or skip it and call at once).
+
+    llguidance lexes greedily and never backs up, so thoughts that may
+    contain any text cannot be one lexeme followed by the close's: on the
+    close's first bytes both would still be alive and the text lexeme would
+    swallow them.  The thoughts' lexeme therefore ends with the first
+    occurrence of the close's first tag (THOUGHT_END); where the vocabulary
+    has that tag as one token, thoughts without it then the token is the
+    other way out."""
+    head_match = _TAG.match(close)  # the thoughts end at the close's first tag
+    head = head_match.group(1) if head_match else close
+    rest = close[len(head):]
+    h = _escaped(head)
+    ways = ["THOUGHT_END"]
+    rules = [f"THOUGHT_END: /(?s:.*){h}/ & ~/(?s:.*{h}.+)/"]
+    tok = token_of(head)
+    if tok is not None:
+        ways.append(f"THOUGHT <[{tok}]>")
+        rules.append(f"THOUGHT: /(?s:.*)/ & ~/(?s:.*{h}.*)/")
+    block = "(" + " | ".join(ways) + ")"
+    if rest:
+        block += " " + marker(rest, token_of)
+    if gap:
+        block += r" /\n{0,2}/"
+    if open_ is not None:
+        block = f"({marker(open_, token_of)} {block})?"
+    return (f"start: {block} {marker(opener, token_of)} forced\n"
+            + "".join(r + "\n" for r in rules)
+            + grammar.replace("start: ", "forced: ", 1))
 
 
 def _grammar(call_of, between: str | None) -> Callable:

@@ -79,4 +79,5 @@ def opener(name: str | None) -> str:
 
 DIALECT = Dialect("gpt_oss", lambda src: CHANNEL in src, message=message, opener=opener,
                   fixed_think=True,
+                  thought=(CHANNEL + "analysis" + MESSAGE, "<|end|>" + START + "assistant"),
                   grammar=json_grammar(" <|constrain|>json" + MESSAGE, ""))

@@ -22,4 +22,4 @@ DIALECT = Dialect(
     "qwen3_coder", detect, marked("qwen3_coder", OPEN, _BLOCK), opener=opener,
     grammar=tag_grammar(">\n", "<parameter=", ">\n", "\n</parameter>\n",
                         "</function>\n</tool_call>", between="\n<tool_call>\n<function="),
-    drops_after_calls=True)
+    drops_after_calls=True, calls_end_thoughts=(OPEN,))

@@ -70,8 +70,20 @@ def detect(template_source: str) -> Dialect:
         found = generic.derive(template_source)
         if found is None:
             return NONE
+    found = _raw_thoughts(found, template_source)
     think = think_of(found, template_source)
     return found if think == found.think else attrs.evolve(found, think=think)
+
+
+def _raw_thoughts(dialect: Dialect, source: str) -> Dialect:
+    """Hermes' calls under upstream's autoparser: its thinking opener is the
+    one the template writes past thoughts with (`<think>\n`, the newline
+    included) where it renders them; a template that never renders
+    reasoning_content (QwQ) leaves only its prompt's `<think>`, so the
+    newline after it is the thoughts', untrimmed, as DeepSeek R1's."""
+    if dialect.name in ("hermes", "xiaomi_mimo") and "reasoning_content" not in source:
+        return attrs.evolve(dialect, raw_thoughts=True)
+    return dialect
 
 
 def lookup(dialect: str | Dialect) -> Dialect:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ...chat.dialects import lookup
+from ...chat.dialects import after_thoughts, lookup
 from ...chat.parser import Syntax
 from ...chat.settings import ChatSettings
 from ...chat.template import TemplateError
@@ -127,6 +127,55 @@ def tool_call_grammar(choice: str, name: str | None, tools, fmt,
     return dialect.grammar(tools, name, parallel)
 
 
+def _thoughts_first(settings: ChatSettings, primed: bool, gen: str,
+                    budget: int) -> tuple[str | None, str, bool] | None:
+    """The reasoning block a required / named call comes after, as vLLM
+    forces a call once the reasoning ends (upstream's grammar lets free text
+    come first instead): (its opening, None where the prompt opened it; its
+    close; whether blank lines follow the close), or None where the call
+    comes at once: the template does not think, its prompt closed the block
+    (thinking turned off), or the reasoning budget asked for is 0 (which
+    also keeps GPT-OSS from its analysis channel)."""
+    dialect = lookup(settings.tool_format)
+    if budget == 0:
+        return None
+    if dialect.thought is not None:  # a channel of its own (GPT-OSS analysis)
+        return dialect.thought[0], dialect.thought[1], False
+    start, end = settings.think_start, settings.think_end
+    if not (settings.thinks and start and end):
+        return None
+    if primed:
+        return None, end, True
+    return None if end in gen else (start, end, True)
+
+
+def _forced_plan(body: dict, settings: ChatSettings, vocab, choice: str, name: str | None,
+                 tools, primed: bool, gen: str, prefill: str) -> tuple[str, str | None]:
+    """A required / named call's (prefill, grammar): the opening prefilled
+    and the grammar of the rest, or, where the request lets the model reason
+    first, nothing prefilled and a grammar that takes the thoughts, their
+    close, then the opening (the same for /apply-template, which shows the
+    prompt generation continues)."""
+    parallel = body.get("parallel_tool_calls")
+    if not isinstance(parallel, bool):  # upstream: the template's capability
+        parallel = settings.caps.get("supports_parallel_tool_calls", False)
+    grammar = tool_call_grammar(choice, name, tools, settings.tool_format, parallel)
+    first = _thoughts_first(settings, primed, gen, _asked_budget(body, settings))
+    if first is None or grammar is None:
+        return prefill, grammar
+    open_, close, gap = first
+    return "", after_thoughts(grammar, lookup(settings.tool_format).opener(name), close,
+                              open_, _token_of(vocab), gap)
+
+
+def _token_of(vocab):
+    """A marker's token id where the vocabulary spells it as one token."""
+    def token_of(text: str) -> int | None:
+        ids = vocab.tokenize(text, parse_special=True)
+        return ids[0] if len(ids) == 1 else None
+    return token_of
+
+
 def _thinking_open(prompt_tail: str, settings: ChatSettings) -> bool:
     start, end = settings.think_start, settings.think_end
     if not start:
@@ -188,14 +237,12 @@ def plan(body: Any, settings: ChatSettings, vocab, generating: bool = True,
     else:
         prefill = _forced_call(tool_choice, forced_name, rendered_tools, settings, primed,
                                generating)
-        echo = echo and not prefill
-        if generating and tool_choice in ("required", "named") and rendered_tools \
+        if tool_choice in ("required", "named") and rendered_tools \
                 and settings.tool_format is not None and not settings.skip_parsing:
-            parallel = body.get("parallel_tool_calls")
-            if not isinstance(parallel, bool):  # upstream: the template's capability
-                parallel = settings.caps.get("supports_parallel_tool_calls", False)
-            tool_grammar = tool_call_grammar(tool_choice, forced_name, rendered_tools,
-                                             settings.tool_format, parallel)
+            prefill, grammar = _forced_plan(body, settings, vocab, tool_choice, forced_name,
+                                            rendered_tools, primed, gen, prefill)
+            tool_grammar = grammar if generating else None
+        echo = echo and not prefill
     prompt += prefill
     syntax = Syntax(
         reasoning_format=fmt,
@@ -239,11 +286,14 @@ def _budget(body: dict, settings: ChatSettings) -> tuple[int, str]:
     -1 falling back to --reasoning-budget; only for a template that thinks."""
     if not settings.thinks:
         return -1, ""
-    budget = _int_or(body, "reasoning_budget_tokens", _int_or(body, "thinking_budget_tokens", -1))
-    if budget == -1:
-        budget = settings.reasoning_budget
+    budget = _asked_budget(body, settings)
     message = body.get("reasoning_budget_message")
     return budget, message if isinstance(message, str) else settings.budget_message
+
+
+def _asked_budget(body: dict, settings: ChatSettings) -> int:
+    budget = _int_or(body, "reasoning_budget_tokens", _int_or(body, "thinking_budget_tokens", -1))
+    return settings.reasoning_budget if budget == -1 else budget
 
 
 def _prefill_text(last: dict, mode: str, primed: bool, settings: ChatSettings) -> str:

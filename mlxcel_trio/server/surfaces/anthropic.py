@@ -180,6 +180,10 @@ def to_chat_body(body: Any) -> dict:
     if isinstance(thinking, dict) and _str(thinking, "type") == "enabled":
         budget = thinking.get("budget_tokens", 10000)
         out["thinking_budget_tokens"] = budget if isinstance(budget, int) else 10000
+    elif out.get("tool_choice") not in (None, "auto"):
+        # Anthropic forces a tool (any / tool) only without extended thinking:
+        # the call comes at once, not after a reasoning block (a 0 budget)
+        out["thinking_budget_tokens"] = 0
     return out
 
 

@@ -3,6 +3,9 @@ malformed request refused with llama-server's wording and status."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import attrs
 import pytest
 
@@ -61,24 +64,37 @@ def test_tools_render_and_turn_parsing_on(settings, vocab):
 
 
 def test_required_and_named_choices_open_the_call(settings, vocab):
-    p = plan({"messages": [USER], "tools": TOOLS, "tool_choice": "required"}, settings, vocab)
+    # a reasoning budget of 0: no thinking first, the call's opening is prefilled
+    now = {"messages": [USER], "tools": TOOLS, "reasoning_budget_tokens": 0}
+    p = plan({**now, "tool_choice": "required"}, settings, vocab)
     assert p.prompt.endswith("<|im_start|>assistant\n<tool_call>\n") and not p.echo
     for choice in ({"type": "function", "function": {"name": "f"}},
                    {"type": "function", "name": "f"}):
-        p = plan({"messages": [USER], "tools": TOOLS, "tool_choice": choice}, settings, vocab)
+        p = plan({**now, "tool_choice": choice}, settings, vocab)
         assert p.prefill == '<tool_call>\n{"name": "f", "arguments": '
         assert p.prompt.endswith("assistant\n" + p.prefill)
     status, message = refused({"messages": [USER], "tools": TOOLS, "tool_choice": {
         "type": "function", "function": {"name": "g"}}}, settings, vocab)
     assert status == 400 and "'g'" in message
     llama = attrs.evolve(settings, tool_format="llama3")
-    p = plan({"messages": [USER], "tools": TOOLS, "tool_choice": "required"}, llama, vocab)
+    p = plan({**now, "tool_choice": "required"}, llama, vocab)
     assert p.prefill == '{"name": "'
     unknown = attrs.evolve(settings, tool_format=None)
     assert refused({"messages": [USER], "tools": TOOLS, "tool_choice": "required"},
                    unknown, vocab)[0] == 400
     assert plan({"messages": [USER], "tools": TOOLS, "tool_choice": "required"}, unknown,
                 vocab, generating=False).prefill == ""
+
+
+def test_a_forced_call_may_think_first(settings, vocab):
+    """Reasoning allowed (the default budget): nothing is prefilled; the
+    grammar takes an optional thinking block, then the call's opening."""
+    p = plan({"messages": [USER], "tools": TOOLS, "tool_choice": "required"}, settings, vocab)
+    assert p.prefill == "" and p.prompt.endswith("<|im_start|>assistant\n")
+    assert p.tool_grammar.startswith("start: (") and "<tool_call>" in p.tool_grammar
+    off = plan({"messages": [USER], "tools": TOOLS, "tool_choice": "required",
+                "chat_template_kwargs": {"enable_thinking": False}}, settings, vocab)
+    assert off.prefill == "<tool_call>\n"  # the prompt closed the block: the call at once
 
 
 def test_prefill_continues_the_last_assistant_message(settings, vocab):
@@ -242,3 +258,70 @@ def test_forced_call_grammars_compile_and_accept_a_call():
     assert tool_call_grammar("required", None, tools, None) is None
     assert '"{\\"name\\": \\"odd\\\\\\"name\\", \\"arguments\\": "' in \
         tool_call_grammar("required", None, tools, "hermes")
+
+
+TEMPLATES = Path(__file__).resolve().parents[4] / "shared/upstream/chat-templates"
+if not TEMPLATES.is_dir():  # a worktree beside the main checkout
+    TEMPLATES = Path(__file__).resolve().parents[5] / "shared/upstream/chat-templates"
+# family template, kwargs that let it think -> a reasoning block, then its call
+THINKING = {
+    "Qwen-Qwen3-0.6B.jinja": ({}, "<think>hmm</think>\n\n<tool_call>\n"
+                              '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'),
+    "openai-gpt-oss-120b.jinja": ({}, "<|channel|>analysis<|message|>hmm<|end|><|start|>assistant"
+                                  "<|channel|>commentary to=functions.get_weather <|constrain|>json"
+                                  '<|message|>{"city": "Paris"}'),
+    "deepseek-ai-DeepSeek-V3.1.jinja": ({"thinking": True}, "hmm</think><｜tool▁calls▁begin｜>"
+                                        "<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"
+                                        '{"city": "Paris"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>'),
+    "GLM-4.6.jinja": ({}, "<think>hmm</think><tool_call>get_weather\n<arg_key>city</arg_key>\n"
+                      "<arg_value>Paris</arg_value>\n</tool_call>"),
+    "Kimi-K2-Thinking.jinja": ({}, "<think>hmm</think><|tool_calls_section_begin|>"
+                               "<|tool_call_begin|>functions.get_weather:0"
+                               '<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|>'
+                               "<|tool_calls_section_end|>"),
+    "MiniMax-M2.jinja": ({}, 'hmm</think>\n\n<minimax:tool_call>\n<invoke name="get_weather">\n'
+                         '<parameter name="city">Paris</parameter>\n</invoke>\n</minimax:tool_call>'),
+}
+WEATHER = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+@pytest.mark.parametrize("name", sorted(THINKING))
+def test_a_forced_call_comes_after_the_reasoning_block(name, vocab):
+    """With reasoning allowed, a required call is forced once the reasoning
+    block closes (as vLLM forces it): nothing is prefilled, the grammar takes
+    thoughts, the close, then the family's call, and the parse gives both;
+    a reasoning budget of 0 opens the call at once, as before."""
+    import llguidance as llg
+
+    from mlxcel_trio.chat.dialects import lookup
+    from mlxcel_trio.chat.parser import ChatStream
+
+    path = TEMPLATES / name
+    if not path.exists():
+        pytest.skip("../shared/upstream/chat-templates is absent")
+    kwargs, output = THINKING[name]
+    settings = build(ServerConfig(model="x", chat_template_file=str(path)), vocab)
+    body = {"messages": [USER], "tools": WEATHER, "tool_choice": "required",
+            "parallel_tool_calls": False, "chat_template_kwargs": kwargs}
+    p = plan(body, settings, vocab)
+    assert p.prefill == "" and p.tool_grammar
+    tok = llg.LLTokenizer(vocab.tokenizer_json(), n_vocab=vocab.n_vocab)
+    m = llg.LLMatcher(tok, llg.LLMatcher.grammar_from_lark(p.tool_grammar), log_level=0)
+    # the thinking markers as the vocabulary's own tokens; the call character
+    # by character (the call grammars spell their markers as text, which
+    # llguidance writes in pieces)
+    cut = output.index(lookup(settings.tool_format).opener(None))
+    tokens = vocab.tokenize(output[:cut]) + [t for ch in output[cut:] for t in vocab.tokenize(ch)]
+    assert all(m.consume_token(t) for t in tokens) and m.is_accepting(), m.get_error()
+    m = llg.LLMatcher(tok, llg.LLMatcher.grammar_from_lark(p.tool_grammar), log_level=0)
+    stray = "hmm" + settings.think_end + "\nhello"  # no free text after the block
+    assert not all(m.consume_token(t) for t in vocab.tokenize(stray)) or m.is_error()
+    stream = ChatStream(p.syntax, p.prefill, False)
+    stream.update(output, final=True)
+    msg = stream.msg
+    assert msg.reasoning_content == "hmm" and not msg.content
+    assert [(c.name, json.loads(c.arguments)) for c in msg.tool_calls] == \
+        [("get_weather", {"city": "Paris"})]
+    now = plan({**body, "reasoning_budget_tokens": 0}, settings, vocab)
+    assert now.prefill and now.prompt.endswith(now.prefill)
