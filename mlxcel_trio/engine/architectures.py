@@ -79,7 +79,8 @@ def kv_problem(config: dict, k: str, v: str) -> str | None:
 
 def cache_kinds_problem(config: dict, k: str, v: str) -> str | None:
     """Why this checkpoint's per-layer cache kinds cannot take the KV types
-    (a sliding window has no quantized form), or None.  The model class is
+    (no layer can: every attention layer a sliding window, which has no
+    quantized form), or None.  The model class is
     built without weights (its parameters stay lazy, nothing is allocated)
     only to ask its own `make_cache`, the list a loaded model would give.
     A class that cannot be built so is left to the load-time check."""

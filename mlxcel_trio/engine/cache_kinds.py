@@ -16,8 +16,10 @@ ArraysCache's own merge / filter / extend / extract) that BatchGenerator
 drives, so continuous batching and LoRA (an extra entry at the end of the
 cache list) work on every kind, and speculative/rollback.py rolls each kind
 back after a verify step.  What does not: a quantized store for the
-rotating kind (mlx-lm has none; -ctk is refused before the load, in
-architectures.cache_kinds_problem).  The table of which operation comes
+rotating kind (mlx-lm has none): under -ctk a window keeps the model's
+float type beside the global layers' stored form, so one cache list mixes
+kinds (kv_cache.layers_problem; refused before the load only when no layer
+can take the type, in architectures.cache_kinds_problem).  The table of which operation comes
 from mlx-lm and which is ours: docs/architecture.md.
 
 A cache that cannot be cut is reused only whole: the prompt cache keeps

@@ -295,11 +295,16 @@ class CacheFactory:
 
     def check(self) -> str | None:
         """Why this model's caches cannot take the formats, or None.  The
-        attention layers of a hybrid model take them; its recurrent layers
-        (ArraysCache: no per-token K/V) stay as they are."""
+        plain attention layers take them; a recurrent layer (ArraysCache:
+        no per-token K/V) and a sliding window stay as they are."""
         if self.default:
             return None
         return layers_problem(self.names, self._make(self._model))
+
+    def summary(self) -> str:
+        """Which layers store the formats and which keep their own (the
+        load line: never silent about a layer left in the float type)."""
+        return layers_summary(self.names, self._make(self._model), compute_type(self._model))
 
     def __call__(self) -> list | None:
         """Fresh caches, or None to let mlx-lm build its default ones."""
@@ -313,23 +318,71 @@ class CacheFactory:
         return self() or self._make(self._model)
 
 
+# The kinds that stay as the model makes them when -ctk / -ctv name another
+# format, and why (the load line's words).  mlx-lm has no quantized or
+# retyped form of its sliding-window ring (RotatingKVCache.to_quantized is
+# not implemented); a window's size is bounded by the window, so the bulk of
+# a long context is still in the global layers, which take the format.  A
+# recurrent state (ArraysCache and subclasses) has no per-token K/V at all.
+_KEPT = {"RotatingKVCache": ("sliding-window", "no quantized or retyped window cache")}
+
+
+def _kind(layer: Any) -> str:
+    return "ArraysCache" if isinstance(layer, ArraysCache) else type(layer).__name__
+
+
 def layers_problem(names: tuple[str, str], layers: list) -> str | None:
     """Why a model whose fresh caches are `layers` cannot store K and V as
-    `names` (-ctk, -ctv, not both the default), or None.  Only plain KV
-    layers take a storage format: mlx-lm has no quantized form of its
-    sliding-window ring (RotatingKVCache.to_quantized is not implemented)
-    nor of its other kinds, and a recurrent state (ArraysCache) has no K/V
-    to store, so it is left as it is."""
-    kinds = {type(c).__name__ for c in layers
-             if not isinstance(c, ArraysCache)} - {"KVCache"}
-    if kinds:
-        what = ", ".join(sorted(kinds))
-        if "RotatingKVCache" in kinds:
-            what += " (sliding-window attention)"
-        return (f"-ctk {names[0]} -ctv {names[1]}: this model keeps {what} layers, "
-                "which mlxcel-trio stores only in the model's own float type; "
-                "use -ctk f16 -ctv f16")
+    `names` (-ctk, -ctv, not both the default), or None.  Plain KV layers
+    take the format; sliding windows and recurrent states keep their own
+    (see _KEPT).  Refused: a layer of another kind (CacheList,
+    ChunkedKVCache, ...: mlxcel-trio stores none of them), or a model with
+    no plain KV layer at all, where the option would change nothing."""
+    kinds = {_kind(c) for c in layers}
+    other = kinds - {"KVCache", "ArraysCache", *_KEPT}
+    head = f"-ctk {names[0]} -ctv {names[1]}: "
+    if other:
+        return (head + f"this model keeps {', '.join(sorted(other))} layers, which "
+                "mlxcel-trio stores only in the model's own float type; use -ctk f16 -ctv f16")
+    if "KVCache" not in kinds:
+        kept = sorted(kinds & set(_KEPT))
+        what = (f"every attention layer of this model is a {_KEPT[kept[0]][0]} "
+                f"({kept[0]}) layer" if kept else "this model has no attention layer")
+        return (head + what + ", which mlxcel-trio stores only in the model's own float "
+                "type, so no layer can take this type; use -ctk f16 -ctv f16")
     return None
+
+
+def layers_summary(names: tuple[str, str], layers: list, compute: str) -> str:
+    """'-ctk q8_0 -ctv q8_0 on 1 of 3 layers; 2 sliding-window layers keep
+    float32 (no quantized or retyped window cache)' for a model the rule
+    accepted; just the formats when every layer takes them."""
+    head = f"-ctk {names[0]} -ctv {names[1]}"
+    taken = sum(type(c) is KVCache for c in layers)
+    if taken == len(layers):
+        return f"{head} on every layer"
+    parts = [f"{head} on {taken} of {len(layers)} layers"]
+    for kind, (what, why) in _KEPT.items():
+        n = sum(_kind(c) == kind for c in layers)
+        if n:
+            parts.append(f"{n} {what} layer{'s' * (n > 1)} keep{'s' * (n == 1)} "
+                         f"{compute} ({why})")
+    n = sum(isinstance(c, ArraysCache) for c in layers)
+    if n:
+        parts.append(f"{n} recurrent layer{'s' * (n > 1)} keep{'s' * (n == 1)} "
+                     f"{'their' if n > 1 else 'its'} own state (no per-token K/V)")
+    return "; ".join(parts)
+
+
+def compute_type(model: Any) -> str:
+    """The float type the model computes in (what a kept window stores):
+    its first float parameter's."""
+    from mlx.utils import tree_flatten
+
+    for _, a in tree_flatten(model.parameters()):
+        if mx.issubdtype(a.dtype, mx.floating):
+            return str(a.dtype).removeprefix("mlx.core.")
+    return "the model's float type"
 
 
 def is_stored(layer: Any) -> bool:

@@ -242,8 +242,8 @@ class Loading:
             from ..protocol.kv_types import KV_CACHE_TYPES
 
             k, v = self.spec.kv_types
-            log.info("KV cache: K as %s (%s), V as %s (%s)", k, KV_CACHE_TYPES[k].describe(),
-                     v, KV_CACHE_TYPES[v].describe())
+            log.info("KV cache: K as %s (%s), V as %s (%s); %s", k, KV_CACHE_TYPES[k].describe(),
+                     v, KV_CACHE_TYPES[v].describe(), scheduler.kv_summary())
         if self.spec.warmup:
             self._run_warmup(scheduler, vocab)
         info = model_facts(model, config, self._path, n_ctx, self._n_ctx_slot, self.spec.n_slots,

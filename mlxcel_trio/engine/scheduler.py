@@ -276,6 +276,10 @@ class Scheduler:
         """Slots holding a job (the next step computes for each of them)."""
         return len(self._by_job)
 
+    def kv_summary(self) -> str:
+        """Which layers store the -ctk / -ctv formats (the load line)."""
+        return self._new_caches.summary()
+
     def submit(self, job: Job, out: list) -> None:
         if job.id_slot >= self.n_slots or job.id_slot < -1:
             out.append(Failed.coded(job.id, "invalid_slot"))

@@ -172,27 +172,47 @@ def test_concurrent_follow_ups_reuse_their_own_turns(ref):
     assert all(w[1] >= r[2] - 1 for w, r in zip(warm, replies)), (warm, replies)
 
 
-def test_a_quantized_kv_store(arch, start_server):
-    """The hybrid's attention layer stores q8_0 and its recurrent layers
-    keep their own state: a follow-up reuses the cache and equals cold.
-    A sliding window has no quantized store (mlx-lm has none either):
-    refused before the server listens, naming the option, the value, the
-    layers and what to give instead."""
+def test_a_quantized_kv_store(arch, start_server, tmp_path):
+    """-ctk q8_0: the hybrid's attention layer and the sliding-window
+    model's global layer store q8_0; the recurrent layers and the windows
+    keep their own (mlx-lm has no quantized window), and the load line
+    says which.  A follow-up reuses the cache and equals a cold run, two
+    concurrent requests equal their solo runs, and on the window model the
+    mixed entry round-trips through the disk tier across a restart."""
     name, path, _ = arch
+    q8 = ("-c", "2048", "-np", "2", "-ctk", "q8_0", "-ctv", "q8_0")
     if name == "tiny-hybrid":
-        srv = start_server(path, "-c", "2048", "-np", "2", "-ctk", "q8_0", "-ctv", "q8_0")
+        srv = start_server(path, *q8)
         try:
+            srv.wait_for_text("-ctk q8_0 -ctv q8_0 on 1 of 3 layers; 2 recurrent layers keep "
+                              "their own state")
             _follow_up_reuses_and_equals_cold(srv)
         finally:
             srv.stop()
         return
-    srv = start_server(path, "-c", "2048", "-ctk", "q8_0", "-ctv", "q8_0", wait_ready=False)
-    assert srv.wait(120) == 1
-    out = srv.drain()
-    errors = [ln for ln in out.splitlines() if ln.startswith("error: ")]
-    assert len(errors) == 1, out
-    assert "-ctk q8_0 -ctv q8_0: this model keeps RotatingKVCache (sliding-window " \
-        "attention) layers" in errors[0] and "use -ctk f16 -ctv f16" in errors[0], out
-    # refused by the preflight: nothing listened, no weight was read
-    assert "listening" not in out, out
-    assert "Traceback" not in out, out
+    disk = tmp_path / "cache"
+    srv = start_server(path, *q8, "--cache-reuse", "16", "--cache-disk", str(disk))
+    srv.wait_for_text("-ctk q8_0 -ctv q8_0 on 1 of 3 layers; 2 sliding-window layers keep "
+                      "float32 (no quantized or retyped window cache)")
+    srv.wait_for_text("cache reuse off (--cache-reuse 16 is ignored): this model's KV cache "
+                      "keeps RotatingKVCache, StoredKVCache layers")
+    turn2 = None
+    try:
+        warm = _follow_up_reuses_and_equals_cold(srv, topic="item7")
+        solo = [_complete(srv, p, None)["tokens"] for p in PROMPTS[:2]]
+        both = _concurrently(lambda i: _complete(srv, PROMPTS[i], None)["tokens"], 2)
+        assert both == solo
+        turn1 = [{"role": "system", "content": SYSTEM},
+                 {"role": "user", "content": "first question about item7"}]
+        turn2 = [*turn1, {"role": "assistant", "content": _chat(srv, turn1)[0]},
+                 {"role": "user", "content": "and a second one"}]
+    finally:
+        srv.stop()
+    assert sorted(disk.glob("*.safetensors")), "the disk tier wrote nothing"
+    again = start_server(path, *q8, "--cache-disk", str(disk))
+    try:
+        text, cached, _ = _chat(again, turn2)
+        assert cached > 0 and text == warm, (cached, text, warm)
+        again.wait_for_text("cache disk)")
+    finally:
+        again.stop()

@@ -154,3 +154,33 @@ def test_the_writer_keeps_bfloat16_and_quantized_arrays(tmp_path):
     got = disk.load(disk.best("ns", np.arange(9), 8)[1])
     for a, b in zip(cache_kinds.arrays_of(src), cache_kinds.arrays_of(got)):
         assert a.dtype == b.dtype and mx.array_equal(a, b)
+
+
+def test_a_quantized_global_layer_beside_a_full_window_round_trips(tmp_path):
+    """-ctk q8_0 on a sliding-window model: the layout names each layer's
+    kind (the window kept in float, the global layer stored in q8_0), and
+    a file read back gives the same kinds, formats and arrays."""
+    from mlxcel_trio.engine.kv_cache import Codec, StoredKVCache
+    from mlxcel_trio.protocol.kv_types import KV_CACHE_TYPES
+
+    q = StoredKVCache(Codec(KV_CACHE_TYPES["q8_0"]), Codec(KV_CACHE_TYPES["q8_0"]))
+    q.update_and_fetch(mx.random.normal((1, 2, 10, 32)), mx.random.normal((1, 2, 10, 32)))
+    src = [layers(10)[1], q]
+    assert layout_of(src) == "rotating,stored:q8_0/q8_0"
+    disk = DiskTier(tmp_path, None)
+    disk.open(layout_of(src))
+    disk.put("ns", np.arange(10), src, cache_kinds.cuttable(src))
+    assert disk.flush(30)
+    again = DiskTier(tmp_path, None)
+    again.open(layout_of(src))
+    n, entry = again.best("ns", np.arange(12), 11)
+    assert n == 10 and not entry.cuttable
+    got = again.load(entry)
+    assert [type(c) for c in got] == [RotatingKVCache, StoredKVCache]
+    assert got[1].bits == 8 and got[1].offset == 10 and got[0].offset == 10
+    for a, b in zip(cache_kinds.arrays_of(src), cache_kinds.arrays_of(got)):
+        assert a.dtype == b.dtype and mx.array_equal(a, b)
+    # the same model at -ctk f16 has another layout: the file is not offered
+    plain = DiskTier(tmp_path, None)
+    plain.open("rotating,kv")
+    assert plain.stats()["entries"] == 0

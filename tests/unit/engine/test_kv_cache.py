@@ -117,30 +117,125 @@ def test_context_shift_runs_over_a_quantized_cache(loaded):
     assert len(fin.probs) == 60 and fin.truncated
 
 
-def test_a_model_with_other_cache_layers_is_refused():
-    from mlx_lm.models.cache import KVCache, RotatingKVCache
+def _fake(*layers):
+    return SimpleNamespace(layers=list(layers), make_cache=lambda: [type(c)(*a) for c, a in layers],
+                           parameters=lambda: {})
+
+
+def test_global_layers_take_the_type_and_sliding_windows_keep_theirs():
+    from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
+
+    from mlxcel_trio.engine.kv_cache import CacheFactory, StoredKVCache
+
+    model = _fake((RotatingKVCache(8), (8,)), (KVCache(), ()), (RotatingKVCache(8), (8,)),
+                  (ArraysCache(2), (2,)), (KVCache(), ()))
+    f = CacheFactory(model, "q8_0", "q8_0")
+    assert f.check() is None
+    got = f()
+    assert [type(c) for c in got] == [RotatingKVCache, StoredKVCache, RotatingKVCache,
+                                      ArraysCache, StoredKVCache]
+    assert got[1].bits == 8 and not hasattr(got[0], "bits")
+    assert f.summary() == (
+        "-ctk q8_0 -ctv q8_0 on 2 of 5 layers; 2 sliding-window layers keep the model's "
+        "float type (no quantized or retyped window cache); 1 recurrent layer keeps its "
+        "own state (no per-token K/V)")
+
+
+def test_a_model_no_layer_of_which_can_take_the_type_is_refused():
+    from mlx_lm.models.cache import ArraysCache, ChunkedKVCache, KVCache, RotatingKVCache
 
     from mlxcel_trio.engine.kv_cache import CacheFactory
 
-    model = SimpleNamespace(layers=[0, 0],
-                            make_cache=lambda: [KVCache(), RotatingKVCache(max_size=8)])
-    reason = CacheFactory(model, "q8_0", "q8_0").check()
-    assert reason is not None and "RotatingKVCache" in reason and "-ctk f16 -ctv f16" in reason
-    assert CacheFactory(model, "f16", "f16").check() is None
+    windows = _fake((RotatingKVCache(8), (8,)), (ArraysCache(2), (2,)))
+    reason = CacheFactory(windows, "q8_0", "q8_0").check()
+    assert reason == (
+        "-ctk q8_0 -ctv q8_0: every attention layer of this model is a sliding-window "
+        "(RotatingKVCache) layer, which mlxcel-trio stores only in the model's own float "
+        "type, so no layer can take this type; use -ctk f16 -ctv f16")
+    assert CacheFactory(windows, "f16", "f16").check() is None
+    other = CacheFactory(_fake((KVCache(), ()), (ChunkedKVCache(4), (4,))), "bf16", "f16")
+    assert "keeps ChunkedKVCache layers" in other.check()
 
 
-def test_the_preflight_asks_the_model_class_for_its_cache_kinds():
-    """Before any weight is read: a sliding-window model's -ctk q8_0 is
-    refused, a hybrid's recurrent layers do not stand in the way, and the
+def test_the_preflight_asks_the_model_class_for_its_cache_kinds(tmp_path):
+    """Before any weight is read: a model whose every attention layer is a
+    sliding window is refused, one with a global layer beside its windows
+    and a hybrid's recurrent layers do not stand in the way, and the
     default types never build the class."""
+    import json
+
     from fixtures.build import ensure
 
     from mlxcel_trio.engine.architectures import problem
 
-    reason = problem(ensure("tiny-swa"), ("q8_0", "q8_0"))
-    assert reason is not None and reason.startswith("-ctk q8_0 -ctv q8_0: ")
-    assert "RotatingKVCache (sliding-window attention) layers" in reason
-    assert "use -ctk f16 -ctv f16" in reason
-    assert problem(ensure("tiny-swa"), ("bf16", "f16")) is not None
+    assert problem(ensure("tiny-swa"), ("q8_0", "q8_0")) is None   # one global layer
+    assert problem(ensure("tiny-swa"), ("bf16", "f16")) is None
     assert problem(ensure("tiny-swa"), ("f16", "f16")) is None
     assert problem(ensure("tiny-hybrid"), ("q8_0", "q8_0")) is None
+    # gemma3_text makes layer i global when i % pattern == pattern - 1: none of 3
+    cfg = json.loads((ensure("tiny-swa") / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "sliding_window_pattern": 4}))
+    reason = problem(tmp_path, ("q8_0", "q8_0"))
+    assert reason is not None and reason.startswith("-ctk q8_0 -ctv q8_0: every attention "
+                                                    "layer of this model is a sliding-window")
+    assert problem(tmp_path, ("f16", "f16")) is None
+
+
+@pytest.fixture(scope="module")
+def swa():
+    from fixtures.build import ensure
+    from mlx_lm.utils import load_model
+
+    from mlxcel_trio.engine.vocab import Vocab
+
+    path = ensure("tiny-swa")
+    model, _ = load_model(path)
+    return model, Vocab(path)
+
+
+SWA_PROMPTS = [tuple(range(40, 40 + n)) for n in (45, 7, 60)]   # past the 32-token window
+
+
+def test_a_sliding_window_model_batched_over_mixed_caches_matches_mlx_lm(swa):
+    """tiny-swa's global layer in q8_0, its two windows in float32: the
+    scheduler's batch (merge, extend, filter, extract over both kinds) gives
+    mlx-lm's own single-sequence tokens with QuantizedKVCache on the global
+    layer and the model's RotatingKVCache on the windows."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+    from mlx_lm.models.cache import KVCache, QuantizedKVCache
+
+    model, vocab = swa
+    got = batched(scheduler(swa, ("q8_0", "q8_0")), prompts=SWA_PROMPTS, n=40)
+    eos = mx.array(sorted(vocab.eos_ids))
+
+    def greedy_no_eos(logits):   # as the jobs' ignore_eos
+        logits[..., eos] = -float("inf")
+        return mx.argmax(logits, -1)
+
+    for i, prompt in enumerate(SWA_PROMPTS):
+        cache = [QuantizedKVCache(group_size=32, bits=8) if type(c) is KVCache else c
+                 for c in model.make_cache()]
+        want = [int(t) for t, _ in generate_step(mx.array(prompt), model, max_tokens=40,
+                                                 prompt_cache=cache, sampler=greedy_no_eos)]
+        assert tokens(got[i + 1]) == want, i
+    # the global layer really is quantized: float KV gives other tokens
+    plain = batched(scheduler(swa, ("f16", "f16")), prompts=SWA_PROMPTS, n=40)
+    assert any(tokens(plain[i]) != tokens(got[i]) for i in got)
+
+
+def test_a_prompt_cache_hit_over_mixed_caches_equals_the_cold_run(swa):
+    from mlx_lm.models.cache import RotatingKVCache
+
+    from mlxcel_trio.engine.kv_cache import StoredKVCache
+
+    cold = batched(scheduler(swa, ("q8_0", "q8_0")), prompts=SWA_PROMPTS, n=12)
+    cache = PromptCache(None)
+    s = scheduler(swa, ("q8_0", "q8_0"), prompt_cache=cache)
+    batched(s, prompts=SWA_PROMPTS, n=2)
+    kinds = {tuple(type(c) for c in e.layers) for e in cache._lru.values()}
+    assert kinds == {(RotatingKVCache, RotatingKVCache, StoredKVCache)}
+    hit = batched(s, prompts=SWA_PROMPTS, first_id=10, n=12)
+    for i in range(len(SWA_PROMPTS)):
+        assert hit[10 + i].timings.cache_n > 0, i
+        assert tokens(hit[10 + i]) == tokens(cold[1 + i]), i

@@ -105,5 +105,11 @@ def test_a_chunk_shorter_than_the_minimum_is_not_reused():
 def test_models_whose_keys_cannot_be_shifted_say_why():
     model = _tiny_model()
     assert "RotatingKVCache" in kv_shift.for_model(model, [RotatingKVCache(8)])[1]
+    # -ctk q8_0 on a sliding-window model: windows beside a quantized store
+    from mlxcel_trio.engine.kv_cache import CacheFactory
+
+    fake = type("M", (), {"make_cache": lambda self: [RotatingKVCache(8), KVCache()]})()
+    why = kv_shift.for_model(model, CacheFactory(fake, "q8_0", "q8_0")())[1]
+    assert "RotatingKVCache, StoredKVCache layers" in why
     model.layers[0].self_attn.rope = object()
     assert "scales the keys" in kv_shift.for_model(model, [KVCache()])[1]
