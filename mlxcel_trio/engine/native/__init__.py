@@ -8,9 +8,11 @@ loaded before `status()` is first called, and MLXCEL_NATIVE=0 turns the
 kernels off (the server then serves what the weight policy chose before
 they existed: float32, or MLX's own kernels with --weights keep).
 
-The library is a plain C ABI called with ctypes: each call evaluates its
-input (a step's activations, small in decode) and wraps the product in a new
-array.  See docs/kernels.md.
+Where the mlx wheel's C++ headers and libmlx.so allow it, a product is an
+MLX primitive (graph.cpp): a node of the lazy graph, evaluated on MLX's CPU
+stream.  Else the library's plain C ABI is called with ctypes: each call
+evaluates its input (a step's activations, small in decode) and wraps the
+product in a new array.  See docs/kernels.md.
 """
 
 from .library import (DTYPE_CODE, ENV, THREADS_ENV, Status, _reset_for_tests, available,

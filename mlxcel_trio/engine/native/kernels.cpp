@@ -181,6 +181,14 @@ class Pool {
       job(0, 1);
       return;
     }
+    // One caller at a time owns the workers: the kernels also run on MLX's
+    // stream threads (graph.cpp), and two streams may evaluate at once.  A
+    // caller that finds them busy computes its rows alone instead of waiting.
+    std::unique_lock<std::mutex> own(busy_, std::try_to_lock);
+    if (!own.owns_lock()) {
+      job(0, 1);
+      return;
+    }
     n = n < size_ ? n : size_;
     job_ = &job;
     parts_ = n;
@@ -217,6 +225,7 @@ class Pool {
     }
   }
   std::vector<std::thread> workers_;
+  std::mutex busy_;
   std::mutex m_;
   std::condition_variable cv_;
   std::atomic<uint64_t> gen_{0};

@@ -25,6 +25,9 @@ class Status:
 _lock = threading.Lock()
 _status: Status | None = None
 _lib: ctypes.CDLL | None = None
+# The same library through PyDLL (the GIL held: the calls touch Python
+# objects) when it carries the MLX primitive (graph.cpp), else None.
+_graph: ctypes.PyDLL | None = None
 
 _P = ctypes.c_void_p
 _I = ctypes.c_int
@@ -38,6 +41,52 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.mlxn_gemm_16.restype = _I
     lib.mlxn_gemm_affine.argtypes = [_P, _I, _I, _P, _P, _P, _I, _I, _I, _I, _P, _P]
     lib.mlxn_gemm_affine.restype = _I
+
+
+def _bind_graph(lib: ctypes.PyDLL) -> None:
+    lib.mlxg_abi.restype = _I
+    lib.mlxg_check.argtypes = [_P, _P, _I]
+    lib.mlxg_check.restype = _I
+    lib.mlxg_gemm.argtypes = [_P, _P, _P, _P, _P, _P, _I, _I]
+    lib.mlxg_gemm.restype = _I
+
+
+def _graph_self_test(lib: ctypes.PyDLL) -> str | None:
+    """The primitive reads Python's arrays and multiplies as MLX does."""
+    import mlx.core as mx
+
+    probe = mx.zeros((3, 5, 7))
+    shape = (ctypes.c_int * 3)(3, 5, 7)
+    if lib.mlxg_abi() != 1 or lib.mlxg_check(id(probe), shape, 3) != 0:
+        return "cannot read this mlx version's arrays"
+    x = mx.random.normal((2, 3, 96), key=mx.random.key(0))
+    w = mx.random.normal((70, 96), key=mx.random.key(1)).astype(mx.float16)
+    mx.eval(x, w)    # the kernels read weights in place: evaluated ones
+    y = mx.array(0.0)
+    if lib.mlxg_gemm(id(y), id(x), id(w), None, None, None, 16, 0) != 0 or y.shape != (2, 3, 70):
+        return "the MLX primitive refused a valid product"
+    ref = np.asarray(x) @ np.asarray(w.astype(mx.float32)).T
+    if not np.allclose(np.asarray(y), ref, rtol=1e-4, atol=1e-3):
+        return "the MLX primitive disagrees with numpy"
+    return None
+
+
+def _load_graph() -> tuple[ctypes.CDLL, ctypes.PyDLL] | str:
+    """The library with the MLX primitive, or why not."""
+    from .build import BuildError, graph_library
+
+    try:
+        path = str(graph_library())
+        lib, glib = ctypes.CDLL(path), ctypes.PyDLL(path)
+        _bind(lib)
+        _bind_graph(glib)
+    except (BuildError, OSError, AttributeError) as e:
+        return str(e)
+    if lib.mlxn_abi() != 1:
+        return "the library's ABI does not match this package"
+    lib.mlxn_set_threads(threads())
+    problem = _self_test(lib) or _graph_self_test(glib)
+    return (lib, glib) if problem is None else problem
 
 
 def threads() -> int:
@@ -77,7 +126,7 @@ def _self_test(lib: ctypes.CDLL) -> str | None:
 
 def status() -> Status:
     """Build and load once per process; later calls return the first answer."""
-    global _status, _lib
+    global _status, _lib, _graph
     with _lock:
         if _status is not None:
             return _status
@@ -86,6 +135,12 @@ def status() -> Status:
             return _status
         from .build import BuildError, library as build_library
 
+        graph = _load_graph()
+        if not isinstance(graph, str):
+            _lib, _graph = graph
+            _status = Status(True, f"{_lib.mlxn_isa().decode()}, {threads()} thread(s), "
+                             "as MLX graph nodes")
+            return _status
         try:
             lib = ctypes.CDLL(str(build_library()))
             _bind(lib)
@@ -99,7 +154,8 @@ def status() -> Status:
             _status = Status(False, str(e))
             return _status
         _lib = lib
-        _status = Status(True, f"{lib.mlxn_isa().decode()}, {threads()} thread(s)")
+        _status = Status(True, f"{lib.mlxn_isa().decode()}, {threads()} thread(s), "
+                         f"through ctypes (no MLX primitive: {graph})")
         return _status
 
 
@@ -108,6 +164,6 @@ def available() -> bool:
 
 
 def _reset_for_tests() -> None:
-    global _status, _lib
+    global _status, _lib, _graph
     with _lock:
-        _status, _lib = None, None
+        _status, _lib, _graph = None, None, None

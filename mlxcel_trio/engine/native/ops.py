@@ -4,6 +4,11 @@ x is any float array [..., K] (evaluated here); the weights are the layer's
 own stored arrays, read in place through their buffers (their address is
 cached per array object, so a replaced weight is picked up at the next
 call).  Callers check `native.available()` first.
+
+With the MLX primitive (graph.cpp; library._graph) a product is a node of
+MLX's lazy graph and nothing is evaluated here; else the kernels are called
+through ctypes on the evaluated input and the product is wrapped in a new
+array.
 """
 
 from __future__ import annotations
@@ -70,8 +75,27 @@ def _dtype(a: mx.array) -> int:
     return DTYPE_CODE[str(a.dtype).removeprefix("mlx.core.")]
 
 
+def _node(x: mx.array, weight: mx.array, scales: mx.array | None, biases: mx.array | None,
+          bias: mx.array | None, bits: int, group: int) -> mx.array | None:
+    """The product as a graph node, or None where the primitive does not
+    take it (the ctypes path then does)."""
+    x32 = x if x.dtype == mx.float32 else x.astype(mx.float32)
+    fused = bias is not None and bias.dtype == mx.float32
+    y = mx.array(0.0)   # replaced in place by the node
+    rc = library._graph.mlxg_gemm(id(y), id(x32), id(weight), scales is not None and id(scales)
+                                  or None, biases is not None and id(biases) or None,
+                                  id(bias) if fused else None, bits, group)
+    if rc != 0:
+        return None
+    return y if bias is None or fused else y + bias.astype(mx.float32)
+
+
 def gemm_16(x: mx.array, weight: mx.array, bias: mx.array | None = None) -> mx.array:
     """x [..., K] times a bfloat16 / float16 weight [N, K]: float32 [..., N]."""
+    if library._graph is not None:
+        y = _node(x, weight, None, None, bias, 16, 0)
+        if y is not None:
+            return y
     _lib = library._lib
 
     xn, lead = _rows(x)
@@ -87,6 +111,10 @@ def gemm_16(x: mx.array, weight: mx.array, bias: mx.array | None = None) -> mx.a
 def gemm_affine(x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array,
                 group_size: int, bits: int, bias: mx.array | None = None) -> mx.array:
     """x [..., K] times MLX's affine-quantized weight: float32 [..., N]."""
+    if library._graph is not None:
+        y = _node(x, weight, scales, biases, bias, bits, group_size)
+        if y is not None:
+            return y
     _lib = library._lib
 
     xn, lead = _rows(x)

@@ -1,0 +1,51 @@
+"""Two callers at once (two MLX streams evaluating together) share the
+kernels' worker pool safely: the one that finds it busy computes alone.
+
+White-box: it calls the library's C entry point (library._lib) from two
+threads, as two stream threads would; ctypes releases the GIL for the call.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+
+def test_two_callers_at_once_both_get_their_own_product():
+    from mlxcel_trio.engine.native import library
+
+    st = library.status()
+    if not st.available:
+        pytest.skip(f"native kernels unavailable here: {st.detail}")
+    if library.threads() < 2:
+        pytest.skip("one kernel thread: there is no pool to share")
+    lib = library._lib
+    rng = np.random.default_rng(7)
+    m, k, n = 2, 256, 512   # n >= 64: the rows are split across the pool
+    jobs = []
+    for seed in (1, 2):
+        x = rng.standard_normal((m, k), dtype=np.float32) * seed
+        w = rng.standard_normal((n, k), dtype=np.float32).astype(np.float16)
+        jobs.append((x, w, x @ w.astype(np.float32).T))
+    bad: list[str] = []
+
+    def caller(i: int) -> None:
+        x, w, ref = jobs[i]
+        y = np.empty((m, n), np.float32)
+        for step in range(300):
+            y.fill(np.nan)
+            if lib.mlxn_gemm_16(x.ctypes.data, m, k, w.ctypes.data, 2, n, None,
+                                y.ctypes.data) != 0 or not np.allclose(y, ref, rtol=1e-4,
+                                                                       atol=1e-3):
+                bad.append(f"caller {i} step {step}")
+                return
+
+    threads = [threading.Thread(target=caller, args=(i,), daemon=True) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a caller is stuck in the shared pool"
+    assert not bad, f"wrong products with two callers at once: {bad[:3]}"
