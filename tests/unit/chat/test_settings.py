@@ -160,7 +160,10 @@ def test_tool_format_from_template(path, fmt):
     f = Path(__file__).resolve().parents[4] / "shared/upstream/chat-templates" / f"{path}.jinja"
     if not f.exists():
         pytest.skip("../shared/upstream/chat-templates is absent")
-    assert settings.tool_format(f.read_text()) == fmt
+    got = settings.tool_format(f.read_text())
+    # a variant of a table dialect (Hermes 3 renders no reasoning_content, so
+    # its thoughts keep their raw newline) still carries the family's name
+    assert (got if got is None or isinstance(got, str) else got.name) == fmt
 
 
 def test_fixture_template_format_and_markers():

@@ -2,7 +2,8 @@
 mlxcel_trio/engine/native/build.py); tests that need them skip with the reason
 where this machine cannot build them.  `kernels` runs each test twice: as
 MLX graph nodes (graph.cpp) and through the ctypes fallback the server takes
-when the primitive cannot be built or fails its self-test."""
+when the primitive cannot be built or fails its self-test.  White-box: the
+fallback is forced by clearing the loaded primitive (library._graph)."""
 
 from __future__ import annotations
 
