@@ -82,18 +82,25 @@ _DATA_KEYS = frozenset({"const", "enum", "default", "examples", "required"})
 _NAMED = frozenset({"properties", "patternProperties", "$defs", "definitions"})
 
 
-def _tuples(schema):
-    """Arrays read as upstream's converter reads them: an `items` that is a
-    list (draft 4) is a tuple of exactly those items (the `prefixItems` of
-    later drafts, which llguidance knows), and a schema with items and no
-    type is an array (JSON Schema itself would admit any other value)."""
+def upstream_schema(schema):
+    """A JSON schema as upstream's converter reads it, for llguidance.
+    Arrays: an `items` that is a list (draft 4) is a tuple of exactly those
+    items (the `prefixItems` of later drafts, which llguidance knows), and a
+    schema with items and no type is an array (JSON Schema itself would
+    admit any other value).  Objects: one that lists `properties` and says
+    nothing of `additionalProperties` takes no other key (upstream's
+    default, where JSON Schema's would let the model write any key)."""
     if isinstance(schema, list):
-        return [_tuples(s) for s in schema]
+        return [upstream_schema(s) for s in schema]
     if not isinstance(schema, dict):
         return schema
     out = {k: (v if k in _DATA_KEYS else
-               {n: _tuples(sub) for n, sub in v.items()} if k in _NAMED and isinstance(v, dict)
-               else _tuples(v)) for k, v in schema.items()}
+               {n: upstream_schema(sub) for n, sub in v.items()}
+               if k in _NAMED and isinstance(v, dict) else upstream_schema(v))
+           for k, v in schema.items()}
+    if "properties" in out and out.get("type", "object") == "object" \
+            and "additionalProperties" not in out:
+        out["additionalProperties"] = False
     items = out.get("items")
     if isinstance(items, list) and "prefixItems" not in out:
         out.update(prefixItems=items, items=False, minItems=len(items))
@@ -121,7 +128,7 @@ def schema_grammar(schema_text: str) -> str:
     elif schema is False:
         schema = {"not": {}}
     else:
-        schema = _tuples(schema)
+        schema = upstream_schema(schema)
     try:
         grammar = llg.LLMatcher.grammar_from_json_schema(
             schema, defaults={"whitespace_pattern": JSON_WHITESPACE})

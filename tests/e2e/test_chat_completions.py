@@ -424,16 +424,22 @@ STRICT = [{"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"city": {"enum": [city]}},
                    "required": ["city"], "additionalProperties": False}}}
     for name, city in (("get_weather", "Paris"), ("get_time", "Oslo"))]
+# the same tools saying nothing of additionalProperties: upstream's grammar
+# still takes no other key (JSON Schema's own default would take any)
+OPEN = [{**t, "function": {**t["function"], "parameters": {
+    k: v for k, v in t["function"]["parameters"].items() if k != "additionalProperties"}}}
+    for t in STRICT]
 
 
+@pytest.mark.parametrize("tools", [STRICT, OPEN], ids=["closed", "unsaid"])
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("choice", ["required", {"type": "function",
                                                   "function": {"name": "get_time"}}])
-def test_a_forced_call_follows_the_tools_schema(client, choice, stream):
+def test_a_forced_call_follows_the_tools_schema(client, choice, stream, tools):
     """tool_choice required / named: the arguments are constrained to the
     tool's parameters schema and the call closes the answer, as upstream's
     grammar does (a random-weight model could not produce them otherwise)."""
-    kw = dict(model="m", messages=[USER], tools=STRICT, tool_choice=choice, temperature=0,
+    kw = dict(model="m", messages=[USER], tools=tools, tool_choice=choice, temperature=0,
               max_tokens=60, parallel_tool_calls=False, extra_body=NOW)
     if stream:
         chunks, content, _ = stream_chat(client, **kw)

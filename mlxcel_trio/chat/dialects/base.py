@@ -330,9 +330,9 @@ def functions(tools: Sequence[dict], name: str | None) -> list[dict]:
 
 
 def schema_rule(fn: dict) -> str:
-    from ...grammar.compile import JSON_WHITESPACE
+    from ...grammar.compile import JSON_WHITESPACE, upstream_schema
     schema = fn.get("parameters") if isinstance(fn.get("parameters"), dict) else {}
-    schema = {"x-guidance": {"whitespace_pattern": JSON_WHITESPACE}, **schema}
+    schema = {"x-guidance": {"whitespace_pattern": JSON_WHITESPACE}, **upstream_schema(schema)}
     return "%json " + json.dumps(schema, ensure_ascii=False)
 
 

@@ -29,6 +29,23 @@ def test_json_schema(accepts, text, ok):
     assert accepts(SCHEMA, text, kind="json_schema") is ok
 
 
+OPEN = ('{"type": "object", "properties": {"ok": {"type": "boolean"}, "sub": {"properties":'
+        ' {"a": {"type": "integer"}}}}, "required": ["ok"]}')
+
+
+@pytest.mark.parametrize(("schema", "text", "ok"), [
+    (OPEN, '{"ok": true}', True),
+    (OPEN, '{"ok": true, "sub": {"a": 1}}', True),
+    (OPEN, '{"ok": true, "extra": 1}', False),     # upstream's default: no other key
+    (OPEN, '{"ok": true, "sub": {"a": 1, "b": 2}}', False),
+    (OPEN.replace('"required"', '"additionalProperties": true, "required"'),
+     '{"ok": true, "extra": 1}', True),
+    ('{"type": "object"}', '{"any": 1}', True),    # no properties: any object
+])
+def test_objects_take_no_unlisted_key_unless_the_schema_allows(accepts, schema, text, ok):
+    assert accepts(schema, text, kind="json_schema") is ok
+
+
 @pytest.mark.parametrize("bad", ['{"type": ', '[1, 2]', '{"type": "object", "format": "nope",'
                                  ' "properties": {"a": {"type": "string", "format": "nope"}}}'])
 def test_bad_schemas_are_errors(bad):
