@@ -306,6 +306,36 @@ def server(tiny_model, start_server) -> ServerProcess:
     return start_server(tiny_model, "-c", "4096", "-np", "4")
 
 
+# The longest modules (seconds in one process, docs/testing.md), dealt to
+# the workers first.  xdist deals whole files (--dist loadfile) in the order
+# collected (--no-loadscope-reorder: its own order, most tests first, deals
+# these few-test, long modules last, and one of them then runs alone while
+# the other worker idles); the rest follow, most tests first.
+LONGEST_FIRST = (
+    "e2e/test_takeover.py", "e2e/test_tool_dialects.py", "e2e/test_faults.py",
+    "e2e/test_router.py", "e2e/test_server_flags.py", "e2e/test_embeddings.py",
+    "e2e/test_windowed_features.py", "e2e/test_webui.py", "e2e/test_replicas.py",
+    "e2e/test_prompt_cache.py", "e2e/test_stream_soak.py", "e2e/test_event_loop.py",
+    "e2e/test_takeover_more.py",
+)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items) -> None:
+    """Whole modules reordered (a module's own order kept): LONGEST_FIRST,
+    then the others by their number of tests, most first."""
+    tests = ROOT / "tests"
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    counts: dict[Path, int] = {}
+    for item in items:
+        counts[item.path] = counts.get(item.path, 0) + 1
+
+    def key(item) -> tuple:
+        name = item.path.relative_to(tests).as_posix() if item.path.is_relative_to(tests) else ""
+        return rank.get(name, len(rank)), -counts[item.path], str(item.path)
+    items.sort(key=key)   # stable: each module's items keep their order
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """A failed test's report carries, for each server still running in

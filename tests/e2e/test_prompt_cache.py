@@ -219,21 +219,21 @@ def _cache(srv) -> dict:
 
 def test_cache_ram_budget_holds_under_churn(tiny_model, start_server):
     # tiny: 2 layers x (K + V) x 2 heads x 16 dims x 4 bytes = 512 bytes per token,
-    # so 1 MiB holds about 2048 tokens: three of these prompts, not eight
+    # so 1 MiB holds about 2048 tokens: three of these prompts (611 tokens), not eight
     srv = start_server(tiny_model, "-c", "4096", "-np", "1", "--cache-ram", "1")
     try:
         assert _cache(srv)["budget_bytes"] == 1024 * 1024
         for i in range(8):
-            r = post(srv.url, {"prompt": _words(f"churn{i}_", 150), "n_predict": 2, **GREEDY})
+            r = post(srv.url, {"prompt": _words(f"churn{i}_", 60), "n_predict": 2, **GREEDY})
             assert r.status_code == 200
             st = _cache(srv)
             assert 0 < st["bytes"] <= st["budget_bytes"]
         assert st["peak_bytes"] <= 1024 * 1024
         assert 1 <= st["entries"] < 8
-        newest = post(srv.url, {"prompt": _words("churn7_", 150), "n_predict": 2,
+        newest = post(srv.url, {"prompt": _words("churn7_", 60), "n_predict": 2,
                                 **GREEDY}).json()
         assert newest["timings"]["cache_n"] > 0
-        oldest = post(srv.url, {"prompt": _words("churn0_", 150), "n_predict": 2,
+        oldest = post(srv.url, {"prompt": _words("churn0_", 60), "n_predict": 2,
                                 **GREEDY}).json()
         assert oldest["timings"]["cache_n"] <= 2, "the oldest prefix should have been evicted"
     finally:
