@@ -161,6 +161,13 @@ def parse(text: str, syntax: Syntax, partial: bool) -> ChatMsg:
         # as upstream: no thinking block is read; the prompt's opener leads the
         # content (read with it, so blanks after it are text, not a call's margin)
         head = syntax.opener if none and syntax.thinking_open else ""
+        if _prompt_tail(syntax):
+            # upstream reads on from the prompt's close: what the prompt wrote
+            # after it leads the content; otherwise the model's lead blanks go
+            if syntax.closed_think:
+                head = syntax.opener[syntax.opener.rfind(end) + len(end):]
+            else:
+                text = text.lstrip()
         content, calls = _split_tools(head + text, syntax, partial)
         return ChatMsg(content=content, tool_calls=calls)
     if not start:
@@ -176,6 +183,8 @@ def parse(text: str, syntax: Syntax, partial: bool) -> ChatMsg:
             return ChatMsg()  # could still become the opener (where the family
             # keeps blanks as content, once some lead it is not held, as upstream)
     if r_start is None:
+        if _prompt_tail(syntax):
+            text = text.lstrip()
         content, calls = _split_tools(text, syntax, partial)
         return ChatMsg(content=content, tool_calls=calls)
 
@@ -223,6 +232,12 @@ def parse(text: str, syntax: Syntax, partial: bool) -> ChatMsg:
         body = start + thoughts + (end + answer if closed else "")
         return ChatMsg(content=body, reasoning_content=reasoning, tool_calls=calls)
     return ChatMsg(content=answer.lstrip(), reasoning_content=reasoning, tool_calls=calls)
+
+
+def _prompt_tail(syntax: Syntax) -> bool:
+    """The dialect reads the answer as upstream's autoparser does after a
+    bare closing marker (Dialect.prompt_tail)."""
+    return syntax.tool_format is not None and _dialect(syntax).prompt_tail
 
 
 def _calls_start(text: str, start: int, end: int, markers, syntax: Syntax, partial: bool) -> int:

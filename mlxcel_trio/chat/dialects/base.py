@@ -92,6 +92,10 @@ class Dialect:
     blank_content: bool = False  # blank lines beside a call stay content, as upstream's
     settles: bool = True  # arriving arguments lose trailing blanks (the split may do its own)
     trims_thought_lead: bool = False  # arriving thoughts lose their leading blanks, as upstream's
+    # upstream's autoparser with the template's bare closing marker (SmolLM3):
+    # the blanks the model starts with are dropped, and where the prompt closed
+    # an empty block, what the prompt wrote after its close leads the content
+    prompt_tail: bool = False
 
 
 def think_of(dialect: Dialect, source: str) -> tuple[str, str]:

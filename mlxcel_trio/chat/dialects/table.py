@@ -49,7 +49,7 @@ TABLE: tuple[Dialect, ...] = (
     # a SmolLM3 template that renders no tools: upstream reads no calls from
     # it (one that teaches `<tool_call>` goes by Hermes')
     Dialect("smollm3", lambda src: ("SmolLM3" in src or "named SmolLM" in src)
-            and hermes.OPEN not in src),
+            and hermes.OPEN not in src, prompt_tail=True),
     _hermes_like("xiaomi_mimo", "You are MiMo"),
     hermes.DIALECT,                # <tool_call>{json}</tool_call>
     llama3.DIALECT,                # Llama 3.x JSON / <|python_tag|>
