@@ -63,8 +63,8 @@ def detect(template_source: str) -> Dialect:
     for dialect in TABLE:
         if dialect.detect(template_source):
             # a family member that forces calls its own way
-            found = mistral.small_variant(deepseek.dsml_variant(dialect, template_source),
-                                          template_source)
+            found = glm_4_5.variant(mistral.small_variant(
+                deepseek.dsml_variant(dialect, template_source), template_source), template_source)
             break
     else:
         found = generic.derive(template_source)
