@@ -39,7 +39,8 @@ from typing import Any
 
 import attrs
 
-from .dialects.base import THINK_MARKERS, Dialect, ToolCall, held_suffix, hold, soft_failure
+from .dialects.base import THINK_MARKERS, ToolCall, held_suffix, hold, soft_failure
+from .dialects.table import lookup
 from .jsonscan import skip_ws
 
 
@@ -73,9 +74,6 @@ class ChatMsg:
 # -- tool calls ----------------------------------------------------------------------------
 
 def _dialect(syntax: Syntax):
-    if isinstance(syntax.tool_format, Dialect):  # the server's case, on every token: no import
-        return syntax.tool_format
-    from .dialects.table import lookup
     return lookup(syntax.tool_format)
 
 

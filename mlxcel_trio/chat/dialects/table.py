@@ -1,6 +1,7 @@
 """The dialect table: every family's dialect in detection order, by name;
 `detect` and `lookup` (chat/parser.py resolves a name through this module,
-not the package, which imports the parser)."""
+imported once at its top: the package's parse() imports the parser only
+when called)."""
 
 from __future__ import annotations
 
