@@ -89,6 +89,9 @@ class Dialect:
     # the thoughts as upstream's autoparser returns them: from the prompt's
     # opener on (the blank it ends with included), not trimmed
     raw_thoughts: bool = False
+    # ... less the blank the opener ends with where the template writes past
+    # thoughts after the same opener, blank included (MiniMax M2's `<think>\n`)
+    opener_blank: bool = True
     blank_content: bool = False  # blank lines beside a call stay content, as upstream's
     settles: bool = True  # arriving arguments lose trailing blanks (the split may do its own)
     trims_thought_lead: bool = False  # arriving thoughts lose their leading blanks, as upstream's
@@ -96,6 +99,9 @@ class Dialect:
     # the blanks the model starts with are dropped, and where the prompt closed
     # an empty block, what the prompt wrote after its close leads the content
     prompt_tail: bool = False
+    # where the prompt closed an empty thinking block, one the model writes
+    # anyway is still thoughts (Gemma 4's handler; elsewhere it is content)
+    thinks_after_close: bool = False
 
 
 def think_of(dialect: Dialect, source: str) -> tuple[str, str]:
@@ -205,6 +211,11 @@ def json_call(name: str, s: str, i: int, close: str, partial: bool):
     """Arguments as one JSON object then `close`: (call, end) or INVALID.
     A partial call ends at None."""
     got = read_json(s, i)
+    if got == INVALID and s.startswith("{", skip_ws(s, i)):
+        # arguments that break as JSON once begun: the named call stands, still
+        # open, with the rest of the output (upstream's lenient read; a raw
+        # newline in a string left open is where this shows)
+        return ToolCall(name, s[skip_ws(s, i):], complete=False), None
     if got == INVALID or (got[1] is None and got[0] and not got[0].startswith("{")):
         return INVALID
     args, end = got
@@ -325,6 +336,9 @@ def tagged_params(s: str, i: int, name: str, tools: Tools, key_open: str, key_cl
             return arriving()
         if not partial and not tail:
             return ToolCall(name, args_object(pairs, True), complete=False), None
+        if not partial and (end.startswith(tail) or key_open.startswith(tail)):
+            # the output ends inside a marker: the call stands as streamed (upstream's lenient end)
+            return ToolCall(name, args_object(pairs, False), complete=False), None
         return INVALID
 
 

@@ -49,7 +49,7 @@ def opener(name: str | None) -> str:
 
 
 DIALECT = Dialect("glm_4_5", detect, marked("glm_4_5", OPEN, _block_of(False)), opener=opener,
-                  settles=False,
+                  settles=False, raw_thoughts=True,
                   grammar=tag_grammar("\n", "<arg_key>", "</arg_key>\n<arg_value>",
                                       "</arg_value>\n", CLOSE, between="\n" + OPEN))
 _COMPACT = attrs.evolve(DIALECT, split=marked("glm_4_5", OPEN, _block_of(True)))

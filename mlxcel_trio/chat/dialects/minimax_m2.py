@@ -20,6 +20,6 @@ def opener(name: str | None) -> str:
 
 DIALECT = Dialect(
     "minimax_m2", lambda src: OPEN in src, marked("minimax_m2", OPEN, _M2), opener=opener,
-    settles=False,
+    settles=False, raw_thoughts=True, opener_blank=False,
     grammar=tag_grammar('">\n', '<parameter name="', '">', "</parameter>\n",
                         "</invoke>\n" + CLOSE))
