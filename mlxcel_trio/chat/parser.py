@@ -40,6 +40,7 @@ from typing import Any
 import attrs
 
 from .dialects.base import THINK_MARKERS, ToolCall, held_suffix, hold, soft_failure
+from .dialects.table import lookup
 from .jsonscan import skip_ws
 
 
@@ -73,7 +74,6 @@ class ChatMsg:
 # -- tool calls ----------------------------------------------------------------------------
 
 def _dialect(syntax: Syntax):
-    from .dialects.table import lookup
     return lookup(syntax.tool_format)
 
 
@@ -161,6 +161,13 @@ def parse(text: str, syntax: Syntax, partial: bool) -> ChatMsg:
         # as upstream: no thinking block is read; the prompt's opener leads the
         # content (read with it, so blanks after it are text, not a call's margin)
         head = syntax.opener if none and syntax.thinking_open else ""
+        if _prompt_tail(syntax):
+            # upstream reads on from the prompt's close: what the prompt wrote
+            # after it leads the content; otherwise the model's lead blanks go
+            if syntax.closed_think:
+                head = syntax.opener[syntax.opener.rfind(end) + len(end):]
+            else:
+                text = text.lstrip()
         content, calls = _split_tools(head + text, syntax, partial)
         return ChatMsg(content=content, tool_calls=calls)
     if not start:
@@ -176,13 +183,14 @@ def parse(text: str, syntax: Syntax, partial: bool) -> ChatMsg:
             return ChatMsg()  # could still become the opener (where the family
             # keeps blanks as content, once some lead it is not held, as upstream)
     if r_start is None:
+        if _prompt_tail(syntax):
+            text = text.lstrip()
         content, calls = _split_tools(text, syntax, partial)
         return ChatMsg(content=content, tool_calls=calls)
 
     e = text.find(end, r_start)
     closed = e >= 0
-    markers = _dialect(syntax).calls_end_thoughts \
-        if syntax.thinking_open and syntax.calls and syntax.tool_format is not None else ()
+    markers = _ending_markers(syntax) if syntax.thinking_open else ()
     c = _calls_start(text, r_start, e, markers, syntax, partial) if markers else -1
     if c >= 0:  # thoughts cut short by a call section (upstream keeps their blanks)
         thoughts, rest, closed = text[r_start:c], text[c:], True
@@ -206,12 +214,13 @@ def parse(text: str, syntax: Syntax, partial: bool) -> ChatMsg:
                        tool_calls=calls)
     if syntax.tool_format is not None and _dialect(syntax).raw_thoughts:
         # upstream's autoparser reads the thoughts from the prompt's opener on,
-        # untrimmed; a stream holds only trailing blanks back
-        if syntax.thinking_open and syntax.opener.startswith(start):
+        # untrimmed (blanks alone are none); a stream holds only trailing blanks back
+        if syntax.thinking_open and syntax.opener.startswith(start) \
+                and _dialect(syntax).opener_blank:
             thoughts = syntax.opener[len(start):] + thoughts
         reasoning = thoughts if closed or not partial or syntax.raw_partials \
             else thoughts.rstrip()
-        if partial and not closed and not reasoning.strip():
+        if not reasoning.strip():
             reasoning = ""
     elif closed or not partial:
         reasoning = thoughts.strip()
@@ -223,6 +232,26 @@ def parse(text: str, syntax: Syntax, partial: bool) -> ChatMsg:
         body = start + thoughts + (end + answer if closed else "")
         return ChatMsg(content=body, reasoning_content=reasoning, tool_calls=calls)
     return ChatMsg(content=answer.lstrip(), reasoning_content=reasoning, tool_calls=calls)
+
+
+def _prompt_tail(syntax: Syntax) -> bool:
+    """The dialect reads the answer as upstream's autoparser does after a
+    bare closing marker (Dialect.prompt_tail)."""
+    return syntax.tool_format is not None and _dialect(syntax).prompt_tail
+
+
+def _ending_markers(syntax: Syntax) -> tuple[str, ...]:
+    """What may end the thoughts the prompt opened before their closing
+    marker: a call section (Dialect.calls_end_thoughts) where the request
+    offered tools, and the answer's own wrapper (Cohere2's <|START_TEXT|>)
+    whether or not it did, as upstream's."""
+    if syntax.tool_format is None:
+        return ()
+    dialect = _dialect(syntax)
+    if syntax.calls:
+        return dialect.calls_end_thoughts
+    wrap = dialect.content_wrap
+    return (wrap[0],) if wrap is not None and wrap[0] in dialect.calls_end_thoughts else ()
 
 
 def _calls_start(text: str, start: int, end: int, markers, syntax: Syntax, partial: bool) -> int:

@@ -41,7 +41,8 @@ def parse(dialect: str | Dialect, text: str, *, partial: bool = False,
     if isinstance(reasoning, str):  # a reasoning_format: only "none" leaves thoughts in place
         reasoning = reasoning != "none"
     start, end = d.think if d.think is not None else ("<think>", "</think>")
-    closed = not enable_thinking and not thinking_open and _empty_block(generation_prompt, start, end)
+    closed = not enable_thinking and not thinking_open and not d.thinks_after_close \
+        and _empty_block(generation_prompt, start, end)
     syntax = Syntax(reasoning_format="auto" if reasoning else "none", thinking_open=thinking_open,
                     think_start=start, think_end=end, tool_format=d,
                     tools=() if tools is OFFERED else tuple(tools or ()),

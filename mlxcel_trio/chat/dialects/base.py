@@ -89,9 +89,19 @@ class Dialect:
     # the thoughts as upstream's autoparser returns them: from the prompt's
     # opener on (the blank it ends with included), not trimmed
     raw_thoughts: bool = False
+    # ... less the blank the opener ends with where the template writes past
+    # thoughts after the same opener, blank included (MiniMax M2's `<think>\n`)
+    opener_blank: bool = True
     blank_content: bool = False  # blank lines beside a call stay content, as upstream's
     settles: bool = True  # arriving arguments lose trailing blanks (the split may do its own)
     trims_thought_lead: bool = False  # arriving thoughts lose their leading blanks, as upstream's
+    # upstream's autoparser with the template's bare closing marker (SmolLM3):
+    # the blanks the model starts with are dropped, and where the prompt closed
+    # an empty block, what the prompt wrote after its close leads the content
+    prompt_tail: bool = False
+    # where the prompt closed an empty thinking block, one the model writes
+    # anyway is still thoughts (Gemma 4's handler; elsewhere it is content)
+    thinks_after_close: bool = False
 
 
 def think_of(dialect: Dialect, source: str) -> tuple[str, str]:
@@ -201,6 +211,11 @@ def json_call(name: str, s: str, i: int, close: str, partial: bool):
     """Arguments as one JSON object then `close`: (call, end) or INVALID.
     A partial call ends at None."""
     got = read_json(s, i)
+    if got == INVALID and s.startswith("{", skip_ws(s, i)):
+        # arguments that break as JSON once begun: the named call stands, still
+        # open, with the rest of the output (upstream's lenient read; a raw
+        # newline in a string left open is where this shows)
+        return ToolCall(name, s[skip_ws(s, i):], complete=False), None
     if got == INVALID or (got[1] is None and got[0] and not got[0].startswith("{")):
         return INVALID
     args, end = got
@@ -230,17 +245,19 @@ def string_typed(tools: Tools, name: str, key: str) -> bool | None:
     return None
 
 
-def arg_value(tools: Tools, name: str, key: str, value: str) -> str:
+def arg_value(tools: Tools, name: str, key: str, value: str, raw: bool = False) -> str:
     """A parameter's text as JSON: a string where the schema says so, else
-    the value as written when it is JSON, else the value as a string."""
+    the value as written when it is JSON, else the value as a string
+    (trimmed, unless `raw` and the schema says string)."""
     text = value.strip()
-    if string_typed(tools, name, key) is not True:
+    typed = string_typed(tools, name, key)
+    if typed is not True:
         try:
             json.loads(text)
             return text
         except ValueError:
             pass
-    return json.dumps(text, ensure_ascii=False)
+    return json.dumps(value if raw and typed else text, ensure_ascii=False)
 
 
 def args_object(pairs: list[tuple[str, str]], closed: bool) -> str:
@@ -251,18 +268,28 @@ def args_object(pairs: list[tuple[str, str]], closed: bool) -> str:
 
 def tagged_params(s: str, i: int, name: str, tools: Tools, key_open: str, key_close: str,
                   value_close: str, end: str, partial: bool, value_open: str = "",
-                  lag: bool = False):
+                  lag: bool = False, key_lag: bool = True, key_end: str = "",
+                  raw: bool = False):
     """Parameters written as tags (`<parameter=k>v</parameter>`,
     `<arg_key>k</arg_key><arg_value>v</arg_value>`) until `end`: (call,
     the index after `end`, or None while arriving) or INVALID.
 
     With `lag` a partial parse reports a key only once its value has begun,
-    as upstream's streams do."""
+    as upstream's streams do; without `key_lag`, as soon as its close is
+    written (upstream's autoparser: `{"city":"` at `<parameter=city>`), or
+    its `key_end` (MiniMax M2's quote of `">`: the name can grow no more).
+    `raw`: a string value is the text as written, blanks included (upstream's
+    autoparser reads it up to the close)."""
     pairs: list[tuple[str, str]] = []
     j = i
 
     def arriving():
         return _open_call(name, pairs, partial or lag)
+
+    def keyed(key: str, value: str = "") -> tuple:
+        head = args_object(pairs, False) + ("," if pairs else "")
+        return ToolCall(name, head + json.dumps(key, ensure_ascii=False) + ":" + value,
+                        complete=False), None
     while True:
         k = skip_ws(s, j)
         if s.startswith(end, k):
@@ -270,6 +297,9 @@ def tagged_params(s: str, i: int, name: str, tools: Tools, key_open: str, key_cl
         if s.startswith(key_open, k):
             ke = s.find(key_close, k + len(key_open))
             if ke < 0:
+                q = s.find(key_end, k + len(key_open)) if key_end and partial else -1
+                if q >= 0 and key_close.startswith(s[q:]):
+                    return keyed(s[k + len(key_open):q].strip())
                 return arriving()
             key = s[k + len(key_open):ke].strip()
             v = ke + len(key_close)
@@ -278,33 +308,27 @@ def tagged_params(s: str, i: int, name: str, tools: Tools, key_open: str, key_cl
                 v = skip_ws(s, v)
                 if not s.startswith(value_open, v):
                     if partial and value_open.startswith(s[v:]):
-                        if lag and after_key < len(s):
-                            # something follows the key's close: upstream's
-                            # stream takes the key in (`{"city":`)
-                            head = args_object(pairs, False) + ("," if pairs else "")
-                            return ToolCall(name, head + json.dumps(key) + ":",
-                                            complete=False), None
+                        if lag and (after_key < len(s) or not key_lag):
+                            # upstream's stream takes the key in (`{"city":`)
+                            # once something follows its close (or at once)
+                            return keyed(key)
                         return _open_call(name, pairs, partial)
                     return INVALID
                 v += len(value_open)
             ve = s.find(value_close, v)
             if ve < 0:
-                so_far = hold(s[v:], value_close).strip()
-                if lag and v >= len(s) and not value_open:
+                so_far = hold(s[v:], value_close)
+                so_far = so_far if raw else so_far.strip()
+                if lag and key_lag and v >= len(s) and not value_open:
                     return arriving()
                 if (partial or lag) and string_typed(tools, name, key):
                     # a string streams as written, as upstream's (`{"city":"Pari`)
-                    text = json.dumps(so_far, ensure_ascii=False)[:-1]
-                    head = args_object(pairs, False) + ("," if pairs else "")
-                    return ToolCall(name, head + json.dumps(key) + ":" + text,
-                                    complete=False), None
+                    return keyed(key, json.dumps(so_far, ensure_ascii=False)[:-1])
                 if lag:  # another value streams as written (`{"arg1":1`), an untyped one once done
-                    head = args_object(pairs, False) + ("," if pairs else "")
                     typed = string_typed(tools, name, key) is False
-                    return ToolCall(name, head + json.dumps(key) + ":" + (so_far if typed else ""),
-                                    complete=False), None
+                    return keyed(key, so_far.strip() if typed else "")
                 return _open_call(name, pairs, partial)
-            pairs.append((key, arg_value(tools, name, key, s[v:ve])))
+            pairs.append((key, arg_value(tools, name, key, s[v:ve], raw)))
             j = ve + len(value_close)
             continue
         tail = s[k:]
@@ -312,6 +336,9 @@ def tagged_params(s: str, i: int, name: str, tools: Tools, key_open: str, key_cl
             return arriving()
         if not partial and not tail:
             return ToolCall(name, args_object(pairs, True), complete=False), None
+        if not partial and (end.startswith(tail) or key_open.startswith(tail)):
+            # the output ends inside a marker: the call stands as streamed (upstream's lenient end)
+            return ToolCall(name, args_object(pairs, False), complete=False), None
         return INVALID
 
 
@@ -447,16 +474,18 @@ def tag_grammar(after_name: str, key_open: str, key_close: str, value_close: str
 
 def invoke_block(inv_open: str, name_stop: str, key_open: str, key_close: str,
                  value_close: str, inv_close: str, section_close: str,
-                 value_open: str = "", many: bool = True, lag: bool = False) -> Block:
+                 value_open: str = "", many: bool = True, lag: bool = False,
+                 key_lag: bool = True, key_end: str = "", raw: bool = False) -> Block:
     """A block of calls written as tags: `(inv_open NAME name_stop params
     inv_close)+ section_close` (one call when not `many`); `lag`: partial
     calls as upstream streams them (tagged_params), the closing brace held
-    until the section closes."""
+    until the section closes; `key_lag`, `key_end`, `raw`: as tagged_params."""
 
     def block(s: str, j: int, partial: bool, tools: Tools):
         calls: list[ToolCall] = []
         if lag and partial and not s.endswith(section_close) and any(
-                s.endswith(m) for m in (name_stop, key_close, value_close, inv_close)):
+                s.endswith(m) for m in (name_stop, key_close, value_close, inv_close)) \
+                and (key_lag or not _ends_key(s, key_open, key_close)):
             # upstream's streams take a marker in once something follows it
             s = s[:-1]
         while True:
@@ -471,7 +500,7 @@ def invoke_block(inv_open: str, name_stop: str, key_open: str, key_close: str,
                     return got if not calls else (calls, None if partial else k)
                 name, v = got
                 got = tagged_params(s, v, name, tools, key_open, key_close, value_close,
-                                    inv_close, partial, value_open, lag)
+                                    inv_close, partial, value_open, lag, key_lag, key_end, raw)
                 if got == UNDECIDED:
                     return UNDECIDED if not calls else (calls, None)
                 if got == INVALID:
@@ -489,6 +518,13 @@ def invoke_block(inv_open: str, name_stop: str, key_open: str, key_close: str,
                 return calls, (None if not tail and not partial else k)
             return INVALID
     return block
+
+
+def _ends_key(s: str, key_open: str, key_close: str) -> bool:
+    """`s` ends with a key's close (`<parameter=city>`)."""
+    k = s.rfind(key_open)
+    return k >= 0 and s.endswith(key_close) and s.find(key_close, k + len(key_open)) == \
+        len(s) - len(key_close)
 
 
 def call_section(call_open: str, section_close: str, read_call, many: bool = True) -> Block:

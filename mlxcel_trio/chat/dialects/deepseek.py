@@ -34,7 +34,7 @@ R1 = Dialect("deepseek_r1", _is_r1, marked("deepseek_r1", CALLS, _R1), opener=r1
              raw_thoughts=True,
              grammar=json_grammar(FENCE, "\n```" + CALL_END + CALLS_END))
 V3_1 = Dialect("deepseek_v3_1", lambda src: CALLS in src and not _is_r1(src),
-               marked("deepseek_v3_1", CALLS, _V3_1), opener=v3_1_opener,
+               marked("deepseek_v3_1", CALLS, _V3_1), opener=v3_1_opener, raw_thoughts=True,
                grammar=json_grammar(SEP, CALL_END + CALLS_END))
 
 # -- DSML (V3.2, V4) -------------------------------------------------------------------------

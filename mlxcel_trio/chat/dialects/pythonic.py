@@ -138,7 +138,7 @@ def _gemma_block(s: str, j: int, partial: bool, tools):
 GEMMA4 = Dialect("gemma4", lambda src: "'<|tool_call>call:'" in src,
                  marked("gemma4", G_OPEN, _gemma_block),
                  think=("<|channel>thought", "<channel|>"), blank_content=True,
-                 trims_thought_lead=True,
+                 trims_thought_lead=True, thinks_after_close=True, settles=False,
                  opener=lambda name: G_OPEN + (name + "{" if name else ""),
                  grammar=keyword_grammar(
                      "{", ":",

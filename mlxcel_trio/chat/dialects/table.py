@@ -1,6 +1,7 @@
 """The dialect table: every family's dialect in detection order, by name;
 `detect` and `lookup` (chat/parser.py resolves a name through this module,
-not the package, which imports the parser)."""
+imported once at its top: the package's parse() imports the parser only
+when called)."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ TABLE: tuple[Dialect, ...] = (
     # a SmolLM3 template that renders no tools: upstream reads no calls from
     # it (one that teaches `<tool_call>` goes by Hermes')
     Dialect("smollm3", lambda src: ("SmolLM3" in src or "named SmolLM" in src)
-            and hermes.OPEN not in src),
+            and hermes.OPEN not in src, prompt_tail=True),
     _hermes_like("xiaomi_mimo", "You are MiMo"),
     hermes.DIALECT,                # <tool_call>{json}</tool_call>
     llama3.DIALECT,                # Llama 3.x JSON / <|python_tag|>
@@ -63,8 +64,8 @@ def detect(template_source: str) -> Dialect:
     for dialect in TABLE:
         if dialect.detect(template_source):
             # a family member that forces calls its own way
-            found = mistral.small_variant(deepseek.dsml_variant(dialect, template_source),
-                                          template_source)
+            found = glm_4_5.variant(mistral.small_variant(
+                deepseek.dsml_variant(dialect, template_source), template_source), template_source)
             break
     else:
         found = generic.derive(template_source)
