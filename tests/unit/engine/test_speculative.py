@@ -14,6 +14,8 @@ import pytest
 from mlxcel_trio.protocol.records import Finished, Job, SamplingParams
 from mlxcel_trio.protocol.speculative import SpecRequest
 
+from .test_scheduler import of, run
+
 GREEDY = SamplingParams(temperature=0.0)
 N_SLOTS = 8
 
@@ -59,11 +61,7 @@ def _run(models, jobs, drafter=None, n_ctx_slot=512, **kw) -> dict[int, Finished
     out: list = []
     for j in jobs:
         s.submit(j, out)
-    for _ in range(5000):
-        if not s.busy:
-            break
-        s.step(out)
-    return {e.job_id: e for e in out if isinstance(e, Finished)}
+    return {e.job_id: e for e in of(run(s, out, limit=5000), Finished)}
 
 
 def _jobs(prompts, spec_every: int = 1, n_predict: int = 48, sampling=GREEDY,

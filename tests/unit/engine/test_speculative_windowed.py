@@ -17,6 +17,9 @@ import pytest
 from mlxcel_trio.protocol.records import Finished, Job, SamplingParams
 from mlxcel_trio.protocol.speculative import SpecRequest
 
+from .test_scheduler import of, run
+from .test_speculative import _prompts
+
 GREEDY = SamplingParams(temperature=0.0)
 N_SLOTS = 6
 N_PREDICT = 70   # with the prompts, well past the 32-token window
@@ -33,11 +36,6 @@ def models(request, tiny_draft_model):
     target, _ = load_model(path)
     draft, _ = load_model(tiny_draft_model)
     return target, draft, Vocab(path)
-
-
-def _prompts(n: int, seed: int = 0) -> list[tuple[int, ...]]:
-    rng = random.Random(seed)
-    return [tuple(rng.randrange(2, 1500) for _ in range(rng.randrange(3, 40))) for _ in range(n)]
 
 
 def _jobs(prompts, spec_every: int = 1, n_max: int = 6) -> list[Job]:
@@ -57,11 +55,7 @@ def _run(models, jobs, drafter=None, **kw) -> dict[int, Finished]:
     out: list = []
     for j in jobs:
         s.submit(j, out)
-    for _ in range(5000):
-        if not s.busy:
-            break
-        s.step(out)
-    return {e.job_id: e for e in out if isinstance(e, Finished)}
+    return {e.job_id: e for e in of(run(s, out, limit=5000), Finished)}
 
 
 class Oracle:

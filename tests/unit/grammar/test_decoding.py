@@ -11,6 +11,7 @@ import pytest
 
 from mlxcel_trio.protocol.records import Finished, Job, SamplingParams
 from mlxcel_trio.grammar.compile import GrammarSpec
+from tests.unit.engine.test_scheduler import of, run as drain
 
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 12},
@@ -31,11 +32,7 @@ def run(model, vocab, jobs, slots=4):
     out: list = []
     for j in jobs:
         s.submit(j, out)
-    for _ in range(5000):
-        if not s.busy:
-            break
-        s.step(out)
-    fins = {e.job_id: e for e in out if isinstance(e, Finished)}
+    fins = {e.job_id: e for e in of(drain(s, out, limit=5000), Finished)}
     return [fins[j.id] for j in jobs]
 
 
