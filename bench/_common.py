@@ -136,6 +136,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop_process(proc: subprocess.Popen | None) -> None:
+    """SIGTERM, 20 s for the server's own shutdown, then SIGKILL."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
 def start_server(model: Path, port: int, args: list[str], env: dict) -> subprocess.Popen:
     """An `mlxcel-server -np 1` (more with args) on 127.0.0.1:port, once /health answers."""
     import httpx

@@ -237,13 +237,7 @@ class Proc:
         return self.log.read_text(errors="replace")[-n:]
 
     def stop(self) -> None:
-        if getattr(self, "proc", None) and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        C.stop_process(getattr(self, "proc", None))
         if getattr(self, "_out", None):
             self._out.close()
 

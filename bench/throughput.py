@@ -111,13 +111,7 @@ class Server:
         return self
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        C.stop_process(self.proc)
         if getattr(self, "_err", None):
             self._err.close()
 
