@@ -207,6 +207,12 @@ class Vocab:
             raise PromptTooLong(len(encoding))
         return encoding.ids
 
+    def single_id(self, text: str) -> int | None:
+        """The one token that spells `text` (a special marker such as
+        `</think>`, read as such), or None where it takes more or none."""
+        ids = self.tokenize(text, add_special=False, parse_special=True)
+        return ids[0] if len(ids) == 1 else None
+
     def tokenize_mixed(self, content, add_special: bool, parse_special: bool = True) -> list[int]:
         """A string, or a list mixing strings and token ids (upstream's
         "mixed" prompt shape).  Only the first string piece gets BOS."""

@@ -165,15 +165,7 @@ def _forced_plan(body: dict, settings: ChatSettings, vocab, choice: str, name: s
         return prefill, grammar
     open_, close, gap = first
     return "", after_thoughts(grammar, lookup(settings.tool_format).opener(name), close,
-                              open_, _token_of(vocab), gap)
-
-
-def _token_of(vocab):
-    """A marker's token id where the vocabulary spells it as one token."""
-    def token_of(text: str) -> int | None:
-        ids = vocab.tokenize(text, parse_special=True)
-        return ids[0] if len(ids) == 1 else None
-    return token_of
+                              open_, vocab.single_id, gap)
 
 
 def _thinking_open(prompt_tail: str, settings: ChatSettings) -> bool:

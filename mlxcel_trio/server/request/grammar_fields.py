@@ -74,9 +74,9 @@ def _preserved(body: dict, vocab) -> tuple[int, ...]:
     for t in _items(body["preserved_tokens"]):
         if not isinstance(t, str):
             raise type_error("string", t, "preserved_tokens")
-        ids = vocab.tokenize(t, add_special=False, parse_special=True)
-        if len(ids) == 1:
-            out.add(ids[0])
+        tok = vocab.single_id(t)
+        if tok is not None:
+            out.add(tok)
     return tuple(sorted(out))
 
 
@@ -116,12 +116,12 @@ def _triggers(body: dict, lazy: bool, preserved, vocab) -> list[dict]:
     for t in _items(body["grammar_triggers"]):
         trig = _trigger(t, "grammar_triggers")
         if trig["type"] == WORD:
-            ids = vocab.tokenize(trig["value"], add_special=False, parse_special=True)
-            if len(ids) == 1:
-                if ids[0] not in preserved:
+            tok = vocab.single_id(trig["value"])
+            if tok is not None:
+                if tok not in preserved:
                     raise ApiError("Field 'grammar_triggers': Grammar trigger word should be "
                                    f"marked as preserved token: {trig['value']}")
-                trig = {"type": TOKEN, "value": trig["value"], "token": ids[0]}
+                trig = {"type": TOKEN, "value": trig["value"], "token": tok}
         out.append(trig)
     if lazy and not out:
         raise ApiError("Field 'grammar_triggers': Error: no triggers set for lazy grammar!")
