@@ -376,9 +376,14 @@ def layers_summary(names: tuple[str, str], layers: list, compute: str) -> str:
 
 def compute_type(model: Any) -> str:
     """The float type the model computes in (what a kept window stores):
-    its first float parameter's."""
+    float32 on the native kernels (their products are float32, and the
+    parameters outside them were made so), else its first float parameter's."""
     from mlx.utils import tree_flatten
 
+    from .native.layers import installed
+
+    if installed(model):
+        return "float32"
     for _, a in tree_flatten(model.parameters()):
         if mx.issubdtype(a.dtype, mx.floating):
             return str(a.dtype).removeprefix("mlx.core.")

@@ -119,7 +119,7 @@ def test_context_shift_runs_over_a_quantized_cache(loaded):
 
 def _fake(*layers):
     return SimpleNamespace(layers=list(layers), make_cache=lambda: [type(c)(*a) for c, a in layers],
-                           parameters=lambda: {})
+                           parameters=lambda: {}, named_modules=lambda: [])
 
 
 def test_global_layers_take_the_type_and_sliding_windows_keep_theirs():

@@ -30,7 +30,7 @@ def test_greedy_on_the_kernels_equals_the_float32_path(kernels, kind):
     from mlx.utils import tree_flatten
 
     from fixtures.build import ensure
-    from mlxcel_trio.engine import weights
+    from mlxcel_trio.engine import kv_cache, weights
     from mlxcel_trio.engine.native import layers
 
     path = ensure(kind)
@@ -42,6 +42,10 @@ def test_greedy_on_the_kernels_equals_the_float32_path(kernels, kind):
     outside = [p for k, p in tree_flatten(model.parameters())
                if not k.endswith(("weight", "scales", "biases"))]
     assert all(p.dtype == mx.float32 for p in outside)     # norms: float32 activations
+    # what a window kept beside a -ctk store holds (the load line names it)
+    assert kv_cache.compute_type(model) == "float32"
+    if kind == "tiny-bf16":
+        assert kv_cache.compute_type(load(path)) == "bfloat16"
     reference, _ = weights.apply(load(path), "float32")
     assert greedy(model) == greedy(reference)
     # a prefill chunk (more than MAX_ROWS rows) takes MLX's path: same logits
