@@ -149,9 +149,10 @@ def parse(text: str, syntax: Syntax, partial: bool) -> ChatMsg:
         return ChatMsg(content=text)
     if syntax.tool_format is not None and _dialect(syntax).message is not None:
         msg = _dialect(syntax).message(text, partial, syntax.reasoning_format != "none",
-                                       syntax.thinking_open, syntax.tools)
+                                       syntax.thinking_open, syntax.tools if syntax.calls else None)
+        settles = _dialect(syntax).settles
         calls = tuple(attrs.evolve(c, arguments=_settled(c.arguments))
-                      if partial and not c.complete else c for c in msg.tool_calls)
+                      if partial and not c.complete and settles else c for c in msg.tool_calls)
         return ChatMsg(msg.content, msg.reasoning_content, calls)
     start, end = syntax.think_start, syntax.think_end
     r_start = None

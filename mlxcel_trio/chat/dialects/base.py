@@ -447,11 +447,13 @@ def json_grammar(after_name: str, tail: str, between: str | None = None) -> Call
 
 def tag_grammar(after_name: str, key_open: str, key_close: str, value_close: str,
                 tail: str, between: str | None = None,
-                key_close_json: str | None = None) -> Callable:
+                key_close_json: str | None = None,
+                head_of: Callable[[str], str] | None = None) -> Callable:
     """Calls written as tags: `opener name after_name (key_open K key_close
     V value_close)* tail`; a string parameter's value is any text without
     '<', another is JSON of its schema (its key closed by `key_close_json`
-    where the family marks the two apart)."""
+    where the family marks the two apart); `head_of(name)` replaces `name
+    after_name` where the family writes the name more than once."""
 
     def call_of(i: int, fn: dict, named: bool, rules: list[str]) -> str:
         params_schema = fn.get("parameters") or {}
@@ -467,7 +469,7 @@ def tag_grammar(after_name: str, key_open: str, key_close: str, value_close: str
             # each parameter once, in the schema's order; the optional ones may be left out
             param = _seq(lark(key_open + key + close), f"v{i}_{k}", lark(value_close))
             params.append(param if key in required else f"({param})?")
-        head = "" if named else lark(fn["name"] + after_name)
+        head = "" if named else lark(head_of(fn["name"]) if head_of else fn["name"] + after_name)
         return "(" + _seq(head, *params, lark(tail)) + ")"
     return _grammar(call_of, between)
 

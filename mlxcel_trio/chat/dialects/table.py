@@ -8,7 +8,7 @@ from __future__ import annotations
 import attrs
 
 from . import deepseek, generic, glm_4_5, gpt_oss, hermes, kimi_k2, kimi_k3, lfm2, llama3, \
-    minimax_m2, minimax_m3, mistral, others, pythonic, qwen3_coder, seed_oss
+    minimax_m2, minimax_m3, mistral, muse_glimmer, others, pythonic, qwen3_coder, seed_oss
 from .base import Dialect, think_of
 
 
@@ -22,6 +22,7 @@ TABLE: tuple[Dialect, ...] = (
     # upstream's special-cased families, in its order
     mistral.SMALL,                 # [TOOL_CALLS]NAME[ARGS] (Small 3.2, Magistral, Ministral 3, Devstral)
     gpt_oss.DIALECT,               # <|channel|>
+    muse_glimmer.DIALECT,          # <atem:function_calls> + <|eom|>
     others.FUNCTIONARY_V3_2,       # >>>all
     kimi_k2.DIALECT,               # <|tool_calls_section_begin|>
     kimi_k3.DIALECT,               # <|open|>TAG<|sep|> ... <|close|>TAG<|sep|>

@@ -1,6 +1,6 @@
 """The tool-call conformance corpus: model outputs per dialect, in each family's own syntax.
 
-    python make_corpus.py batch OUT.json        the inputs, as one batch for the oracle
+    python make_corpus.py batch OUT.json [TEMPLATE ...]   the inputs (of those templates), one batch for the oracle
     python make_corpus.py merge ORACLE.json     the oracle's answers -> <dialect>.json here
 
 Deterministic and pure Python: the same corpus comes out on every run.  Each
@@ -255,16 +255,27 @@ def solar(calls):
         for i, (n, a) in enumerate(calls)) + "<|calls|>"
 
 
+def muse_glimmer(calls):
+    def value(v):
+        return dumps(v) if isinstance(v, (dict, list, bool)) or v is None else str(v)
+    return MUSE_NEXT.join(
+        f' to={n}<|message|><atem:function_calls>\n<atem:invoke name="{n}">\n'
+        + "".join(f'<atem:parameter name="{k}">{value(v)}</atem:parameter>\n' for k, v in a.items())
+        + "</atem:invoke>\n</atem:function_calls>" for n, a in calls)
+
+
 # ---- families: (dialect, template, call syntax, reasoning (open, close) or None, content wrapper)
 
 # How a family writes plain content and what separates it from calls, where not bare text and "\n".
 GPT_OSS_NEXT = "<|end|><|start|>assistant"
+MUSE_NEXT = "<|eom|><|start|>assistant"   # the generation prompt is "<|start|>assistant"
 SHAPES = {
     "gpt_oss": {"wrap": "<|channel|>final<|message|>{}", "sep": GPT_OSS_NEXT, "after": "<|end|>"},
     "functionary_v3_2": {"wrap": "all\n{}", "sep": ">>>"},
     "command_r7b": {"wrap": "<|START_RESPONSE|>{}<|END_RESPONSE|>", "sep": ""},
     "cohere2moe": {"wrap": "<|START_TEXT|>{}<|END_TEXT|>", "sep": ""},
     "upstage-Solar-Open-100B.jinja": {"wrap": "<|content|>{}<|end|>", "sep": "<|begin|>assistant"},
+    "muse_glimmer": {"wrap": " to=user<|message|>{}", "sep": MUSE_NEXT},
     "kimi_k3": {"wrap": "<|open|>response<|sep|>{}<|close|>response<|sep|>", "sep": "", "end": "<|close|>message<|sep|>"},
 }
 
@@ -327,6 +338,7 @@ FAMILIES = [
     ("smollm3", "HuggingFaceTB-SmolLM3-3B.jinja", hermes, ("<think>", "</think>")),
     ("deepseek_dsml", "deepseek-ai-DeepSeek-V4-Flash-0731.jinja", dsml("tool_calls"), ("<think>", "</think>")),
     ("gemma4", "google-gemma-4-31B-it-interleaved.jinja", gemma4, ("<|channel>thought\n", "<channel|>")),
+    ("muse_glimmer", "muse-glimmer.jinja", muse_glimmer, (" to=self<|message|>", MUSE_NEXT)),
     # Families outside the table: upstream's autoparser derives them from the template.
     ("generic", "Reka-Edge.jinja", reka, ("<think>", "</think>")),
     ("generic", "Bielik-11B-v3.0-Instruct.jinja", hermes, ("<think>", "</think>")),
@@ -412,14 +424,14 @@ def corpus():
     return groups
 
 
-def batch(path: Path) -> None:
-    jobs = [{"template": str(TEMPLATES / g["template"]),
+def batch(path: Path, only: list[str]) -> None:
+    jobs = [{"group": i, "template": str(TEMPLATES / g["template"]),
              "tools": TOOLS if g["setting"]["tools"] else None,
              "reasoning_format": g["setting"]["reasoning"],
              "enable_thinking": g["setting"]["thinking"],
              "parallel_tool_calls": True,
              "texts": [{"text": g["outputs"][c["output"]]["text"][: c["len"]], "partial": c["partial"]}
-                       for c in g["cases"]]} for g in corpus()]
+                       for c in g["cases"]]} for i, g in enumerate(corpus()) if not only or g["template"] in only]
     path.write_text(json.dumps({"jobs": jobs}, ensure_ascii=False), "utf-8")
 
 
@@ -434,10 +446,12 @@ def thinking_open(prompt: str, start: str) -> bool:
 def merge(path: Path) -> None:
     answers = json.loads(path.read_text("utf-8"))["jobs"]
     groups = corpus()
-    assert len(answers) == len(groups)
+    picked = [groups[a["group"]] for a in answers]
+    # A dialect file is rewritten whole, so every group of an answered dialect must be answered.
+    assert all(g in picked for g in groups if g["dialect"] in {p["dialect"] for p in picked})
     by_dialect: dict[str, list] = {}
     counts: Counter = Counter()
-    for g, a in zip(groups, answers, strict=True):
+    for g, a in zip(picked, answers, strict=True):
         if "setup_error" in a:
             print(f"skip {g['template']} {g['setting']}: {a['setup_error'][:120]}", file=sys.stderr)
             continue
@@ -469,4 +483,4 @@ def merge(path: Path) -> None:
 
 if __name__ == "__main__":
     mode, arg = sys.argv[1], Path(sys.argv[2])
-    {"batch": batch, "merge": merge}[mode](arg)
+    batch(arg, sys.argv[3:]) if mode == "batch" else merge(arg)

@@ -115,6 +115,7 @@ UPSTREAM = {
     "HuggingFaceTB-SmolLM3-3B.jinja": ("autoparser", "smollm3"),
     "deepseek-ai-DeepSeek-V4-Flash-0731.jinja": ("DeepSeek V3.2/V4", "deepseek_dsml"),
     "google-gemma-4-31B-it-interleaved.jinja": ("", "gemma4"),
+    "muse-glimmer.jinja": ("Muse Glimmer", "muse_glimmer"),
     # Families outside the table: upstream's autoparser derives their syntax from the template.
     "Reka-Edge.jinja": ("autoparser", "generic"),
     "Bielik-11B-v3.0-Instruct.jinja": ("autoparser", "generic"),

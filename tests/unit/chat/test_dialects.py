@@ -56,6 +56,7 @@ DETECTED = {
     "Qwen-Qwen2.5-7B-Instruct.jinja": "hermes",
     "meta-llama-Llama-3.1-8B-Instruct.jinja": "llama3",
     "google-gemma-2-2b-it.jinja": "none",
+    "muse-glimmer.jinja": "muse_glimmer",
 }
 
 
@@ -152,6 +153,12 @@ CASES = [
     ("xiaomi_mimo", '<tool_call>\n{"name": "f", "arguments": {"arg1": 1}}\n</tool_call>', "", "",
      [("f", {"arg1": 1}, "")]),
     ("none", "<tool_call>x</tool_call>", "<tool_call>x</tool_call>", "", []),
+    ("muse_glimmer", " to=self<|message|>hmm<|eom|><|start|>assistant to=user<|message|>Hi"
+     "<|eom|><|start|>assistant to=f<|message|><atem:function_calls>\n<atem:invoke name=\"f\">\n"
+     '<atem:parameter name="arg1">1</atem:parameter>\n<atem:parameter name="s">a\nb</atem:parameter>'
+     "\n</atem:invoke>\n</atem:function_calls><|eom|><|start|>assistant to=g<|message|>"
+     "<atem:function_calls>\n<atem:invoke name=\"g\">\n</atem:invoke>\n</atem:function_calls>",
+     "Hi", "hmm", [("f", {"arg1": 1, "s": "a\nb"}, ""), ("g", {}, "")]),
 ]
 
 THINKING_OPEN = {"nemotron_v2", "kimi_k3", "apriel"}  # the template opens the block in the prompt
@@ -193,6 +200,7 @@ def test_every_prefix_is_a_prefix_of_the_final_parse(name, text, content, reason
     ("glm_4_5", "<tool_call>bad name here</tool_call>"),
     ("kimi_k3", '<|open|>tools<|sep|><|open|>call index="1"<|sep|><|close|>call<|sep|>'
      '<|close|>tools<|sep|>'),
+    ("muse_glimmer", " to=f<|message|>no block here"),
 ])
 def test_malformed_calls_are_content(name, text, caplog):
     got = parse(name, text)
@@ -204,5 +212,5 @@ def test_every_contract_dialect_is_in_the_table():
     names = ("hermes llama3 qwen3_coder gpt_oss mistral_nemo mistral_small deepseek_r1 "
              "deepseek_v3_1 deepseek_dsml glm_4_5 kimi_k2 kimi_k3 minimax_m2 functionary_v3_1 "
              "functionary_v3_2 firefunction_v2 command_r7b granite lfm2 apertus seed_oss "
-             "nemotron_v2 apriel gemma4 gigachat3 minicpm5 smollm3 xiaomi_mimo generic none")
+             "nemotron_v2 apriel gemma4 gigachat3 minicpm5 smollm3 xiaomi_mimo muse_glimmer generic none")
     assert set(names.split()) <= set(BY_NAME)

@@ -279,10 +279,15 @@ THINKING = {
                                "<|tool_call_begin|>functions.get_weather:0"
                                '<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|>'
                                "<|tool_calls_section_end|>"),
+    "muse-glimmer.jinja": ({}, " to=self<|message|>hmm<|eom|><|start|>assistant to=get_weather"
+                           '<|message|><atem:function_calls>\n<atem:invoke name="get_weather">\n'
+                           '<atem:parameter name="city">Paris</atem:parameter>\n</atem:invoke>\n'
+                           "</atem:function_calls>"),
     "MiniMax-M2.jinja": ({}, 'hmm</think>\n\n<minimax:tool_call>\n<invoke name="get_weather">\n'
                          '<parameter name="city">Paris</parameter>\n</invoke>\n</minimax:tool_call>'),
 }
-WEATHER = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+WEATHER = [{"type": "function", "function": {"name": "get_weather", "description": "Weather",
+                                              "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
 
 
