@@ -73,6 +73,7 @@ FAMILIES = {
     "google-gemma-4-31B-it.jinja": 'city:<|"|>Paris<|"|>}<tool_call|>',
     "Qwen-Qwen3-0.6B.jinja": "</tool_call>",
     "meta-llama-Llama-3.1-8B-Instruct.jinja": '"parameters"',
+    "muse-glimmer.jinja": '<|message|><atem:function_calls>\n<atem:invoke name="get_weather">',
 }
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city",
