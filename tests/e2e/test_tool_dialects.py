@@ -165,6 +165,27 @@ def test_forced_after_reasoning(template):
     assert "".join(p.function.arguments or "" for p in parts) == call.function.arguments
 
 
+# template -> how its prompt's closed empty block (thinking off) leads the content
+THINKING_OFF = {"Qwen-Qwen3-0.6B.jinja": "", "HuggingFaceTB-SmolLM3-3B.jinja": "\n"}
+
+
+@pytest.mark.parametrize("template", sorted(THINKING_OFF), indirect=True)
+def test_thinking_off_reads_a_written_block_as_content(template):
+    """With thinking off the prompt closes an empty thinking block, and
+    upstream then reads a block the model writes anyway as content (and
+    SmolLM3's answer after the prompt's bare close starts with the newline
+    its template wrote there): the server tells its parser what the prompt
+    closed.  The continued assistant text stands in for the model's."""
+    name, srv = template
+    said = "<think>plan</think>Hello"
+    res = _openai(srv).chat.completions.create(
+        model="m", messages=[USER, {"role": "assistant", "content": said}], max_tokens=2,
+        temperature=0, extra_body={"chat_template_kwargs": {"enable_thinking": False},
+                                   "echo": True}).choices[0].message
+    assert res.content.startswith(THINKING_OFF[name] + said), res
+    assert not getattr(res, "reasoning_content", None)
+
+
 # ---- an agent loop: call, result, answer ----------------------------------------
 
 LOOP = ["openai-gpt-oss-120b.jinja", "Qwen3-Coder.jinja",

@@ -36,21 +36,40 @@ def parse(dialect: str | Dialect, text: str, *, partial: bool = False,
     where reasoning is not split out, as upstream does; with `enable_thinking`
     off and a prompt that closed an empty thinking block, a block the model
     writes anyway is content."""
-    from ..parser import Syntax, parse as parse_text
-    d = lookup(dialect)
+    from ..parser import parse as parse_text
     if isinstance(reasoning, str):  # a reasoning_format: only "none" leaves thoughts in place
         reasoning = reasoning != "none"
-    start, end = d.think if d.think is not None else ("<think>", "</think>")
-    closed = not enable_thinking and not thinking_open and not d.thinks_after_close \
-        and _empty_block(generation_prompt, start, end)
-    syntax = Syntax(reasoning_format="auto" if reasoning else "none", thinking_open=thinking_open,
-                    think_start=start, think_end=end, tool_format=d,
-                    tools=() if tools is OFFERED else tuple(tools or ()),
-                    calls=tools is not None, raw_partials=True,
-                    opener=_opener(generation_prompt, start), closed_think=closed)
+    syntax = syntax_for(dialect, reasoning_format="auto" if reasoning else "none",
+                        thinking_open=thinking_open, tools=tools,
+                        generation_prompt=generation_prompt, enable_thinking=enable_thinking,
+                        raw_partials=True)
     msg = parse_text(text, syntax, partial)
     return Parsed(msg.content, msg.reasoning_content,
                   tuple(ToolCall(c.name, c.arguments, c.id) for c in msg.tool_calls))
+
+
+def syntax_for(dialect: str | Dialect, *, reasoning_format: str, thinking_open: bool,
+               tools=OFFERED, generation_prompt: str = "", enable_thinking: bool = True,
+               think: tuple[str, str] | None = None, raw_partials: bool = False,
+               skip: bool = False):
+    """The parser's Syntax for one request in `dialect`, as upstream reads it:
+    `tools` None says the request offered none (no calls are read, the
+    dialect's message shape still is); `generation_prompt` gives the prompt's
+    open thinking marker (put back under reasoning "none") and, with thinking
+    off, whether the prompt closed an empty block (a block the model writes
+    then is content); `think` overrides the dialect's markers (the server's
+    settings).  One builder for the server and for parse() above, so the
+    conformance corpus holds the server's reading."""
+    from ..parser import Syntax
+    d = lookup(dialect)
+    start, end = think or (d.think if d.think is not None else ("<think>", "</think>"))
+    closed = not enable_thinking and not thinking_open and not d.thinks_after_close \
+        and _empty_block(generation_prompt, start, end)
+    return Syntax(reasoning_format=reasoning_format, thinking_open=thinking_open,
+                  think_start=start, think_end=end, tool_format=d,
+                  tools=() if tools is OFFERED else tuple(tools or ()),
+                  calls=tools is not None, raw_partials=raw_partials,
+                  opener=_opener(generation_prompt, start), closed_think=closed, skip=skip)
 
 
 def _empty_block(generation_prompt: str, start: str, end: str) -> bool:
@@ -68,4 +87,4 @@ def _opener(generation_prompt: str, start: str) -> str:
 
 
 __all__ = ["BY_NAME", "Dialect", "NONE", "Parsed", "TABLE", "ToolCall", "after_thoughts", "detect",
-           "lookup", "parse"]
+           "lookup", "parse", "syntax_for"]

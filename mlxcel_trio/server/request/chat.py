@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ...chat.dialects import after_thoughts, lookup
+from ...chat.dialects import after_thoughts, lookup, syntax_for
 from ...chat.parser import Syntax
 from ...chat.settings import ChatSettings
 from ...chat.template import TemplateError
@@ -236,16 +236,7 @@ def plan(body: Any, settings: ChatSettings, vocab, generating: bool = True,
             tool_grammar = grammar if generating else None
         echo = echo and not prefill
     prompt += prefill
-    syntax = Syntax(
-        reasoning_format=fmt,
-        thinking_open=primed,
-        think_start=settings.think_start,
-        think_end=settings.think_end,
-        tool_format=settings.tool_format if rendered_tools and body.get(
-            "parse_tool_calls", True) is not False else None,
-        tools=tuple(rendered_tools),
-        skip=settings.skip_parsing,
-    )
+    syntax = _syntax(body, settings, fmt, primed, rendered_tools, gen, kwargs)
     # a thinking template's markers decide the budget (upstream overwrites the
     # native reasoning_budget_* fields); otherwise the body's own pass through
     native = native_body(body, schema, _CHAT_BUDGET_FIELDS if settings.thinks else ())
@@ -261,6 +252,21 @@ def plan(body: Any, settings: ChatSettings, vocab, generating: bool = True,
                     tool_grammar=tool_grammar,
                     thinking_open=_thinking_open(gen + prefill, settings) or (
                         primed and settings.think_end not in prefill))
+
+
+def _syntax(body: dict, settings: ChatSettings, fmt: str, primed: bool, tools, gen: str,
+            kwargs: dict) -> Syntax:
+    """How the output is read: in the template's dialect, as the conformance
+    corpus reads it (its message shape and thinking placement with or without
+    tools; the prompt's open or closed thinking block); with
+    `parse_tool_calls: false` and tools, the calls stay text."""
+    if settings.tool_format is None or tools and body.get("parse_tool_calls", True) is False:
+        return Syntax(reasoning_format=fmt, thinking_open=primed, think_start=settings.think_start,
+                      think_end=settings.think_end, skip=settings.skip_parsing)
+    return syntax_for(settings.tool_format, reasoning_format=fmt, thinking_open=primed,
+                      tools=tuple(tools) if tools else None, generation_prompt=gen,
+                      enable_thinking=kwargs.get("enable_thinking") is not False,
+                      think=(settings.think_start, settings.think_end), skip=settings.skip_parsing)
 
 
 _CHAT_BUDGET_FIELDS = ("reasoning_budget_tokens", "reasoning_budget_start_tag",

@@ -12,6 +12,7 @@ import pytest
 from mlxcel_trio.chat.settings import build
 from mlxcel_trio.config import ServerConfig
 from mlxcel_trio.engine.vocab import Vocab
+from mlxcel_trio.chat.parser import parse
 from mlxcel_trio.server.request.chat import plan
 from mlxcel_trio.server.http.errors import ApiError
 
@@ -39,28 +40,33 @@ def test_plain_render_and_tokens(settings, vocab):
     p = plan({"messages": [USER]}, settings, vocab)
     assert p.prompt == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
     assert p.tokens == vocab.tokenize(p.prompt, False, True)
-    assert not p.syntax.thinking_open and p.syntax.tool_format is None
-    assert p.prefill == "" and not p.stream
+    # read in the template's dialect, with no calls: the request offered no tools
+    assert not p.syntax.thinking_open and p.syntax.tool_format.name == "hermes"
+    assert not p.syntax.calls and p.prefill == "" and not p.stream
 
 
 def test_enable_thinking_false_closes_the_block(settings, vocab):
     p = plan({"messages": [USER], "chat_template_kwargs": {"enable_thinking": False}},
              settings, vocab)
     assert p.prompt.endswith("<think>\n\n</think>\n\n") and not p.syntax.thinking_open
+    # the parser learns the prompt closed an empty block: a block the model writes is content
+    assert p.syntax.closed_think and p.syntax.opener == "<think>\n\n</think>\n\n"
+    assert parse("<think>x</think>Hi", p.syntax, False).content == "<think>x</think>Hi"
     p = plan({"messages": [USER], "reasoning_effort": "none"}, settings, vocab)
-    assert p.prompt.endswith("</think>\n\n")
+    assert p.prompt.endswith("</think>\n\n") and p.syntax.closed_think
+    assert not plan({"messages": [USER]}, settings, vocab).syntax.closed_think
 
 
 def test_tools_render_and_turn_parsing_on(settings, vocab):
     p = plan({"messages": [USER], "tools": TOOLS}, settings, vocab)
-    assert "<tools>" in p.prompt and p.syntax.tool_format == "hermes"
+    assert "<tools>" in p.prompt and p.syntax.tool_format.name == "hermes" and p.syntax.calls
     p = plan({"messages": [USER], "tools": TOOLS, "tool_choice": "none"}, settings, vocab)
-    assert "<tools>" not in p.prompt and p.syntax.tool_format is None
+    assert "<tools>" not in p.prompt and not p.syntax.calls
     p = plan({"messages": [USER], "tools": []}, settings, vocab)
     assert "<tools>" not in p.prompt
     p = plan({"messages": [USER], "tools": TOOLS, "tool_choice": {"type": "other"}},
              settings, vocab)
-    assert p.syntax.tool_format == "hermes" and p.prefill == ""  # upstream: "auto"
+    assert p.syntax.calls and p.prefill == ""  # upstream: "auto"
 
 
 def test_required_and_named_choices_open_the_call(settings, vocab):
