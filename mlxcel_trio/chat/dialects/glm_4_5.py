@@ -52,7 +52,11 @@ DIALECT = Dialect("glm_4_5", detect, marked("glm_4_5", OPEN, _block_of(False)), 
                   settles=False, raw_thoughts=True,
                   grammar=tag_grammar("\n", "<arg_key>", "</arg_key>\n<arg_value>",
                                       "</arg_value>\n", CLOSE, between="\n" + OPEN))
-_COMPACT = attrs.evolve(DIALECT, split=marked("glm_4_5", OPEN, _block_of(True)))
+# 4.7 forces its calls as its template renders them: no newline after the name or any tag
+_COMPACT = attrs.evolve(DIALECT, split=marked("glm_4_5", OPEN, _block_of(True)),
+                        opener=lambda name: OPEN + (name or ""),
+                        grammar=tag_grammar("", "<arg_key>", "</arg_key><arg_value>",
+                                            "</arg_value>", CLOSE, between=OPEN))
 
 
 def variant(dialect: Dialect, src: str) -> Dialect:

@@ -281,6 +281,8 @@ THINKING = {
                                         '{"city": "Paris"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>'),
     "GLM-4.6.jinja": ({}, "<think>hmm</think><tool_call>get_weather\n<arg_key>city</arg_key>\n"
                       "<arg_value>Paris</arg_value>\n</tool_call>"),
+    "GLM-4.7-Flash.jinja": ({}, "hmm</think><tool_call>get_weather<arg_key>city</arg_key>"
+                             "<arg_value>Paris</arg_value></tool_call>"),
     "Kimi-K2-Thinking.jinja": ({}, "<think>hmm</think><|tool_calls_section_begin|>"
                                "<|tool_call_begin|>functions.get_weather:0"
                                '<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|>'
