@@ -68,6 +68,7 @@ FAMILIES = {
     "NVIDIA-Nemotron-Nano-v2.jinja": "</TOOLCALL>",
     "unsloth-Apriel-1.5.jinja": "</tool_calls>",
     "GigaChat3-10B-A1.8B.jinja": "function call<|role_sep|>",
+    "GigaChat3.1-10B-A1.8B.jinja": '<|function_call|>{"name": "get_weather", "arguments": ',
     "openbmb-MiniCPM5-1B.jinja": "</param>",
     "LFM2.5-8B-A1B.jinja": 'city="Paris")]<|tool_call_end|>',
     "google-gemma-4-31B-it.jinja": 'city:<|"|>Paris<|"|>}<tool_call|>',

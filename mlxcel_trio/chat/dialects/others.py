@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import attrs
+
 from ..jsonscan import skip_ws
 from .base import (INVALID, UNDECIDED, Dialect, ToolCall, hold, json_call, json_grammar,
                    json_list, json_list_grammar, json_list_opener, marked, read_json, read_name)
@@ -41,15 +43,28 @@ NEMOTRON_V2 = _list("nemotron_v2", "<TOOLCALL>", "</TOOLCALL>",
 APRIEL = _list("apriel", "<tool_calls>", "</tool_calls>",
                detect=lambda src: "[BEGIN FINAL RESPONSE]" in src,
                think=("<|begin_assistant|>\n", "[BEGIN FINAL RESPONSE]"), raw_thoughts=True)
+def _gigachat(opener: str, name: str | None) -> str:
+    return opener + ('{"name": "' + name + '", "arguments": ' if name else '{"name": "')
+
+
+_GIGACHAT3_CALL = "<|message_sep|>\n\nfunction call<|role_sep|>"
 GIGACHAT3 = Dialect(
     "gigachat3",
-    lambda src: "<|role_sep|>" in src and "<|message_sep|>" in src
-    and "<|function_call|>" not in src,
-    marked("gigachat3", "<|message_sep|>\n\nfunction call<|role_sep|>",
-           json_list(bracket=False)),
-    opener=lambda name: "<|message_sep|>\n\nfunction call<|role_sep|>\n" + (
-        '{"name": "' + name + '", "arguments": ' if name else '{"name": "'),
+    lambda src: "<|role_sep|>" in src and "<|message_sep|>" in src,
+    marked("gigachat3", _GIGACHAT3_CALL, json_list(bracket=False)),
+    opener=lambda name: _gigachat(_GIGACHAT3_CALL + "\n", name),
     grammar=json_grammar('", "arguments": ', "}"))
+# GigaChat 3.1 writes `<|function_call|>{"name", "arguments"}` inside its
+# answer (upstream reads it with its autoparser, the marker then no separator
+# of its own: blank lines before it stay content, as the generic dialect's)
+_GIGACHAT31_CALL = "<|function_call|>"
+GIGACHAT31 = attrs.evolve(
+    GIGACHAT3, split=marked("gigachat3", _GIGACHAT31_CALL, json_list(bracket=False)),
+    opener=lambda name: _gigachat(_GIGACHAT31_CALL, name), none_is_flat=False)
+
+
+def gigachat_variant(dialect: Dialect, src: str) -> Dialect:
+    return GIGACHAT31 if dialect is GIGACHAT3 and _GIGACHAT31_CALL in src else dialect
 
 
 # -- Apertus: [{"NAME": {args}}] ------------------------------------------------------------

@@ -28,7 +28,7 @@ TABLE: tuple[Dialect, ...] = (
     kimi_k3.DIALECT,               # <|open|>TAG<|sep|> ... <|close|>TAG<|sep|>
     others.COHERE2,                # <|START_TEXT|> + <|START_ACTION|>
     lfm2.DIALECT,                  # <|tool_call_start|>[f(...)]
-    others.GIGACHAT3,              # <|role_sep|> <|message_sep|>
+    others.GIGACHAT3,              # <|role_sep|> <|message_sep|> (3.1: <|function_call|>)
     minimax_m3.DIALECT,            # ]<]minimax[>[
     deepseek.DSML,                 # dsml_token
     pythonic.GEMMA4,               # <|tool_call>call:
@@ -57,6 +57,8 @@ TABLE: tuple[Dialect, ...] = (
     llama3.DIALECT,                # Llama 3.x JSON / <|python_tag|>
 )
 NONE = Dialect("none", lambda src: True)
+# a family member that writes or forces calls its own way: (dialect, source) -> dialect
+_VARIANTS = (deepseek.dsml_variant, mistral.small_variant, glm_4_5.variant, others.gigachat_variant)
 BY_NAME: dict[str, Dialect] = {d.name: d for d in (*TABLE, NONE, generic.PLACEHOLDER)}
 
 
@@ -64,9 +66,9 @@ def detect(template_source: str) -> Dialect:
     """The template's dialect, with the thinking markers this template spells."""
     for dialect in TABLE:
         if dialect.detect(template_source):
-            # a family member that forces calls its own way
-            found = glm_4_5.variant(mistral.small_variant(
-                deepseek.dsml_variant(dialect, template_source), template_source), template_source)
+            found = dialect
+            for variant in _VARIANTS:
+                found = variant(found, template_source)
             break
     else:
         found = generic.derive(template_source)
