@@ -239,7 +239,8 @@ def primed_server(tiny_model, start_server, tmp_path_factory):
 def test_primed_thinking_block(primed_server, stream):
     with openai.OpenAI(base_url=primed_server.url + "/v1", api_key="x", max_retries=0) as c:
         generated = native_text(primed_server.url, {"messages": [USER]})
-        for fmt, want in (("none", (generated, "")),
+        # under "none", as upstream: the prompt's open marker leads the content
+        for fmt, want in (("none", ("<think>\n" + generated, "")),
                           ("deepseek", ("", generated.strip())),
                           ("deepseek-legacy", ("<think>" + generated, generated.strip()))):
             kw = dict(model="m", messages=[USER], **{**GREEDY, "extra_body": {
