@@ -234,15 +234,21 @@ def json_call(name: str, s: str, i: int, close: str, partial: bool):
     return INVALID if not partial else (ToolCall(name, args), end)
 
 
-def string_typed(tools: Tools, name: str, key: str) -> bool | None:
-    """Whether the tool's schema types `key` as a string (None: unknown)."""
+def param_schema(tools: Tools, name: str, key: str) -> dict:
+    """The schema the tool gives its parameter `key` ({}: unknown)."""
     for tool in tools or ():
         fn = tool.get("function", tool) if isinstance(tool, dict) else {}
         if fn.get("name") == name:
             props = (fn.get("parameters") or {}).get("properties") or {}
-            kind = (props.get(key) or {}).get("type")
-            return kind == "string" if kind else None
-    return None
+            spec = props.get(key)
+            return spec if isinstance(spec, dict) else {}
+    return {}
+
+
+def string_typed(tools: Tools, name: str, key: str) -> bool | None:
+    """Whether the tool's schema types `key` as a string (None: unknown)."""
+    kind = param_schema(tools, name, key).get("type")
+    return kind == "string" if kind else None
 
 
 def arg_value(tools: Tools, name: str, key: str, value: str, raw: bool = False) -> str:

@@ -214,3 +214,45 @@ def test_every_contract_dialect_is_in_the_table():
              "functionary_v3_2 firefunction_v2 command_r7b granite lfm2 apertus seed_oss "
              "nemotron_v2 apriel gemma4 gigachat3 minicpm5 smollm3 xiaomi_mimo muse_glimmer generic none")
     assert set(names.split()) <= set(BY_NAME)
+
+
+M3 = "]<]minimax[>["
+PLAN = [{"type": "function", "function": {"name": "plan", "parameters": {"type": "object", "properties": {
+    "title": {"type": "string"},
+    "place": {"type": "object", "properties": {"city": {"type": "string"}, "zip": {"type": "integer"}}},
+    "tags": {"type": "array", "items": {"type": "string"}},
+    "stops": {"type": "array", "items": {"type": "object", "properties": {
+        "n": {"type": "integer"}, "ok": {"type": "boolean"}}}}}}}}]
+
+
+def _m3(tag: str, value: str) -> str:
+    return f"{M3}<{tag}>{value}{M3}</{tag}>"
+
+
+M3_PLAN = (f'{M3}<tool_call>\n{M3}<invoke name="plan">' + _m3("title", "Trip")
+           + _m3("place", _m3("city", "Paris") + _m3("zip", "75001"))
+           + _m3("tags", _m3("item", "a b") + _m3("item", "c"))
+           + _m3("stops", _m3("item", _m3("n", "1") + _m3("ok", "true")))
+           + f"{M3}</invoke>\n{M3}</tool_call>")
+
+
+@pytest.mark.parametrize("cut, arguments", [
+    # upstream's parser (build 10587) on these prefixes of the same output
+    (M3_PLAN.index("<place>") + 7, '{"title":"Trip","place":{'),
+    (M3_PLAN.index("</city>") - len(M3) - 2, '{"title":"Trip","place":{"city":"Par'),
+    (M3_PLAN.index("<tags>") + 6, '{"title":"Trip","place":{"city":"Paris","zip":75001},"tags":['),
+    (M3_PLAN.index("a b") + 2, '{"title":"Trip","place":{"city":"Paris","zip":75001},"tags":["a '),
+    (M3_PLAN.index("</tags>") + 7,
+     '{"title":"Trip","place":{"city":"Paris","zip":75001},"tags":["a b","c"]'),
+    (M3_PLAN.index("<ok>") + 7,
+     '{"title":"Trip","place":{"city":"Paris","zip":75001},"tags":["a b","c"],"stops":[{"n":1,"ok":tru'),
+])
+def test_minimax_m3_nested_parameters_stream_as_upstreams(cut, arguments):
+    (call,) = parse("minimax_m3", M3_PLAN[:cut], partial=True, tools=PLAN).tool_calls
+    assert call.arguments == arguments
+
+
+def test_minimax_m3_nested_parameters_are_read_by_their_schema():
+    (call,) = parse("minimax_m3", M3_PLAN, tools=PLAN).tool_calls
+    assert json.loads(call.arguments) == {"title": "Trip", "place": {"city": "Paris", "zip": 75001},
+                                          "tags": ["a b", "c"], "stops": [{"n": 1, "ok": True}]}

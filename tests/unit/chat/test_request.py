@@ -338,3 +338,30 @@ def test_a_forced_call_comes_after_the_reasoning_block(name, vocab):
         [("get_weather", {"city": "Paris"})]
     now = plan({**body, "reasoning_budget_tokens": 0}, settings, vocab)
     assert now.prefill and now.prompt.endswith(now.prefill)
+
+
+def test_minimax_m3_forces_nested_parameters_as_elements(vocab):
+    """A forced MiniMax M3 call writes an object or list parameter as the
+    template's nested elements (which is how its parser reads it back)."""
+    import llguidance as llg
+
+    from mlxcel_trio.chat.parser import ChatStream
+
+    path = TEMPLATES / "MiniMax-M3.jinja"
+    if not path.exists():
+        pytest.skip("../shared/upstream/chat-templates is absent")
+    from tests.unit.chat.test_dialects import M3_PLAN, PLAN
+    settings = build(ServerConfig(model="x", chat_template_file=str(path)), vocab)
+    tools = [{"type": "function", "function": {**PLAN[0]["function"], "description": "Plan"}}]
+    p = plan({"messages": [USER], "tools": tools, "tool_choice": "required",
+              "parallel_tool_calls": False, "reasoning_budget_tokens": 0}, settings, vocab)
+    head, rest = M3_PLAN.split('<invoke name="', 1)  # the opening is prefilled
+    assert p.prefill.endswith(head.split("<tool_call>")[-1] + '<invoke name="')
+    tok = llg.LLTokenizer(vocab.tokenizer_json(), n_vocab=vocab.n_vocab)
+    m = llg.LLMatcher(tok, llg.LLMatcher.grammar_from_lark(p.tool_grammar), log_level=0)
+    assert all(m.consume_token(t) for ch in rest for t in vocab.tokenize(ch)) and m.is_accepting(), \
+        m.get_error()
+    stream = ChatStream(p.syntax, p.prefill, False)
+    stream.update(rest, final=True)
+    (call,) = stream.msg.tool_calls
+    assert json.loads(call.arguments)["stops"] == [{"n": 1, "ok": True}]
