@@ -79,19 +79,28 @@ def _dialect(syntax: Syntax):
 
 def _unwrap(rest: str, wrap: tuple[str, str] | None, partial: bool) -> str:
     """The answer without a content wrapper's markers (Command R7B's
-    <|START_RESPONSE|>...<|END_RESPONSE|>)."""
+    <|START_RESPONSE|>...<|END_RESPONSE|>): each opener with the first close
+    after it; a close outside a wrapper is text, as upstream reads it."""
     if wrap is None:
         return rest
     start, end = wrap
-    rest = rest.replace(start, "").replace(end, "")
-    return hold(rest, start, end) if partial else rest
+    out: list[str] = []
+    pos, inside = 0, False
+    while (i := rest.find(start, pos)) >= 0:
+        j = rest.find(end, i + len(start))
+        out += [rest[pos:i], rest[i + len(start):j if j >= 0 else len(rest)]]
+        pos, inside = (j + len(end), False) if j >= 0 else (len(rest), True)
+    text = "".join(out) + rest[pos:]
+    # a partial holds what may still start the wrapper's marker due next
+    return hold(text, end if inside else start) if partial else text
 
 
 def _split_tools(rest: str, syntax: Syntax, partial: bool) -> tuple[str, tuple[ToolCall, ...]]:
     if syntax.tool_format is None:
         return rest, ()
     dialect = _dialect(syntax)
-    rest = _unwrap(rest, dialect.content_wrap, partial)
+    if dialect.unwraps_with_tools or not syntax.calls:
+        rest = _unwrap(rest, dialect.content_wrap, partial)
     if dialect.split is None or not (syntax.calls or dialect.reads_without_tools):
         return rest, ()
     items = dialect.split(rest, partial, syntax.tools)

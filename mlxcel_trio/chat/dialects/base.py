@@ -76,6 +76,9 @@ class Dialect:
     # marker pair (GPT-OSS's analysis message): (its opening, its close)
     thought: tuple[str, str] | None = None
     content_wrap: tuple[str, str] | None = None  # markers around the answer (Command R7B)
+    # False: upstream leaves the wrapper in the content where the request
+    # offers tools (Solar Open under its autoparser)
+    unwraps_with_tools: bool = True
     # upstream's differences in what it reads: its split runs on a request
     # without tools (Functionary v3.2's recipients), and under reasoning
     # "none" its thinking markers are plain text (calls read anywhere)

@@ -8,6 +8,9 @@ or as `NAME SEP {args}` after that opener, whichever the rendering shows."""
 from __future__ import annotations
 
 import json
+import re
+
+import attrs
 
 from .base import Dialect, json_call, json_grammar, json_list, marked, read_name, INVALID, \
     UNDECIDED
@@ -50,7 +53,27 @@ def _turn_start(source: str, out: str, at: int) -> int:
     return n if n <= at and n <= plain.index(PROBE_TEXT) else -1
 
 
+_MARK_BEFORE, _MARK_AFTER = re.compile(r"<\|[^|<>\s]+\|>$"), re.compile(r"^<\|[^|<>\s]+\|>")
+
+
+def _content_wrap(source: str) -> tuple[str, str] | None:
+    """Markers the template writes right around a plain answer (Solar Open's
+    `<|content|>...<|end|>`), which upstream's autoparser takes off it."""
+    plain = _render(source, PROBE_TEXT)
+    if plain is None or PROBE_TEXT not in plain:
+        return None
+    i = plain.index(PROBE_TEXT)
+    before, after = _MARK_BEFORE.search(plain[:i]), _MARK_AFTER.search(plain[i + len(PROBE_TEXT):])
+    return (before.group(0), after.group(0)) if before and after else None
+
+
 def derive(source: str) -> Dialect | None:
+    found = _derive(source)
+    wrap = _content_wrap(source) if found is not None else None
+    return found if wrap is None else attrs.evolve(found, content_wrap=wrap, unwraps_with_tools=False)
+
+
+def _derive(source: str) -> Dialect | None:
     if "tool_calls" not in source:
         return None
     out = _render(source)
