@@ -7,8 +7,9 @@ For each dialect of the conformance corpus (tests/data/tool_calls), its
 first template's outputs with calls (one call, parallel calls, a code
 argument) are fed to `ChatStream` in pieces of `--tokens-of` characters
 (about one token of such text), as the server feeds decoded text, with the
-request's tools, then once more with no tools offered (the same reasoning
-split, no call parsing: the cost a chat request pays today without tools).
+request's tools, then once more with no tools offered (the dialect's own
+reading with no call parsing: what a chat request without tools pays),
+each through the Syntax the server builds (`dialects.syntax_for`).
 Reported per dialect: microseconds per piece with tools and without, their
 ratio, and the largest single update (the re-parse grows with the output,
 so the last pieces cost most).  For scale: a decode step of the tiny
@@ -84,11 +85,11 @@ def main() -> None:
             continue
         source = (DATA / "templates" / group["template"]).read_text("utf-8")
         d = dialects.detect(source)
-        start, end = d.think if d.think is not None else ("<think>", "</think>")
-        common = dict(think_start=start, think_end=end,
-                      thinking_open=group["upstream"]["thinking_open"])
-        tools = Syntax(tool_format=d, tools=tuple(data["tools"]), **common)
-        plain = Syntax(tool_format=None, **common)
+        # as the server reads a request (dialects.syntax_for), with tools and without
+        common = dict(reasoning_format="auto", thinking_open=group["upstream"]["thinking_open"],
+                      generation_prompt=group["upstream"]["generation_prompt"])
+        tools = dialects.syntax_for(d, tools=data["tools"], **common)
+        plain = dialects.syntax_for(d, tools=None, **common)
         with_tools, worst = measure(texts, tools, args.tokens_of, args.repeat)
         without, _ = measure(texts, plain, args.tokens_of, args.repeat)
         print(f"| {path.stem} | {group['template']} | {with_tools:.1f} | {without:.1f} | "

@@ -78,13 +78,15 @@ def message(text: str, partial: bool, reasoning: bool = True, thinking_open: boo
             if partial and not end:
                 body = hold(body, EOM, EOT)
             (thoughts if recipient == SELF and reasoning else content).append(body)
+        elif tools is None:  # no tools offered: upstream reads no call message
+            return _failed(content, thoughts, text, pos, partial, calls)
         else:
             got = _call(text[:e_at], b + len(BLOCK), partial and not end, tools) \
                 if text.startswith(BLOCK, b) else UNDECIDED if BLOCK.startswith(text[b:e_at]) \
                 else INVALID
             if got == UNDECIDED and partial and not end:
                 break
-            if got in (UNDECIDED, INVALID) or tools is None or offered and got[0].name not in offered:
+            if got in (UNDECIDED, INVALID) or offered and got[0].name not in offered:
                 return _failed(content, thoughts, text, pos, partial, calls)
             calls.append(got[0])
         if end != EOM:
