@@ -1,15 +1,16 @@
 """Llama 3.x: the answer is `{"name": ..., "parameters": ...}` (after an
-optional <|python_tag|>; several separated by ';'), then any text."""
+optional <|python_tag|>, or after content; several separated by ';'), then
+any text."""
 
 from __future__ import annotations
 
 import json
 
 from ..jsonscan import Invalid, scan_call, skip_ws
-from .base import Dialect, lark, schema_rule, functions
-from .base import scanned_call
+from .base import Dialect, functions, hold, lark, scanned_call, schema_rule
 
 PYTHON_TAG = "<|python_tag|>"
+CALL_HEAD = '{"name"'
 
 
 def detect(src: str) -> bool:
@@ -18,7 +19,9 @@ def detect(src: str) -> bool:
 
 
 def split(rest: str, partial: bool, tools=None) -> list:
-    """An answer that does not start with a call object is plain content."""
+    """Calls at the start of the answer (after blanks and <|python_tag|>),
+    or, as upstream's autoparser reads them, after content at a
+    `{"name"` (a tail that may start one is held back)."""
     head = skip_ws(rest, 0)
     if rest.startswith(PYTHON_TAG, head):
         head = skip_ws(rest, head + len(PYTHON_TAG))
@@ -26,17 +29,31 @@ def split(rest: str, partial: bool, tools=None) -> list:
         return []  # undecided
     if head >= len(rest):
         return [] if partial else [rest]
+    got = _calls(rest, head, partial)
+    if got is not None:
+        return got
+    i = rest.find(CALL_HEAD, head + 1)
+    while i >= 0:
+        got = _calls(rest, i, partial)
+        if got is not None:
+            return [rest[:i], *got]
+        i = rest.find(CALL_HEAD, i + 1)
+    return [hold(rest, CALL_HEAD) if partial else rest]
+
+
+def _calls(rest: str, pos: int, partial: bool) -> list | None:
+    """The call objects from `pos` (';' or blanks between them) and the text
+    after them; [] while undecided; None: no call starts there."""
     calls: list = []
-    pos = head
     while True:
         try:
             scan = scan_call(rest, pos)
         except Invalid:
-            return [*calls, rest[pos:]] if calls else [rest]
+            return [*calls, rest[pos:]] if calls else None
         if scan.name is None:
             if partial and scan.end is None:
                 return calls  # undecided
-            return [*calls, rest[pos:]] if calls else [rest]
+            return [*calls, rest[pos:]] if calls else None
         calls.append(scanned_call(rest, scan))
         if scan.end is None:
             return calls
