@@ -111,8 +111,11 @@ def _dsml_block(section: str):
 def _dsml_split(rest: str, partial: bool, tools=None) -> list:
     for section in ("tool_calls", "function_calls"):
         if "<" + D + section + ">" in rest:
-            return marked("deepseek_dsml", "<" + D + section + ">", _dsml_block(section))(
-                rest, partial, tools)
+            # the blank lines the template writes before the section are its
+            # own, as upstream's grammar reads them
+            opener = "<" + D + section + ">"
+            opener = "\n\n" + opener if "\n\n" + opener in rest else opener
+            return marked("deepseek_dsml", opener, _dsml_block(section))(rest, partial, tools)
     opens = ("<" + D + "tool_calls>", "<" + D + "function_calls>")
     return [hold(rest, *opens, *DSML_SECTIONS) if partial else rest]
 
