@@ -14,6 +14,8 @@ import pytest
 from mlxcel_trio.chat.dialects import BY_NAME, detect, parse
 
 TEMPLATES = Path(__file__).resolve().parents[4] / "shared/upstream/chat-templates"
+if not TEMPLATES.is_dir():  # a worktree beside the main checkout
+    TEMPLATES = Path(__file__).resolve().parents[5] / "shared/upstream/chat-templates"
 A1 = '{"arg1": 1}'
 
 DETECTED = {
@@ -50,6 +52,7 @@ DETECTED = {
     "unsloth-Apriel-1.5.jinja": "apriel",
     "google-gemma-4-31B-it.jinja": "gemma4",
     "GigaChat3-10B-A1.8B.jinja": "gigachat3",
+    "GigaChat3.1-10B-A1.8B.jinja": "gigachat3",
     "openbmb-MiniCPM5-1B.jinja": "minicpm5",
     "HuggingFaceTB-SmolLM3-3B.jinja": "smollm3",
     "MiMo-VL.jinja": "xiaomi_mimo",
