@@ -98,12 +98,12 @@ def message(text: str, partial: bool, reasoning: bool = True, thinking_open: boo
 
 
 def _failed(content, thoughts, text: str, pos: int, partial: bool, calls=()) -> Parsed:
-    """Output upstream cannot read: what was read stands while streaming;
-    at the end the rest is content (said once)."""
+    """Output upstream cannot read: what was read stands (a call once named
+    stays a call); at the end the rest is content (said once)."""
     if partial:
         return Parsed("".join(content), "".join(thoughts), tuple(calls))
     soft_failure("muse_glimmer", text[pos:])
-    return Parsed("".join(content) + text[pos:], "".join(thoughts))
+    return Parsed("".join(content) + text[pos:], "".join(thoughts), tuple(calls))
 
 
 def opener(name: str | None) -> str:

@@ -259,3 +259,15 @@ def test_minimax_m3_nested_parameters_are_read_by_their_schema():
     (call,) = parse("minimax_m3", M3_PLAN, tools=PLAN).tool_calls
     assert json.loads(call.arguments) == {"title": "Trip", "place": {"city": "Paris", "zip": 75001},
                                           "tags": ["a b", "c"], "stops": [{"n": 1, "ok": True}]}
+
+
+def test_muse_glimmer_keeps_a_call_before_a_message_it_cannot_read():
+    """A later message upstream cannot read leaves the calls already streamed
+    standing; the unreadable rest is content at the end."""
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    text = (' to=f<|message|><atem:function_calls>\n<atem:invoke name="f">\n</atem:invoke>\n'
+            "</atem:function_calls><|eom|><|start|>assistant to=g<|message|>oops")
+    for partial in (True, False):
+        got = parse("muse_glimmer", text, partial=partial, tools=tools)
+        assert [(c.name, c.arguments) for c in got.tool_calls] == [("f", "{}")]
+    assert parse("muse_glimmer", text, tools=tools).content == " to=g<|message|>oops"
