@@ -54,6 +54,7 @@ FAMILIES = {
     "deepseek-ai-DeepSeek-V3.1.jinja": "<｜tool▁sep｜>",
     "deepseek-ai-DeepSeek-V3.2.jinja": "｜DSML｜invoke",
     "GLM-4.6.jinja": "<arg_key>",
+    "GLM-4.7-Flash.jinja": "get_weather<arg_key>city</arg_key><arg_value>",  # no newlines, as 4.7 renders
     "Kimi-K2-Instruct.jinja": "<|tool_call_argument_begin|>",
     "Kimi-K3.jinja": '<|open|>argument key="city" type="string"<|sep|>Paris<|close|>argument',
     "MiniMax-M2.jinja": '<parameter name="',
