@@ -117,7 +117,7 @@ def main(argv=None) -> int:
         for d in DRAFTS:
             ratio = best[d][1] / best[t][1]
             v3, v5 = best[t][3] / best[t][1], best[t][5] / best[t][1]
-            print(f"  {t:<18}{d:<16}{ratio:>6.2f}{needed(2, ratio, v3):>8}{needed(4, ratio, v5):>8}")
+            print(f"  {t:<18}{d:<20}{ratio:>6.2f}{needed(2, ratio, v3):>8}{needed(4, ratio, v5):>8}")
     print("lowest acceptance for 1.5x with a free (n-gram) draft of 4 tokens:")
     for t in TARGETS:
         print(f"  {t:<18}{needed(4, 0.0, best[t][5] / best[t][1], 1.5):>8}")
