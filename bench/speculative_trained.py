@@ -14,7 +14,7 @@ the prompts), so the rows share the machine's load:
 
 | row | what | target |
 |---|---|---|
-| ngram-simple (m 16 and 4), ngram-map-k / plain | decode tok/s over the same server without speculation | >= 1.5x (best n-gram type) |
+| ngram-simple (m 16 and 4), ngram-map-k, -k4v, -mod, -cache / plain | decode tok/s over the same server without speculation | >= 1.5x (best n-gram type) |
 | draft (fixtures/trained/draft) / plain | -md with the trained draft (1 layer, 0.12M) | >= 1.3x |
 | plain / mlx-lm | the server's plain decode against mlx-lm's stream_generate | info |
 
@@ -41,6 +41,9 @@ ROWS = {
     "ngram-simple-4": ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3",
                        "--spec-ngram-simple-size-m", "4"],
     "ngram-map-k": ["--spec-type", "ngram-map-k", "--spec-ngram-map-k-size-n", "3"],
+    "ngram-map-k4v": ["--spec-type", "ngram-map-k4v"],
+    "ngram-mod": ["--spec-type", "ngram-mod"],
+    "ngram-cache": ["--spec-type", "ngram-cache"],
 }
 COUNTERS = ("llamacpp:spec_decode_num_draft_tokens_total",
             "llamacpp:spec_decode_num_accepted_tokens_total")
@@ -169,7 +172,7 @@ def main(argv=None) -> int:
               f"{r['cpu_ms']:>12.2f}{_ratio(base['cpu_ms'], r['cpu_ms']):>10}{acc:>24}"
               f"{r['ids'] == base['ids']!s:>10}")
     print(f"{'mlx-lm plain':<16}{peer or 0:>9.1f}{'(after)':>14}{_ratio(peer, base['rate']):>10}")
-    best = max(("ngram-simple", "ngram-simple-4", "ngram-map-k"), key=lambda k: rows[k]["rate"] or 0)
+    best = max((k for k in ROWS if k.startswith("ngram")), key=lambda k: rows[k]["rate"] or 0)
     by_draft = "; ".join(f"{k}: {_ratio(rows[k]['rate'], base['rate'])}" for k in drafts)
     print(f"best n-gram ({best}) vs plain: {_ratio(rows[best]['rate'], base['rate'])} "
           f"(target >= 1.5x); {by_draft} (target >= 1.3x)")
