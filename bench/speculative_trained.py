@@ -1,6 +1,6 @@
 """Speculative decoding on the trained fixture: real copying, a real draft.
 
-    python bench/speculative_trained.py            # ~5 min on 2 cores
+    python bench/speculative_trained.py            # ~4 min on 2 cores
     python bench/speculative_trained.py --prompts 2 --tokens 96
     python bench/speculative_trained.py --draft DIR --draft DIR2 --draft-max 2 --draft-max 4
 
