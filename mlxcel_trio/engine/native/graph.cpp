@@ -111,9 +111,9 @@ class NativeGemm : public mc::Primitive {
       const int bits = bits_, group = group_, sdtype = sdtype_;
       enc.dispatch([=] {
         if (bits == 4)
-          gemm_q_group<4>(xp, M, K, w, s, b, sdtype, group, N, bias, yp);
+          affine<4>(xp, M, K, w, s, b, sdtype, group, N, bias, yp);
         else
-          gemm_q_group<8>(xp, M, K, w, s, b, sdtype, group, N, bias, yp);
+          affine<8>(xp, M, K, w, s, b, sdtype, group, N, bias, yp);
       });
     }
   }

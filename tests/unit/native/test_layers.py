@@ -24,8 +24,21 @@ def load(path):
     return load_model(path, lazy=True)[0]
 
 
-@pytest.mark.parametrize("kind", ["tiny-bf16", "tiny-4bit"])
-def test_greedy_on_the_kernels_equals_the_float32_path(kernels, kind):
+@pytest.fixture
+def affine(kernels, request):
+    previous = kernels.affine()
+    mode = request.param
+    if kernels.affine(mode) != mode:
+        pytest.skip(f"no {mode} affine kernels in this build (no VNNI)")
+    yield mode
+    kernels.affine(previous)
+
+
+# the int8 affine kernels part from it within a few tokens on tiny-4bit
+# (docs/kernels.md); test_kernels.py bounds their products
+@pytest.mark.parametrize("kind,affine", [("tiny-bf16", "exact"), ("tiny-4bit", "exact"),
+                                         ("tiny-4bit", "int16")], indirect=["affine"])
+def test_greedy_on_the_kernels_equals_the_float32_path(kernels, kind, affine):
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
