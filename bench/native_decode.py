@@ -13,7 +13,9 @@ server would preload (bench/_common.blas_env("auto")):
 - native: the stored weights on mlxcel_trio/engine/native (`--weights keep`);
   `native:exact`, `native:int16`, `native:int8` pick the affine 4-/8-bit
   kernels ($MLXCEL_NATIVE_AFFINE; docs/kernels.md), plain `native` the
-  default;
+  default; a `-gemm` suffix (`native-gemm`, `native:int8-gemm`) leaves the
+  step's norms, rotations and attention on MLX's ops (the products alone
+  on the kernels: the A/B of those nodes);
 - float32: the weight policy's float32 conversion (`--weights float32`),
   today's default path on a Linux CPU;
 - float32-exact (quantized forms, on request): the float32 path with the
@@ -66,6 +68,9 @@ def _load(path: str, form: str, system: str):
         nn.quantize(model, group_size=64, bits=8)   # what mlx_lm convert -q --q-bits 8 does
     note = None
     if system.startswith("native"):
+        if system.endswith("-gemm"):
+            from mlxcel_trio.engine.native import layers
+            layers._install_step_ops = lambda model: None
         model, note = weights.apply(model, "keep")
     elif system == "float32-exact":   # scales and biases widened first: s q + b unrounded
         model.update(tree_unflatten([(k, v.astype(mx.float32)) for k, v in tree_flatten(
@@ -103,8 +108,8 @@ def child(spec: dict) -> dict:
 
 def run(spec: dict, env: dict) -> dict:
     env = dict(env)
-    if ":" in spec["system"]:                       # native:<affine mode>
-        env["MLXCEL_NATIVE_AFFINE"] = spec["system"].partition(":")[2]
+    if ":" in spec["system"]:                       # native:<affine mode>[-gemm]
+        env["MLXCEL_NATIVE_AFFINE"] = spec["system"].partition(":")[2].removesuffix("-gemm")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     out = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], env=env,
                          capture_output=True, text=True, timeout=spec["timeout"])

@@ -56,6 +56,13 @@ def _bind_graph(lib: ctypes.PyDLL) -> None:
     lib.mlxg_check.restype = _I
     lib.mlxg_gemm.argtypes = [_P, _P, _P, _P, _P, _P, _I, _I]
     lib.mlxg_gemm.restype = _I
+    f = ctypes.c_float
+    lib.mlxg_rms_norm.argtypes = [_P, _P, _P, f]
+    lib.mlxg_rms_norm.restype = _I
+    lib.mlxg_rope.argtypes = [_P, _P, _I, _I, f, f, _I]
+    lib.mlxg_rope.restype = _I
+    lib.mlxg_decode_attention.argtypes = [_P, _P, _P, _P, f]
+    lib.mlxg_decode_attention.restype = _I
 
 
 def _graph_self_test(lib: ctypes.PyDLL) -> str | None:
@@ -64,7 +71,7 @@ def _graph_self_test(lib: ctypes.PyDLL) -> str | None:
 
     probe = mx.zeros((3, 5, 7))
     shape = (ctypes.c_int * 3)(3, 5, 7)
-    if lib.mlxg_abi() != 1 or lib.mlxg_check(id(probe), shape, 3) != 0:
+    if lib.mlxg_abi() != 2 or lib.mlxg_check(id(probe), shape, 3) != 0:
         return "cannot read this mlx version's arrays"
     x = mx.random.normal((2, 3, 96), key=mx.random.key(0))
     w = mx.random.normal((70, 96), key=mx.random.key(1)).astype(mx.float16)
