@@ -25,6 +25,11 @@ server would preload (bench/_common.blas_env("auto")):
 - raw mlx-lm: the checkpoint as stored on MLX's own kernels (`--raw-tokens`
   tokens only: its 4-bit CPU kernel runs ~0.2 tok/s).
 
+With `--llama-bench BIN` (llama.cpp's llama-bench, built elsewhere) each
+round also runs `llama-bench -t 2 -p 0 -n --tokens` on a GGUF of the same
+weights (bench/_gguf.py: f16 for bf16, q8_0 for 8-bit, q4_0 for 4-bit,
+written once under --gguf-dir), as the system `llama`.
+
 Each greedy-decodes `--tokens` tokens after a fixed prompt with mlx-lm's
 generate_step; tok/s is timed over the tokens after the first `--warmup`.
 The ceiling is bytes read per token (the weights as served) over the
@@ -52,6 +57,7 @@ sys.path.insert(0, str(ROOT))
 import _common as C  # noqa: E402
 
 FIXTURE = {"bf16": "bench-bf16", "4bit": "bench-4bit", "8bit": "bench-bf16"}
+GGUF_TYPE = {"bf16": "f16", "8bit": "q8_0", "4bit": "q4_0"}
 GIB = 1 << 30
 
 
@@ -119,6 +125,17 @@ def run(spec: dict, env: dict) -> dict:
     raise RuntimeError(f"{spec['system']} failed:\n{out.stderr[-3000:]}")
 
 
+def llama_bench(binary: str, gguf: Path, tokens: int, threads: int, timeout: int) -> dict:
+    out = subprocess.run([binary, "-m", str(gguf), "-t", str(threads), "-p", "0", "-n",
+                          str(tokens), "-r", "1", "-o", "json"], capture_output=True, text=True,
+                         timeout=timeout)
+    if out.returncode != 0:
+        raise RuntimeError(f"llama-bench failed:\n{out.stderr[-3000:]}")
+    r = json.loads(out.stdout)[0]
+    return {"system": "llama", "note": None, "load_s": 0, "tok_s": r["avg_ts"], "ids": [],
+            "gaps": [], "served_bytes": r["model_size"], "rss_peak": 0}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--form", choices=sorted(FIXTURE), default="bf16")
@@ -128,6 +145,10 @@ def main() -> int:
     ap.add_argument("--raw-tokens", type=int, default=6, help="tokens for raw mlx-lm; 0 skips (6)")
     ap.add_argument("--prompt-tokens", type=int, default=16)
     ap.add_argument("--systems", default="native,float32,raw")
+    ap.add_argument("--llama-bench", metavar="BIN", help="llama.cpp's llama-bench: adds `llama`")
+    ap.add_argument("--llama-threads", type=int, default=2)
+    ap.add_argument("--gguf-dir", type=Path, default=Path.home() / ".cache" / "mlxcel-trio" / "gguf",
+                    help="where the GGUFs for --llama-bench are written (once)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="run the systems this many times, interleaved; medians (1)")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per system (600)")
@@ -150,15 +171,25 @@ def main() -> int:
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; BLAS {C.blas_vars(env)}")
     results: dict[str, dict] = {}
     natives = [s for s in args.systems.split(",") if s.startswith("native")]
+    systems = args.systems.split(",")
+    if args.llama_bench:
+        import _gguf
+
+        args.gguf_dir.mkdir(parents=True, exist_ok=True)
+        src = ensure("bench-bf16") if not args.model else model
+        gguf = _gguf.write(src, args.gguf_dir / f"{src.name}-{GGUF_TYPE[args.form]}.gguf",
+                           GGUF_TYPE[args.form])
+        systems.append("llama")
     for rnd in range(args.rounds):        # rounds interleave the systems (A/B under load)
-        for system in args.systems.split(","):
+        for system in systems:
             tokens = args.raw_tokens if system == "raw" else args.tokens
             if tokens <= 0 or (system == "raw" and rnd):
                 continue
             spec = {"model": str(model), "form": args.form, "system": system, "prompt": prompt,
                     "tokens": tokens, "warmup": min(args.warmup, max(tokens - 3, 0)),
                     "gaps": system.startswith("float32"), "timeout": args.timeout}
-            r = run(spec, env)
+            r = (llama_bench(args.llama_bench, gguf, tokens, args.llama_threads, args.timeout)
+                 if system == "llama" else run(spec, env))
             results.setdefault(system, r).setdefault("rates", []).append(r["tok_s"] or 0)
             ceiling = bw / r["served_bytes"]
             rate = r["tok_s"] or 0
@@ -166,7 +197,7 @@ def main() -> int:
                   f"ceiling {ceiling:.1f} tok/s: {rate / ceiling:.2f} of it; load {r['load_s']:.0f}"
                   f" s, peak RSS {r['rss_peak'] / 2**20:.2f} GiB; load avg "
                   f"{os.getloadavg()[0]:.1f})", flush=True)
-            if r["note"] and not rnd:
+            if r.get("note") and not rnd:
                 print(f"           {r['note']}")
     for r in results.values():
         r["tok_s"] = statistics.median(r["rates"])
@@ -187,7 +218,7 @@ def main() -> int:
             gap = results[ref]["gaps"][same] if results[ref]["gaps"] else float("nan")
             print(f"  greedy: {nat} vs {ref}: first divergence at token {same} of {len(a)} "
                   f"({ref}'s top-two logprob gap there {gap:.4f})")
-        for other in ("float32", "raw"):
+        for other in ("float32", "raw", "llama"):
             if other in results and results[other]["tok_s"]:
                 print(f"  {nat} / {other}: {results[nat]['tok_s'] / results[other]['tok_s']:.2f}x")
     if args.json:
