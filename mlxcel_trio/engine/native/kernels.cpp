@@ -148,6 +148,23 @@ inline float scalar_at(const void* p, int dtype, long i) {
   return static_cast<const float*>(p)[i];
 }
 
+// Weights stream from memory once per step: the integer affine kernels
+// prefetch this many bytes ahead of their reads (1.5-1.6x their throughput
+// over a step's worth of matrices, one or two threads, on the 2-CPU VM; no
+// gain measured for the float kernels, which spend longer per byte).
+#ifndef MLXN_PREFETCH
+#define MLXN_PREFETCH 4096
+#endif
+constexpr long PREFETCH = MLXN_PREFETCH;
+
+inline void prefetch(const void* p) {
+#if defined(__AVX512F__) || defined(__AVX2__)
+  _mm_prefetch(static_cast<const char*>(p) + PREFETCH, _MM_HINT_T0);
+#else
+  __builtin_prefetch(static_cast<const char*>(p) + PREFETCH);
+#endif
+}
+
 template <bool BF16>
 inline vf widen(const uint16_t* p) {
   if constexpr (BF16)
@@ -567,6 +584,7 @@ void rows_qx(const QX<BITS, PASSES>& p, const uint8_t* w, const void* scales,
         acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(brow + g), _mm512_loadu_ps(gs + g), acc[r]);
     }
     for (int c = 0; c < chunks; ++c) {
+      prefetch(wr + long(c) * 64);
       const __m512i wv = c + 1 < chunks ? _mm512_loadu_si512(wr + long(c) * 64)
                                         : _mm512_maskz_loadu_epi8(tmask, wr + long(c) * 64);
       const __m512i lo = BITS == 4 ? _mm512_and_si512(wv, nib) : wv;
