@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.unit.native.conftest import affine_mode
+
 SHAPES = [(1, 1024, 3072), (1, 33, 7), (3, 1000, 17), (16, 160, 70), (64, 96, 129)]
 
 
@@ -62,18 +64,14 @@ AFFINE_CASES = [(g, *mkn) for g in (32, 64, 128) for mkn in AFFINE_SHAPES if mkn
 
 @pytest.fixture
 def exact(kernels):
-    previous = kernels.affine()
-    yield kernels.affine("exact")
-    kernels.affine(previous)
+    with affine_mode(kernels, "exact") as mode:
+        yield mode
 
 
 @pytest.fixture(params=["int8", "int16"])
 def rounded(kernels, request):
-    previous = kernels.affine()
-    if kernels.affine(request.param) != request.param:
-        pytest.skip("no VNNI in this build: the integer affine kernels are not built")
-    yield request.param
-    kernels.affine(previous)
+    with affine_mode(kernels, request.param) as mode:
+        yield mode
 
 
 def _affine_case(m, k, n, group, bits, sdtype):

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from tests.unit.native.conftest import affine_mode
+
 PROMPT = list(range(40, 72))
 N = 24
 
@@ -39,12 +41,8 @@ def load(path):
 
 @pytest.fixture
 def affine(kernels, request):
-    previous = kernels.affine()
-    mode = request.param
-    if kernels.affine(mode) != mode:
-        pytest.skip(f"no {mode} affine kernels in this build (no VNNI)")
-    yield mode
-    kernels.affine(previous)
+    with affine_mode(kernels, request.param) as mode:
+        yield mode
 
 
 # the int8 affine kernels part from it within a few tokens on tiny-4bit
