@@ -11,6 +11,11 @@ Each system runs in its own process (one after the other), with the BLAS the
 server would preload (bench/_common.blas_env("auto")):
 
 - native: the stored weights on mlxcel_trio/engine/native (`--weights keep`);
+  `native:exact`, `native:int16`, `native:int8` pick the affine 4-/8-bit
+  kernels ($MLXCEL_NATIVE_AFFINE; docs/kernels.md), plain `native` the
+  default; a `-gemm` suffix (`native-gemm`, `native:int8-gemm`) leaves the
+  step's norms, rotations and attention on MLX's ops (the products alone
+  on the kernels: the A/B of those nodes);
 - float32: the weight policy's float32 conversion (`--weights float32`),
   today's default path on a Linux CPU;
 - float32-exact (quantized forms, on request): the float32 path with the
@@ -19,6 +24,11 @@ server would preload (bench/_common.blas_env("auto")):
   them to the scales' dtype, bf16);
 - raw mlx-lm: the checkpoint as stored on MLX's own kernels (`--raw-tokens`
   tokens only: its 4-bit CPU kernel runs ~0.2 tok/s).
+
+With `--llama-bench BIN` (llama.cpp's llama-bench, built elsewhere) each
+round also runs `llama-bench -t 2 -p 0 -n --tokens` on a GGUF of the same
+weights (bench/_gguf.py: f16 for bf16, q8_0 for 8-bit, q4_0 for 4-bit,
+written once under --gguf-dir), as the system `llama`.
 
 Each greedy-decodes `--tokens` tokens after a fixed prompt with mlx-lm's
 generate_step; tok/s is timed over the tokens after the first `--warmup`.
@@ -33,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -46,6 +57,7 @@ sys.path.insert(0, str(ROOT))
 import _common as C  # noqa: E402
 
 FIXTURE = {"bf16": "bench-bf16", "4bit": "bench-4bit", "8bit": "bench-bf16"}
+GGUF_TYPE = {"bf16": "f16", "8bit": "q8_0", "4bit": "q4_0"}
 GIB = 1 << 30
 
 
@@ -61,7 +73,10 @@ def _load(path: str, form: str, system: str):
     if form == "8bit" and weights.stored_form(model) == "bfloat16":
         nn.quantize(model, group_size=64, bits=8)   # what mlx_lm convert -q --q-bits 8 does
     note = None
-    if system == "native":
+    if system.startswith("native"):
+        if system.endswith("-gemm"):
+            from mlxcel_trio.engine.native import layers
+            layers._install_step_ops = lambda model: None
         model, note = weights.apply(model, "keep")
     elif system == "float32-exact":   # scales and biases widened first: s q + b unrounded
         model.update(tree_unflatten([(k, v.astype(mx.float32)) for k, v in tree_flatten(
@@ -99,6 +114,8 @@ def child(spec: dict) -> dict:
 
 def run(spec: dict, env: dict) -> dict:
     env = dict(env)
+    if ":" in spec["system"]:                       # native:<affine mode>[-gemm]
+        env["MLXCEL_NATIVE_AFFINE"] = spec["system"].partition(":")[2].removesuffix("-gemm")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     out = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], env=env,
                          capture_output=True, text=True, timeout=spec["timeout"])
@@ -106,6 +123,17 @@ def run(spec: dict, env: dict) -> dict:
         if line.startswith("RESULT "):
             return json.loads(line[7:])
     raise RuntimeError(f"{spec['system']} failed:\n{out.stderr[-3000:]}")
+
+
+def llama_bench(binary: str, gguf: Path, tokens: int, threads: int, timeout: int) -> dict:
+    out = subprocess.run([binary, "-m", str(gguf), "-t", str(threads), "-p", "0", "-n",
+                          str(tokens), "-r", "1", "-o", "json"], capture_output=True, text=True,
+                         timeout=timeout)
+    if out.returncode != 0:
+        raise RuntimeError(f"llama-bench failed:\n{out.stderr[-3000:]}")
+    r = json.loads(out.stdout)[0]
+    return {"system": "llama", "note": None, "load_s": 0, "tok_s": r["avg_ts"], "ids": [],
+            "gaps": [], "served_bytes": r["model_size"], "rss_peak": 0}
 
 
 def main() -> int:
@@ -117,6 +145,12 @@ def main() -> int:
     ap.add_argument("--raw-tokens", type=int, default=6, help="tokens for raw mlx-lm; 0 skips (6)")
     ap.add_argument("--prompt-tokens", type=int, default=16)
     ap.add_argument("--systems", default="native,float32,raw")
+    ap.add_argument("--llama-bench", metavar="BIN", help="llama.cpp's llama-bench: adds `llama`")
+    ap.add_argument("--llama-threads", type=int, default=2)
+    ap.add_argument("--gguf-dir", type=Path, default=Path.home() / ".cache" / "mlxcel-trio" / "gguf",
+                    help="where the GGUFs for --llama-bench are written (once)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run the systems this many times, interleaved; medians (1)")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per system (600)")
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -135,37 +169,58 @@ def main() -> int:
     env = C.blas_env("auto")
     print(f"{args.form} from {model}; gemv bandwidth {bw / 1e9:.1f} GB/s; "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; BLAS {C.blas_vars(env)}")
-    results = {}
-    for system in args.systems.split(","):
-        tokens = args.raw_tokens if system == "raw" else args.tokens
-        if tokens <= 0:
-            continue
-        spec = {"model": str(model), "form": args.form, "system": system, "prompt": prompt,
-                "tokens": tokens, "warmup": min(args.warmup, max(tokens - 3, 0)),
-                "gaps": system.startswith("float32"), "timeout": args.timeout}
-        r = results[system] = run(spec, env)
-        ceiling = bw / r["served_bytes"]
-        rate = r["tok_s"]
-        print(f"  {system:<8} {rate or 0:6.2f} tok/s  ({r['served_bytes'] / GIB:.2f} GiB served, "
-              f"ceiling {ceiling:.1f} tok/s: {(rate or 0) / ceiling:.2f} of it; load {r['load_s']:.0f} s, "
-              f"peak RSS {r['rss_peak'] / 2**20:.2f} GiB)")
-        if r["note"]:
-            print(f"           {r['note']}")
-    for ref in ("float32", "float32-exact"):
-        if "native" not in results or ref not in results:
-            continue
-        a, b = results["native"]["ids"], results[ref]["ids"]
-        same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-        if same is None:
-            print(f"  greedy: native == {ref} for all {min(len(a), len(b))} tokens")
-        else:
-            gap = results[ref]["gaps"][same]
-            print(f"  greedy: native vs {ref}: first divergence at token {same} of {len(a)} "
+    results: dict[str, dict] = {}
+    natives = [s for s in args.systems.split(",") if s.startswith("native")]
+    systems = args.systems.split(",")
+    if args.llama_bench:
+        import _gguf
+
+        args.gguf_dir.mkdir(parents=True, exist_ok=True)
+        src = ensure("bench-bf16") if not args.model else model
+        gguf = _gguf.write(src, args.gguf_dir / f"{src.name}-{GGUF_TYPE[args.form]}.gguf",
+                           GGUF_TYPE[args.form])
+        systems.append("llama")
+    for rnd in range(args.rounds):        # rounds interleave the systems (A/B under load)
+        for system in systems:
+            tokens = args.raw_tokens if system == "raw" else args.tokens
+            if tokens <= 0 or (system == "raw" and rnd):
+                continue
+            spec = {"model": str(model), "form": args.form, "system": system, "prompt": prompt,
+                    "tokens": tokens, "warmup": min(args.warmup, max(tokens - 3, 0)),
+                    "gaps": system.startswith("float32"), "timeout": args.timeout}
+            r = (llama_bench(args.llama_bench, gguf, tokens, args.llama_threads, args.timeout)
+                 if system == "llama" else run(spec, env))
+            results.setdefault(system, r).setdefault("rates", []).append(r["tok_s"] or 0)
+            ceiling = bw / r["served_bytes"]
+            rate = r["tok_s"] or 0
+            print(f"  {system:<12} {rate:6.2f} tok/s  ({r['served_bytes'] / GIB:.2f} GiB served, "
+                  f"ceiling {ceiling:.1f} tok/s: {rate / ceiling:.2f} of it; load {r['load_s']:.0f}"
+                  f" s, peak RSS {r['rss_peak'] / 2**20:.2f} GiB; load avg "
+                  f"{os.getloadavg()[0]:.1f})", flush=True)
+            if r.get("note") and not rnd:
+                print(f"           {r['note']}")
+    for r in results.values():
+        r["tok_s"] = statistics.median(r["rates"])
+    if args.rounds > 1:
+        for system, r in results.items():
+            print(f"  {system:<12} median {r['tok_s']:6.2f} tok/s over {len(r['rates'])} runs "
+                  f"({bw / r['served_bytes'] and r['tok_s'] / (bw / r['served_bytes']):.2f} of "
+                  "the ceiling)")
+    for nat in natives:
+        for ref in ("float32", "float32-exact", *natives):
+            if ref == nat or ref not in results or (ref in natives and ref < nat):
+                continue
+            a, b = results[nat]["ids"], results[ref]["ids"]
+            same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+            if same is None:
+                print(f"  greedy: {nat} == {ref} for all {min(len(a), len(b))} tokens")
+                continue
+            gap = results[ref]["gaps"][same] if results[ref]["gaps"] else float("nan")
+            print(f"  greedy: {nat} vs {ref}: first divergence at token {same} of {len(a)} "
                   f"({ref}'s top-two logprob gap there {gap:.4f})")
-    if "native" in results:
-        for other in ("float32", "raw"):
+        for other in ("float32", "raw", "llama"):
             if other in results and results[other]["tok_s"]:
-                print(f"  native / {other}: {results['native']['tok_s'] / results[other]['tok_s']:.2f}x")
+                print(f"  {nat} / {other}: {results[nat]['tok_s'] / results[other]['tok_s']:.2f}x")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     return 0

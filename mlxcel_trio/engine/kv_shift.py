@@ -72,7 +72,9 @@ def _pure_rotation(rope: Any) -> bool:
     import mlx.nn as nn
     from mlx_lm.models import rope_utils
 
-    return type(rope) in (nn.RoPE, getattr(rope_utils, "Llama3RoPE", nn.RoPE))
+    from .native.layers import NativeRoPE   # nn.RoPE on a native graph node
+
+    return type(rope) in (nn.RoPE, NativeRoPE, getattr(rope_utils, "Llama3RoPE", nn.RoPE))
 
 
 class Shifter:

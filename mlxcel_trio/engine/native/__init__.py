@@ -15,9 +15,9 @@ evaluates its input (a step's activations, small in decode) and wraps the
 product in a new array.  See docs/kernels.md.
 """
 
-from .library import (DTYPE_CODE, ENV, THREADS_ENV, Status, _reset_for_tests, available,
-                      status, threads)
+from .library import (AFFINE_ENV, DTYPE_CODE, ENV, THREADS_ENV, Status, _reset_for_tests,
+                      affine, available, status, threads)
 from .ops import gemm_16, gemm_affine
 
-__all__ = ["DTYPE_CODE", "ENV", "THREADS_ENV", "Status", "status", "available", "gemm_16",
+__all__ = ["AFFINE_ENV", "affine", "DTYPE_CODE", "ENV", "THREADS_ENV", "Status", "status", "available", "gemm_16",
            "gemm_affine", "threads", "_reset_for_tests"]

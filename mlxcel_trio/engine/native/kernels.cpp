@@ -15,7 +15,9 @@
 //
 // Plain C ABI, loaded with ctypes (mlxcel_trio/native/__init__.py).
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
@@ -144,6 +146,23 @@ inline float scalar_at(const void* p, int dtype, long i) {
   if (dtype == 1) return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
   if (dtype == 2) return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
   return static_cast<const float*>(p)[i];
+}
+
+// Weights stream from memory once per step: the integer affine kernels
+// prefetch this many bytes ahead of their reads (1.5-1.6x their throughput
+// over a step's worth of matrices, one or two threads, on the 2-CPU VM; no
+// gain measured for the float kernels, which spend longer per byte).
+#ifndef MLXN_PREFETCH
+#define MLXN_PREFETCH 4096
+#endif
+constexpr long PREFETCH = MLXN_PREFETCH;
+
+inline void prefetch(const void* p) {
+#if defined(__AVX512F__) || defined(__AVX2__)
+  _mm_prefetch(static_cast<const char*>(p) + PREFETCH, _MM_HINT_T0);
+#else
+  __builtin_prefetch(static_cast<const char*>(p) + PREFETCH);
+#endif
 }
 
 template <bool BF16>
@@ -427,6 +446,209 @@ int gemm_q_group(const float* x, int M, int K, const uint8_t* w, const void* sca
   }
 }
 
+// ---------------------------------------------------------------- affine, integer activations
+
+// The same affine product with the activations rounded to integers, so the
+// products are VNNI integer dot products (vpdpbusd: unsigned weight bytes
+// times signed activation bytes, summed in int32) instead of widening every
+// weight to float32.  Per 32-bit lane of a 64-byte weight vector, with one
+// activation scale d per lane's values (8 at 4 bits, 4 at 8 bits) and
+// t_k = x_k / d in [-127, 127]:
+//   PASSES 1 ("int8"):  t_k ~ h_k = round(t_k),        |t_k - h_k| <= 1/2
+//   PASSES 2 ("int16"): t_k ~ h_k + l_k / 256, l_k = round(256 (t_k - h_k))
+//                       clamped to [-127, 127],          |error| <= 1/256
+// and sum_k s q_k x_k ~= s d (256 sum q h + sum q l) (a second dot product
+// over the low bytes, combined exactly in int32).  The biases' share,
+// b sum_k x_k, uses the unrounded x.  Neither is the float32 path's product
+// (the exact kernels above are), so library.py selects one (mlxn_set_affine).
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define MLXN_VNNI 1
+
+int affine_mode = 0;  // 0 exact, 1 int8, 2 int16 (library.py selects)
+
+// A weight row's 64-byte vector holds CV values: at 4 bits byte i has value
+// 2i (low nibble) and 2i+1 (high), so a lane of the low / high nibbles holds
+// values 8j, 8j+2, .. / 8j+1, 8j+3, ..: xq stores each chunk's even values,
+// then its odd ones (then, at PASSES 2, the same for the low bytes).  At
+// 8 bits byte i is value i.
+template <int BITS, int PASSES>
+struct QX {
+  static constexpr int CV = BITS == 4 ? 128 : 64;  // values per 64 weight bytes
+  static constexpr int VPL = CV / 16;              // values per lane
+  static constexpr int STRIDE = CV * PASSES;       // xq bytes per chunk
+  int K = 0, chunks = 0, G = 0, GP = 0;            // G padded to 16
+  std::vector<int8_t> xq;                          // [M, chunks * STRIDE]
+  std::vector<float> d;                            // [M, chunks * 16]
+  std::vector<float> gsum;                         // [M, GP], zero-padded
+
+  void prepare(const float* x, int M, int K_, int group) {
+    K = K_;
+    chunks = (K + CV - 1) / CV;
+    G = K / group;
+    GP = (G + 15) / 16 * 16;
+    xq.assign(size_t(M) * chunks * STRIDE, 0);
+    d.assign(size_t(M) * chunks * 16, 0.f);
+    gsum.assign(size_t(M) * GP, 0.f);
+    for (int m = 0; m < M; ++m) {
+      const float* xr = x + long(m) * K;
+      int8_t* q = xq.data() + long(m) * chunks * STRIDE;
+      float* dr = d.data() + long(m) * chunks * 16;
+      for (int v = 0; v < K; v += VPL) {  // one lane: VPL consecutive values
+        float top = 0.f;
+        for (int i = 0; i < VPL && v + i < K; ++i) top = std::max(top, std::fabs(xr[v + i]));
+        const float inv = top > 0.f ? 127.f / top : 0.f;
+        dr[v / VPL] = PASSES == 1 ? top / 127.f : top / 127.f / 256.f;
+        for (int i = 0; i < VPL && v + i < K; ++i) {
+          const int k = v + i, c = k / CV, j = k - c * CV;
+          const int pos = c * STRIDE + (BITS == 4 ? (j & 1) * 64 + j / 2 : j);
+          const float t = xr[k] * inv, h = std::nearbyint(t);
+          q[pos] = int8_t(h);
+          if (PASSES == 2)
+            q[pos + CV] = int8_t(std::clamp(std::nearbyint((t - h) * 256.f), -127.f, 127.f));
+        }
+      }
+      for (int g = 0; g < G; ++g) {
+        float s = 0.f;
+        for (int k = 0; k < group; ++k) s += xr[g * group + k];
+        gsum[long(m) * GP + g] = s;
+      }
+    }
+  }
+};
+
+// G scales or biases of one weight row as float32 into out (the caller
+// zeroes the padding after G).
+inline void widen_row(const void* p, int sdtype, long off, int G, float* out) {
+  int g = 0;
+  if (sdtype == 0) {
+    std::memcpy(out, static_cast<const float*>(p) + off, sizeof(float) * G);
+    return;
+  }
+  for (; g + 16 <= G; g += 16)
+    _mm512_storeu_ps(out + g, sdtype == 1 ? widen_bf16(static_cast<const uint16_t*>(p) + off + g)
+                                          : widen_f16(static_cast<const uint16_t*>(p) + off + g));
+  for (; g < G; ++g) out[g] = scalar_at(p, sdtype, off + g);
+}
+
+// The scale of each lane of chunk c: one scale per chunk (GROUP >= CV) or
+// CV / GROUP of them, lane j taking group j * VPL / GROUP of the chunk's.
+template <int CV, int GROUP>
+inline __m512 chunk_scales(const float* srow, int c) {
+  if constexpr (GROUP >= CV) {
+    return _mm512_set1_ps(srow[c * CV / GROUP]);
+  } else {
+    constexpr int VPL = CV / 16;
+    alignas(64) static const int idx[16] = {
+        0 * VPL / GROUP,  1 * VPL / GROUP,  2 * VPL / GROUP,  3 * VPL / GROUP,
+        4 * VPL / GROUP,  5 * VPL / GROUP,  6 * VPL / GROUP,  7 * VPL / GROUP,
+        8 * VPL / GROUP,  9 * VPL / GROUP,  10 * VPL / GROUP, 11 * VPL / GROUP,
+        12 * VPL / GROUP, 13 * VPL / GROUP, 14 * VPL / GROUP, 15 * VPL / GROUP};
+    return _mm512_permutexvar_ps(_mm512_load_si512(idx),
+                                 _mm512_loadu_ps(srow + c * (CV / GROUP)));
+  }
+}
+
+// sum over one chunk's CV values of q * (activation bytes at xq), per lane
+template <int BITS>
+inline __m512i chunk_dot(__m512i lo, __m512i hi, const int8_t* xq) {
+  __m512i a = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xq));
+  if constexpr (BITS == 4) a = _mm512_dpbusd_epi32(a, hi, _mm512_loadu_si512(xq + 64));
+  return a;
+}
+
+template <int MR, int BITS, int GROUP, int PASSES>
+void rows_qx(const QX<BITS, PASSES>& p, const uint8_t* w, const void* scales,
+             const void* biases, int sdtype, const float* bias, float* y, int N, int m0, int n0,
+             int n1) {
+  using P = QX<BITS, PASSES>;
+  const int G = p.G, GP = p.GP, chunks = p.chunks;
+  const long row_bytes = long(p.K) * BITS / 8;
+  // the last chunk's bytes may be fewer than 64: a masked load
+  const int tail = int(row_bytes - long(chunks - 1) * 64);
+  const __mmask64 tmask = tail >= 64 ? ~__mmask64(0) : ((__mmask64(1) << tail) - 1);
+  // G scales, then G biases, each padded to GP + 16 (chunk_scales reads 16)
+  thread_local std::vector<float> sb;
+  sb.assign(2 * size_t(GP + 16), 0.f);
+  float* srow = sb.data();
+  float* brow = srow + GP + 16;
+  const __m512i nib = _mm512_set1_epi8(15);
+  for (int n = n0; n < n1; ++n) {
+    const uint8_t* wr = w + n * row_bytes;
+    widen_row(scales, sdtype, long(n) * G, G, srow);
+    widen_row(biases, sdtype, long(n) * G, G, brow);
+    __m512 acc[MR];
+    for (int r = 0; r < MR; ++r) {  // the biases' share first, on the same accumulator
+      const float* gs = p.gsum.data() + long(m0 + r) * GP;
+      acc[r] = _mm512_setzero_ps();
+      for (int g = 0; g < GP; g += 16)
+        acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(brow + g), _mm512_loadu_ps(gs + g), acc[r]);
+    }
+    for (int c = 0; c < chunks; ++c) {
+      prefetch(wr + long(c) * 64);
+      const __m512i wv = c + 1 < chunks ? _mm512_loadu_si512(wr + long(c) * 64)
+                                        : _mm512_maskz_loadu_epi8(tmask, wr + long(c) * 64);
+      const __m512i lo = BITS == 4 ? _mm512_and_si512(wv, nib) : wv;
+      const __m512i hi = BITS == 4 ? _mm512_and_si512(_mm512_srli_epi16(wv, 4), nib) : wv;
+      const __m512 sv = chunk_scales<P::CV, GROUP>(srow, c);
+      for (int r = 0; r < MR; ++r) {
+        const int8_t* xq = p.xq.data() + (long(m0 + r) * chunks + c) * P::STRIDE;
+        __m512i ai = chunk_dot<BITS>(lo, hi, xq);
+        if constexpr (PASSES == 2)
+          ai = _mm512_add_epi32(_mm512_slli_epi32(ai, 8), chunk_dot<BITS>(lo, hi, xq + P::CV));
+        const __m512 dv = _mm512_loadu_ps(p.d.data() + (long(m0 + r) * chunks + c) * 16);
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ai), _mm512_mul_ps(sv, dv), acc[r]);
+      }
+    }
+    for (int r = 0; r < MR; ++r)
+      y[long(m0 + r) * N + n] = _mm512_reduce_add_ps(acc[r]) + (bias ? bias[n] : 0.f);
+  }
+}
+
+template <int BITS, int GROUP, int PASSES>
+void gemm_qx(const float* x, int M, int K, const uint8_t* w, const void* scales,
+             const void* biases, int sdtype, int N, const float* bias, float* y) {
+  thread_local QX<BITS, PASSES> prep;
+  prep.prepare(x, M, K, GROUP);
+  const QX<BITS, PASSES>& p = prep;  // the workers read the caller's thread_local
+  parallel_rows(N, [&](int n0, int n1) {
+    for (int m = 0; m < M; m += 4) {
+      switch (M - m) {
+        case 1: rows_qx<1, BITS, GROUP, PASSES>(p, w, scales, biases, sdtype, bias, y, N, m, n0, n1); break;
+        case 2: rows_qx<2, BITS, GROUP, PASSES>(p, w, scales, biases, sdtype, bias, y, N, m, n0, n1); break;
+        case 3: rows_qx<3, BITS, GROUP, PASSES>(p, w, scales, biases, sdtype, bias, y, N, m, n0, n1); break;
+        default: rows_qx<4, BITS, GROUP, PASSES>(p, w, scales, biases, sdtype, bias, y, N, m, n0, n1); break;
+      }
+    }
+  });
+}
+
+template <int BITS, int PASSES>
+int gemm_qx_group(const float* x, int M, int K, const uint8_t* w, const void* scales,
+                  const void* biases, int sdtype, int group, int N, const float* bias, float* y) {
+  switch (group) {
+    case 32: gemm_qx<BITS, 32, PASSES>(x, M, K, w, scales, biases, sdtype, N, bias, y); return 0;
+    case 64: gemm_qx<BITS, 64, PASSES>(x, M, K, w, scales, biases, sdtype, N, bias, y); return 0;
+    case 128: gemm_qx<BITS, 128, PASSES>(x, M, K, w, scales, biases, sdtype, N, bias, y); return 0;
+    default: return -1;
+  }
+}
+#else
+int affine_mode = 0;
+#endif
+
+// The affine product in the selected mode (affine_mode).
+template <int BITS>
+int affine(const float* x, int M, int K, const uint8_t* w, const void* scales, const void* biases,
+           int sdtype, int group, int N, const float* bias, float* y) {
+#if defined(MLXN_VNNI)
+  if (affine_mode == 1)
+    return gemm_qx_group<BITS, 1>(x, M, K, w, scales, biases, sdtype, group, N, bias, y);
+  if (affine_mode == 2)
+    return gemm_qx_group<BITS, 2>(x, M, K, w, scales, biases, sdtype, group, N, bias, y);
+#endif
+  return gemm_q_group<BITS>(x, M, K, w, scales, biases, sdtype, group, N, bias, y);
+}
+
 }  // namespace
 
 extern "C" {
@@ -479,9 +701,19 @@ int mlxn_gemm_affine(const float* x, int M, int K, const uint32_t* w, const void
                      const float* bias, float* y) {
   if (M <= 0 || K <= 0 || N <= 0 || group % 32 != 0 || K % group != 0) return -1;
   const uint8_t* wb = reinterpret_cast<const uint8_t*>(w);
-  if (bits == 4) return gemm_q_group<4>(x, M, K, wb, scales, biases, sdtype, group, N, bias, y);
-  if (bits == 8) return gemm_q_group<8>(x, M, K, wb, scales, biases, sdtype, group, N, bias, y);
+  if (bits == 4) return affine<4>(x, M, K, wb, scales, biases, sdtype, group, N, bias, y);
+  if (bits == 8) return affine<8>(x, M, K, wb, scales, biases, sdtype, group, N, bias, y);
   return -1;
+}
+
+// The affine kernels for later calls: 0 exact float32, 1 int8 / 2 int16
+// activations (VNNI); another value changes nothing.  Returns the mode now
+// in force: 0 where this build has no VNNI.
+int mlxn_set_affine(int mode) {
+#if defined(MLXN_VNNI)
+  if (mode >= 0 && mode <= 2) affine_mode = mode;
+#endif
+  return affine_mode;
 }
 
 }  // extern "C"

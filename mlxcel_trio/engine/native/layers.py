@@ -12,18 +12,27 @@ so activations and the KV cache are float32, as on the float32 path.
 A product with more than MAX_ROWS rows (a prefill chunk) goes through MLX
 instead: the weight is widened per call and multiplied by the float32 BLAS,
 the float32 path's speed for that shape, without a resident float32 copy.
+
+Where the kernels are MLX graph nodes (graph.cpp), the step's other ops
+that MLX's CPU backend runs as generic fallbacks of several primitives each
+become single nodes too: nn.RMSNorm and nn.RoPE swap classes the same way,
+and a model module's `scaled_dot_product_attention` (mlx-lm's, from
+models/base.py, imported into each model file) is replaced by one that
+takes the decode case (one query per head, no mask) natively.  Each falls
+back to MLX's op for what it does not take (ops.py).
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import mlx.core as mx
 from mlx import nn
 from mlx.utils import tree_flatten, tree_unflatten
 
-from . import ops
+from . import library, ops
 
 MAX_ROWS = 16
 HALF = (mx.bfloat16, mx.float16)
@@ -82,6 +91,48 @@ class NativeQuantizedEmbedding(nn.QuantizedEmbedding):
         return x.astype(mx.float32) @ _dequantized(self).T
 
 
+class NativeRMSNorm(nn.RMSNorm):
+    def __call__(self, x: mx.array) -> mx.array:
+        return ops.rms_norm(x, self["weight"], self.eps)
+
+
+class NativeRoPE(nn.RoPE):
+    def __call__(self, x: mx.array, offset: int | mx.array = 0) -> mx.array:
+        return ops.rope(x, self.dims, traditional=self.traditional, base=self.base,
+                        scale=self.scale, offset=offset)
+
+
+def _mlx_lm_sdpa() -> Any:
+    from mlx_lm.models import base
+
+    return base.scaled_dot_product_attention
+
+
+def native_sdpa(queries: mx.array, keys: mx.array, values: mx.array, cache: Any, scale: float,
+                mask: mx.array | str | None, sinks: mx.array | None = None) -> mx.array:
+    """mlx-lm's scaled_dot_product_attention, a decode step's natively."""
+    if mask is None and sinks is None and not hasattr(cache, "bits"):
+        y = ops.decode_attention(queries, keys, values, scale)
+        if y is not None:
+            return y
+    return _mlx_lm_sdpa()(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
+
+
+def _install_step_ops(model: nn.Module) -> None:
+    """The norms, rotations and attention of the model on graph nodes."""
+    modules = set()
+    for _, m in model.named_modules():
+        if type(m) is nn.RMSNorm:
+            m.__class__ = NativeRMSNorm
+        elif type(m) is nn.RoPE:
+            m.__class__ = NativeRoPE
+        modules.add(sys.modules.get(type(m).__module__))
+    original = _mlx_lm_sdpa()
+    for mod in modules:   # process-wide for that file's models: native_sdpa falls back
+        if getattr(mod, "scaled_dot_product_attention", None) is original:
+            mod.scaled_dot_product_attention = native_sdpa
+
+
 def _affine(m: Any) -> bool:
     return (getattr(m, "mode", "affine") == "affine" and m.bits in BITS
             and m.group_size in GROUPS and m.get("biases") is not None)
@@ -128,4 +179,6 @@ def install(model: nn.Module) -> int:
             if mx.issubdtype(v.dtype, mx.floating) and v.dtype != mx.float32 and not kept(k)]
     if cast:
         model.update(tree_unflatten(cast))
+    if library._graph is not None:
+        _install_step_ops(model)
     return len(served)

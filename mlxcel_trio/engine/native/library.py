@@ -13,6 +13,11 @@ import numpy as np
 
 ENV = "MLXCEL_NATIVE"
 THREADS_ENV = "MLXCEL_NATIVE_THREADS"
+# The affine 4-/8-bit kernels: "int16" (the default where the CPU has
+# VNNI) and "int8" round the activations to integers for VNNI dot products,
+# "exact" multiplies in float32 as mx.quantized_matmul does (kernels.cpp).
+AFFINE_ENV = "MLXCEL_NATIVE_AFFINE"
+AFFINE_MODES = ("exact", "int8", "int16")
 DTYPE_CODE = {"float32": 0, "bfloat16": 1, "float16": 2}
 
 
@@ -41,6 +46,8 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.mlxn_gemm_16.restype = _I
     lib.mlxn_gemm_affine.argtypes = [_P, _I, _I, _P, _P, _P, _I, _I, _I, _I, _P, _P]
     lib.mlxn_gemm_affine.restype = _I
+    lib.mlxn_set_affine.argtypes = [_I]
+    lib.mlxn_set_affine.restype = _I
 
 
 def _bind_graph(lib: ctypes.PyDLL) -> None:
@@ -49,6 +56,13 @@ def _bind_graph(lib: ctypes.PyDLL) -> None:
     lib.mlxg_check.restype = _I
     lib.mlxg_gemm.argtypes = [_P, _P, _P, _P, _P, _P, _I, _I]
     lib.mlxg_gemm.restype = _I
+    f = ctypes.c_float
+    lib.mlxg_rms_norm.argtypes = [_P, _P, _P, f]
+    lib.mlxg_rms_norm.restype = _I
+    lib.mlxg_rope.argtypes = [_P, _P, _I, _I, f, f, _I]
+    lib.mlxg_rope.restype = _I
+    lib.mlxg_decode_attention.argtypes = [_P, _P, _P, _P, f]
+    lib.mlxg_decode_attention.restype = _I
 
 
 def _graph_self_test(lib: ctypes.PyDLL) -> str | None:
@@ -57,7 +71,7 @@ def _graph_self_test(lib: ctypes.PyDLL) -> str | None:
 
     probe = mx.zeros((3, 5, 7))
     shape = (ctypes.c_int * 3)(3, 5, 7)
-    if lib.mlxg_abi() != 1 or lib.mlxg_check(id(probe), shape, 3) != 0:
+    if lib.mlxg_abi() != 2 or lib.mlxg_check(id(probe), shape, 3) != 0:
         return "cannot read this mlx version's arrays"
     x = mx.random.normal((2, 3, 96), key=mx.random.key(0))
     w = mx.random.normal((70, 96), key=mx.random.key(1)).astype(mx.float16)
@@ -86,6 +100,7 @@ def _load_graph() -> tuple[ctypes.CDLL, ctypes.PyDLL] | str:
         return "the library's ABI does not match this package"
     lib.mlxn_set_threads(threads())
     problem = _self_test(lib) or _graph_self_test(glib)
+    _set_affine(lib, os.environ.get(AFFINE_ENV, "int16"))
     return (lib, glib) if problem is None else problem
 
 
@@ -96,6 +111,27 @@ def threads() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:
         return max(1, os.cpu_count() or 1)
+
+
+def _set_affine(lib: ctypes.CDLL, mode: str) -> str:
+    """Select the affine kernels (AFFINE_MODES); returns the one in force
+    ("exact" where the build has no VNNI)."""
+    want = mode.strip().lower()
+    return AFFINE_MODES[lib.mlxn_set_affine(AFFINE_MODES.index(want) if want in AFFINE_MODES
+                                            else -1)]
+
+
+def _affine_note(lib: ctypes.CDLL) -> str:
+    mode = _set_affine(lib, "")
+    return f"4-/8-bit {mode}" + (" (VNNI)" if mode != "exact" else "")
+
+
+def affine(mode: str | None = None) -> str:
+    """The affine kernels in force, after selecting `mode` when given (tests
+    and benchmarks; the server takes $MLXCEL_NATIVE_AFFINE at load)."""
+    if not status().available:
+        raise RuntimeError(f"the native kernels are unavailable: {status().detail}")
+    return _set_affine(_lib, mode or "")
 
 
 def _self_test(lib: ctypes.CDLL) -> str | None:
@@ -116,11 +152,15 @@ def _self_test(lib: ctypes.CDLL) -> str | None:
     s = rng.random((n, k // 32), dtype=np.float32)
     b = rng.standard_normal((n, k // 32), dtype=np.float32)
     w = q * np.repeat(s, 32, 1) + np.repeat(b, 32, 1)
-    if lib.mlxn_gemm_affine(x.ctypes.data, m, k, packed.ctypes.data, s.ctypes.data,
-                            b.ctypes.data, 0, 4, 32, n, None, y.ctypes.data) != 0:
-        return "the 4-bit kernel refused a valid call"
-    if not np.allclose(y, x @ w.T, rtol=1e-4, atol=1e-3):
-        return "the 4-bit kernel disagrees with numpy"
+    ref = x @ w.T
+    for mode, tol in (("int8", 2e-2), ("int16", 1e-4), ("exact", 1e-4)):   # ends on exact
+        if _set_affine(lib, mode) != mode:
+            continue                    # no VNNI: int8 is not built
+        if lib.mlxn_gemm_affine(x.ctypes.data, m, k, packed.ctypes.data, s.ctypes.data,
+                                b.ctypes.data, 0, 4, 32, n, None, y.ctypes.data) != 0:
+            return f"the 4-bit kernel ({mode}) refused a valid call"
+        if not np.allclose(y, ref, rtol=tol, atol=tol * float(np.abs(ref).max())):
+            return f"the 4-bit kernel ({mode}) disagrees with numpy"
     return None
 
 
@@ -139,7 +179,7 @@ def status() -> Status:
         if not isinstance(graph, str):
             _lib, _graph = graph
             _status = Status(True, f"{_lib.mlxn_isa().decode()}, {threads()} thread(s), "
-                             "as MLX graph nodes")
+                             f"{_affine_note(_lib)}, as MLX graph nodes")
             return _status
         try:
             lib = ctypes.CDLL(str(build_library()))
@@ -150,12 +190,13 @@ def status() -> Status:
             problem = _self_test(lib)
             if problem is not None:
                 raise BuildError(problem)
+            _set_affine(lib, os.environ.get(AFFINE_ENV, "int16"))
         except (BuildError, OSError) as e:
             _status = Status(False, str(e))
             return _status
         _lib = lib
         _status = Status(True, f"{lib.mlxn_isa().decode()}, {threads()} thread(s), "
-                         f"through ctypes (no MLX primitive: {graph})")
+                         f"{_affine_note(lib)}, through ctypes (no MLX primitive: {graph})")
         return _status
 
 

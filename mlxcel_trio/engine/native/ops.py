@@ -126,3 +126,45 @@ def gemm_affine(x: mx.array, weight: mx.array, scales: mx.array, biases: mx.arra
     if rc != 0:
         raise ValueError(f"native {bits}-bit product refused group {group_size}, K {k}")
     return _out(y, lead, bias)
+
+
+# A decode step's other ops as single graph nodes (graph.cpp): each falls
+# back to MLX's own op where the primitive is not loaded or does not take
+# the arguments (another dtype, an array offset, a mask, ...).
+
+def rms_norm(x: mx.array, weight: mx.array | None, eps: float) -> mx.array:
+    """mx.fast.rms_norm."""
+    g = library._graph
+    if (g is not None and weight is not None and x.dtype == mx.float32
+            and weight.dtype == mx.float32):
+        y = mx.array(0.0)
+        if g.mlxg_rms_norm(id(y), id(x), id(weight), eps) == 0:
+            return y
+    return mx.fast.rms_norm(x, weight, eps)
+
+
+def rope(x: mx.array, dims: int, *, traditional: bool, base: float | None, scale: float,
+         offset: int | mx.array, freqs: mx.array | None = None) -> mx.array:
+    """mx.fast.rope."""
+    g = library._graph
+    if (g is not None and freqs is None and base is not None and type(offset) is int
+            and x.dtype == mx.float32):
+        y = mx.array(0.0)
+        if g.mlxg_rope(id(y), id(x), dims, int(traditional), base, scale, offset) == 0:
+            return y
+    return mx.fast.rope(x, dims, traditional=traditional, base=base, scale=scale,
+                        offset=offset, freqs=freqs)
+
+
+def decode_attention(queries: mx.array, keys: mx.array, values: mx.array,
+                     scale: float) -> mx.array | None:
+    """softmax(q k^T scale) v for one query per head and no mask, as one
+    node; None where the primitive does not take it."""
+    g = library._graph
+    if g is None or queries.ndim != 4 or queries.shape[2] != 1:
+        return None
+    if not queries.dtype == keys.dtype == values.dtype == mx.float32:
+        return None
+    y = mx.array(0.0)
+    return y if g.mlxg_decode_attention(id(y), id(queries), id(keys), id(values),
+                                        scale) == 0 else None

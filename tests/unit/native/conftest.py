@@ -7,6 +7,8 @@ fallback is forced by clearing the loaded primitive (library._graph)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 
@@ -24,3 +26,16 @@ def kernels(request, monkeypatch):
     else:
         monkeypatch.setattr(library, "_graph", None)
     return native
+
+
+@contextlib.contextmanager
+def affine_mode(native, mode: str):
+    """The affine 4-/8-bit kernels in `mode` (exact / int8 / int16) for the
+    block; skips where this build has no such kernels (no VNNI)."""
+    previous = native.affine()
+    if native.affine(mode) != mode:
+        pytest.skip(f"no {mode} affine kernels in this build (no VNNI)")
+    try:
+        yield mode
+    finally:
+        native.affine(previous)
