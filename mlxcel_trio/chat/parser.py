@@ -120,6 +120,11 @@ def _split_tools(rest: str, syntax: Syntax, partial: bool) -> tuple[str, tuple[T
                     break
                 soft_failure(dialect.name, item.name)
                 return rest, ()
+            if partial and not syntax.calls and not item.arguments:
+                # no tools to check the name against (Functionary v3.2 reads
+                # its recipient line without them): a line is a call only once
+                # its arguments begin, else plain text would stream as a call
+                break
             if partial and not item.complete and dialect.settles:
                 item = attrs.evolve(item, arguments=_settled(item.arguments))
             calls.append(item)

@@ -211,3 +211,17 @@ def test_a_prefill_that_opens_a_call_is_reported_whole():
     closed = prefix + 'is"}}\n</tool_call>\n'
     msg, _ = _replay("", syntax, ["Done."], prefix=closed)
     assert msg.tool_calls == () and msg.content == "Done."
+
+
+def test_a_recipient_line_without_tools_is_not_streamed_as_a_call():
+    """Functionary v3.2 reads its `name\\n{...}` lines with no tools offered;
+    a plain first line that ends before any argument must not stream out as
+    a call (upstream's test_completion_without_tool_call_slow, streamed)."""
+    from mlxcel_trio.chat.dialects import syntax_for
+
+    text = 'we will tell ball. I tell out user):\n}}\n. I will tell kite\n'
+    stream = ChatStream(syntax_for("functionary_v3_2", reasoning_format="auto",
+                                   thinking_open=False, tools=None))
+    diffs = [d for ch in text for d in stream.update(ch)] + stream.finish()
+    assert not [d for d in diffs if d.tool_index is not None or d.tool_name]
+    assert "".join(d.content for d in diffs) == text
