@@ -4,7 +4,10 @@ views, and fall back to them for what they do not take.  On the ctypes
 path (no primitive) every call is MLX's op: the `kernels` fixture runs each
 test on both.  Tolerances: float32 with another summation order (norm,
 attention); RoPE's angles are offset * base^(-i/half) in float32 as MLX
-computes them, so cos / sin of an angle near p differ by about ulp(p)."""
+computes them, so cos / sin of an angle near p differ by about ulp(p).
+White-box: which path runs is read off the loaded primitive (library._graph,
+as the `kernels` fixture sets it), and the swapped RoPE is checked against
+the context shift's own test for a pure rotation (kv_shift._pure_rotation)."""
 
 from __future__ import annotations
 
