@@ -45,6 +45,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from tests.diag import kernel_sockets  # noqa: E402
+
 BASE_S = 10.0     # every request: connection, queueing behind a prefill, a slow box
 SLACK = 3.0       # per-token allowance over the measured single-stream token time
 N_PREDICT = (4, 48)
@@ -392,7 +394,8 @@ class Dumper:
                 before = len(self.server.stderr)
                 self.server.stacks()
                 text += ["--- server stderr (stacks) ---\n", *self.server.stderr[before:],
-                         "--- server log tail ---\n", *self.server.stdout[-200:]]
+                         "--- server log tail ---\n", *self.server.stdout[-200:],
+                         "--- ", kernel_sockets.describe(self.server.port)]
             elif self.pid is not None:
                 for sig in (signal.SIGUSR1, signal.SIGUSR2):
                     try:
