@@ -36,7 +36,8 @@ def port_sockets(port: int) -> list[dict]:
 
 def describe(port: int) -> str:
     """One line per listening socket, then every connection not idle in the
-    kernel (bytes waiting either way, or closing), then a count by state."""
+    kernel (bytes waiting either way, or closing; a closed one's TIME_WAIT
+    only counted), then a count by state."""
     rows = port_sockets(port)
     lines = [f"kernel sockets on port {port}:"]
     for r in rows:
@@ -47,7 +48,7 @@ def describe(port: int) -> str:
         if r["state"] == "LISTEN":
             continue
         counts[r["state"]] = counts.get(r["state"], 0) + 1
-        if r["unread"] or r["unsent"] or r["state"] != "ESTABLISHED":
+        if r["unread"] or r["unsent"] or r["state"] not in ("ESTABLISHED", "TIME_WAIT"):
             lines.append(f"  {r['state']} peer :{r['peer_port']}: {r['unread']} bytes "
                          f"unread by the server, {r['unsent']} unacknowledged")
     lines.append("  connections: " + (", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
