@@ -7,6 +7,7 @@ test that timed out waiting on a server can show where the server stood
 
 import faulthandler
 import os
+import select
 import signal
 
 TASKS_HEADER = "trio tasks (innermost await last):"
@@ -15,7 +16,12 @@ _dumping = False
 
 def _write_all(fd: int, data: bytes) -> None:
     while data:
-        data = data[os.write(fd, data):]
+        try:
+            data = data[os.write(fd, data):]
+        except BlockingIOError:
+            select.select([], [fd], [])
+        except OSError:  # stderr gone: raised here, it would land in the interrupted loop
+            return
 
 
 def _print_trio_tasks(signum, frame) -> None:
