@@ -37,7 +37,8 @@ if str(ROOT) not in sys.path:
 from bench import stress  # noqa: E402
 
 SMALL = 16   # a "small request": a non-streamed completion of at most this many tokens
-SERIES = ("rss_mib", "fds", "threads", "trio_tasks", "store_keys", "p50_small_s", "p99_small_s")
+SERIES = ("rss_mib", "fds", "threads", "trio_tasks", "store_keys", "p50_small_s", "p99_small_s",
+          "load1")
 
 
 def task_count(server) -> int | None:
@@ -150,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
                         "so that a slow rate still has small-request latencies in each window")
     p.add_argument("--store", action="store_true", help="serve with a session store")
     p.add_argument("--out", type=Path, default=Path("soak-out"))
+    p.add_argument("--server-args", default="",
+                   help="more server options (e.g. '--cache-ram 256': a budget that fills early)")
     p.add_argument("--blas", default="auto",
                    help="the server's --blas (default: the server's own default, auto; the "
                         "test harness's bundled BLAS is ~40x slower on the bench fixture)")
@@ -159,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     from tests.conftest import ServerProcess
 
     store = None
-    args = ["--metrics"]
+    args = ["--metrics", *a.server_args.split()]
     if a.store:
         from tests.store_server import StoreServer
         store = StoreServer().start()
@@ -230,7 +233,10 @@ def run(a, srv, store) -> int:
                "trio_tasks": task_count(srv),
                "store_keys": store.client().dbsize() if store is not None else None,
                "requests": len(window),
-               "p50_small_s": percentile(small, 0.5), "p99_small_s": percentile(small, 0.99)}
+               "p50_small_s": percentile(small, 0.5), "p99_small_s": percentile(small, 0.99),
+               # the machine's load: a p99 compared across windows means something
+               # only where the load beside it was alike
+               "load1": round(os.getloadavg()[0], 2)}
         samples.append(row)
         print(json.dumps(row), flush=True)
 
@@ -254,6 +260,8 @@ def run(a, srv, store) -> int:
               "server_cpu_s_per_s": round((samples[-1]["cpu_s"] - samples[0]["cpu_s"])
                                           / max(1.0, samples[-1]["t_s"]), 3),
               "p99_small_end_over_start": (p99[-1] / p99[0]) if len(p99) >= 2 and p99[0] else None,
+              "load1_start_end": [samples[1]["load1"], samples[-1]["load1"]]
+              if len(samples) >= 2 else None,
               "samples": samples}
     (a.out / "soak.json").write_text(json.dumps(report, indent=1))
     plot(samples, a.out / "soak.png")

@@ -30,6 +30,7 @@ import json
 import os
 import random
 import signal
+import socket
 import statistics
 import sys
 import threading
@@ -44,9 +45,13 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from tests.diag import kernel_sockets  # noqa: E402
+
 BASE_S = 10.0     # every request: connection, queueing behind a prefill, a slow box
 SLACK = 3.0       # per-token allowance over the measured single-stream token time
 N_PREDICT = (4, 48)
+HOSTILE_TOKENS = 8   # the completions a hostile operation asks for
+RAW_TIMEOUT_S = 300.0  # a raw socket's wait, as the clients' (a breach is dumped first)
 # prompts are prefixes of this (words the fixtures' tokenizers know)
 PROMPT = ("Your friend repairs the engine while the model builds a long answer about "
           "rivers, trains and the small stones that sit along the road to the city; "
@@ -245,10 +250,110 @@ class Mix:
                              headers={"Content-Type": "application/json"})
         return r.status_code, 400 <= r.status_code < 500, "", 1
 
+    # -- what the hostile-input and transport tests do to their shared server, on raw
+    # sockets: each kind returns whether the server kept to HTTP/1.1 (every
+    # expected answer whole, no 5xx); a connection the server leaves open
+    # and silent shows as a breach (the socket's timeout is past the bound)
+
+    def hostile(self):
+        kind = self.rng.choice(self.HOSTILE)
+        ok = getattr(self, f"_{kind}")()
+        return kind, ok, "", HOSTILE_TOKENS
+
+    HOSTILE = ("pipelined", "half_closed", "expect_100", "abandoned_head", "early_close",
+               "oversized", "chunked")
+
+    def _raw(self) -> socket.socket:
+        host, port = self.url.removeprefix("http://").rsplit(":", 1)
+        return socket.create_connection((host, int(port)), timeout=RAW_TIMEOUT_S)
+
+    def _request(self, path: str, body: bytes | None, extra: str = "") -> bytes:
+        method = "GET" if body is None else "POST"
+        head = f"{method} {path} HTTP/1.1\r\nHost: stress\r\n{extra}"
+        if body is None:
+            return f"{head}\r\n".encode()
+        return (f"{head}Content-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+    def _small(self) -> bytes:
+        return json.dumps({"prompt": self._prompt(), "n_predict": HOSTILE_TOKENS}).encode()
+
+    @staticmethod
+    def _to_eof(s: socket.socket) -> bytes:
+        reply = b""
+        try:
+            while chunk := s.recv(65536):
+                reply += chunk
+        except ConnectionResetError:  # an end as well (the server had unread bytes)
+            pass
+        return reply
+
+    @staticmethod
+    def _statuses(reply: bytes) -> list[int]:
+        return [int(reply[i + 9:i + 12]) for i in range(len(reply))
+                if reply.startswith(b"HTTP/1.1 ", i) and reply[i + 9:i + 12].isdigit()]
+
+    def _pipelined(self) -> bool:
+        """Three requests in one write, the last asking to close: three answers."""
+        with self._raw() as s:
+            s.sendall(self._request("/health", None) + self._request("/completion", self._small())
+                      + self._request("/tokenize", b'{"content": "a b"}', "Connection: close\r\n"))
+            statuses = self._statuses(self._to_eof(s))
+        return len(statuses) == 3 and max(statuses) < 500
+
+    def _half_closed(self) -> bool:
+        """A request, then the client's end shut: an answer or an end, never silence."""
+        with self._raw() as s:
+            s.sendall(self._request("/completion", self._small()))
+            s.shutdown(socket.SHUT_WR)
+            return all(x < 500 for x in self._statuses(self._to_eof(s)))
+
+    def _expect_100(self) -> bool:
+        body = self._small()
+        with self._raw() as s:
+            s.sendall(self._request("/completion", body, "Expect: 100-continue\r\n"
+                                    "Connection: close\r\n")[:-len(body)])
+            interim = b""
+            while b"\r\n\r\n" not in interim:
+                chunk = s.recv(65536)
+                if not chunk:
+                    return False
+                interim += chunk
+            if not interim.startswith(b"HTTP/1.1 100"):
+                return False
+            s.sendall(body)
+            return self._statuses(interim + self._to_eof(s)) == [100, 200]
+
+    def _abandoned_head(self) -> bool:
+        with self._raw() as s:
+            s.sendall(b"POST /completion HTTP/1.1\r\nHost: stress\r\nContent-Le")
+        return True
+
+    def _early_close(self) -> bool:
+        """A generation asked for and the connection dropped before its answer."""
+        with self._raw() as s:
+            s.sendall(self._request("/completion", json.dumps(
+                {"prompt": self._prompt(), "n_predict": N_PREDICT[1]}).encode()))
+        return True
+
+    def _oversized(self) -> bool:
+        with self._raw() as s:
+            s.sendall(b"POST /completion HTTP/1.1\r\nHost: stress\r\n"
+                      b"Content-Length: 1000000000\r\n\r\n{")
+            return self._statuses(self._to_eof(s)) == [413]
+
+    def _chunked(self) -> bool:
+        body = self._small()
+        with self._raw() as s:
+            s.sendall(b"POST /completion HTTP/1.1\r\nHost: stress\r\nConnection: close\r\n"
+                      b"Transfer-Encoding: chunked\r\n\r\n"
+                      + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+            return self._statuses(self._to_eof(s)) == [200]
+
     OPS: dict[str, float] = {
         "completion": 4, "completion_stream": 3, "n_cmpl": 1, "grammar": 1, "chat": 2,
         "chat_stream": 2, "chat_stream_conv": 1, "cancel": 2, "resume": 1,
-        "embeddings": 1, "tokenize": 1, "info": 2, "malformed": 1,
+        "embeddings": 1, "tokenize": 1, "info": 2, "malformed": 1, "hostile": 1,
     }
 
     def draw(self) -> str:
@@ -289,7 +394,8 @@ class Dumper:
                 before = len(self.server.stderr)
                 self.server.stacks()
                 text += ["--- server stderr (stacks) ---\n", *self.server.stderr[before:],
-                         "--- server log tail ---\n", *self.server.stdout[-200:]]
+                         "--- server log tail ---\n", *self.server.stdout[-200:],
+                         "--- ", kernel_sockets.describe(self.server.port)]
             elif self.pid is not None:
                 for sig in (signal.SIGUSR1, signal.SIGUSR2):
                     try:
@@ -345,7 +451,7 @@ def client_loop(mix: Mix, deadline: float, t_tok: float, clients: int, tally: Ta
         watch.begin(op, bound_for(2 * N_PREDICT[1], t_tok, clients))
         try:
             status, ok, note, tokens = mix.run(op)
-        except (httpx.HTTPError, json.JSONDecodeError, ValueError) as exc:
+        except (httpx.HTTPError, json.JSONDecodeError, ValueError, OSError) as exc:
             status, ok, note, tokens = type(exc).__name__, False, str(exc)[:200], N_PREDICT[1]
         dumped = watch.end()
         elapsed = time.monotonic() - started

@@ -23,6 +23,7 @@ from typing import TypeVar
 
 import pytest
 
+from tests.diag import kernel_sockets
 from tests.diag.sitecustomize import TASKS_HEADER
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -339,8 +340,10 @@ def pytest_collection_modifyitems(items) -> None:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """A failed test's report carries, for each server still running in
-    this worker, its threads' and trio tasks' stacks and its last log
-    lines: a request that timed out then shows where the server stood.
+    this worker, its threads' and trio tasks' stacks, its last log lines
+    and the kernel's view of its port (connections not yet accepted, bytes
+    not read): a request that timed out then shows where the server stood,
+    even one the server never saw.
     Only end-to-end tests: elsewhere a server a module fixture left running
     is unrelated noise."""
     outcome = yield
@@ -351,5 +354,6 @@ def pytest_runtest_makereport(item, call):
         if srv.proc is None or srv.proc.poll() is not None:
             continue
         srv.stacks()
-        tail = "".join(srv.stdout[-REPORT_LINES:] + ["--- stderr ---\n"] + srv.stderr[-STACK_LINES:])
+        tail = "".join(srv.stdout[-REPORT_LINES:] + ["--- stderr ---\n"] + srv.stderr[-STACK_LINES:]
+                       + ["--- ", kernel_sockets.describe(srv.port)])
         report.sections.append((f"server {srv.url} ({' '.join(srv.argv[3:])})", tail))

@@ -134,12 +134,15 @@ async def _cancel_on_disconnect(receive, scope: trio.CancelScope) -> None:
     scope.cancel()
 
 
-async def _serving(nursery, app) -> tuple[int, trio.Event]:
+async def _serving(nursery, app, grace: float | None = None) -> tuple[int, trio.Event]:
     sock = listen.bind("127.0.0.1", 0, reuse_port=False)
     port = sock.getsockname()[1]
     shutdown = trio.Event()
+    config = HypercornConfig()
+    if grace is not None:
+        config.graceful_timeout = grace
     await nursery.start(lambda task_status: listen.serve(
-        app, HypercornConfig(), [sock], write_timeout=READ_TIMEOUT, read_timeout=READ_TIMEOUT,
+        app, config, [sock], write_timeout=READ_TIMEOUT, read_timeout=READ_TIMEOUT,
         shutdown_trigger=shutdown.wait, task_status=task_status))
     return port, shutdown
 
@@ -386,3 +389,46 @@ async def test_a_response_sent_under_a_pending_cancel_leaves_the_connection_answ
         shutdown.set()
     assert replies[0].startswith(b"HTTP/1.1 200"), replies
     assert replies[1].startswith(b"HTTP/1.1 200"), f"the next request got no answer: {replies}"
+
+
+def _never_answering(arrived: trio.Event):
+    """An ASGI app that reads the request, says so, and never answers."""
+    async def app(scope, receive, send):
+        if scope["type"] == "lifespan":
+            return await _lifespan(receive, send)
+        await receive()
+        arrived.set()
+        await trio.sleep_forever()
+    return app
+
+
+async def test_a_request_cancelled_from_outside_ends_its_connection(quiet_clock):
+    """The one cancel of a request from outside hypercorn's own scopes: the
+    connection's scope (here the shutdown's grace running out; a failed task
+    of the connection does the same).  hypercorn's closing send then runs
+    under that cancel and may stop before readying the connection for the
+    next request, here one already pipelined behind it; the connection is
+    closed all the same, so its client sees the end, never a silence."""
+    from mlxcel_trio.server.http.app_shell import PerRequest
+
+    arrived = trio.Event()
+    async with trio.open_nursery() as nursery:
+        port, shutdown = await _serving(nursery, PerRequest(_never_answering(arrived)),
+                                        grace=READ_TIMEOUT)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"POST /first HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+                              b"GET /next HTTP/1.1\r\nHost: x\r\n\r\n")
+        await arrived.wait()
+        shutdown.set()
+        start = trio.current_time()
+        reply = b""
+        with trio.move_on_after(4 * READ_TIMEOUT) as silent:
+            try:
+                reply = await _receive_all(stream)
+            except trio.BrokenResourceError:  # a reset is an end too
+                pass
+        elapsed = trio.current_time() - start
+        await stream.aclose()
+    assert not silent.cancelled_caught, f"the connection stayed open without an answer: {reply}"
+    assert elapsed == pytest.approx(READ_TIMEOUT, abs=0.5)
+    assert reply == b"" or reply.startswith(b"HTTP/1.1 500"), reply
