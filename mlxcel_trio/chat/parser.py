@@ -161,12 +161,13 @@ def _settled(arguments: str) -> str:
 def parse(text: str, syntax: Syntax, partial: bool) -> ChatMsg:
     if syntax.skip:
         return ChatMsg(content=text)
-    if syntax.tool_format is not None and _dialect(syntax).message is not None:
-        msg = _dialect(syntax).message(text, partial, syntax.reasoning_format != "none",
-                                       syntax.thinking_open, syntax.tools if syntax.calls else None)
-        settles = _dialect(syntax).settles
+    dialect = _dialect(syntax) if syntax.tool_format is not None else None
+    if dialect is not None and dialect.message is not None:
+        msg = dialect.message(text, partial, syntax.reasoning_format != "none",
+                              syntax.thinking_open, syntax.tools if syntax.calls else None)
         calls = tuple(attrs.evolve(c, arguments=_settled(c.arguments))
-                      if partial and not c.complete and settles else c for c in msg.tool_calls)
+                      if partial and not c.complete and dialect.settles else c
+                      for c in msg.tool_calls)
         return ChatMsg(msg.content, msg.reasoning_content, calls)
     start, end = syntax.think_start, syntax.think_end
     r_start = None
