@@ -1,5 +1,5 @@
 """A GGUF of a Qwen3 bench fixture for llama.cpp's llama-bench, written
-with the `gguf` package (pip install gguf; not a dependency): f16, q8_0 or
+with the `gguf` package (the `bench` extra; not a runtime dependency): f16, q8_0 or
 q4_0 for every matrix (the embedding too, as the 4-/8-bit MLX forms
 quantize it), float32 norms.  For timing decode (llama-bench -p 0 -n N),
 not for text: the tokenizer is the fixture's byte-level BPE, its token

@@ -51,6 +51,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
 
 import _common as C  # noqa: E402
+import _serve_plots  # noqa: E402
 from forms import Proc, Prompts, eos_ids, startup_lines  # noqa: E402
 
 SYSTEMS = ("mlxcel", "mlx_lm.server", "llama-server")
@@ -252,7 +253,14 @@ def main() -> int:
                     help="extra mlxcel-server argument (repeatable)")
     ap.add_argument("--start-timeout", type=float, default=600)
     ap.add_argument("--json", type=Path, help="write the summaries here")
+    ap.add_argument("--plots", type=Path, help="write one PNG per metric into this folder")
+    ap.add_argument("--replot", type=Path, metavar="JSON",
+                    help="no run: print the table (and --plots) of a --json file")
     args = ap.parse_args()
+    if args.replot:
+        results = json.loads(args.replot.read_text())
+        print(table(results))
+        return plots(results, args.plots, args.replot.stem)
     if args.fixture:
         from fixtures.build import ensure
 
@@ -294,6 +302,18 @@ def main() -> int:
     print(table(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
+    return plots(results, args.plots, f"{args.model.name}, load {os.getloadavg()[0]:.1f}")
+
+
+def plots(results: dict[str, dict[str, dict]], out: Path | None, note: str) -> int:
+    if out is None:
+        return 0
+    why = _serve_plots.available()
+    if why:
+        print(why, file=sys.stderr)
+        return 0
+    for path in _serve_plots.write(results, out, note):
+        print(f"plot: {path}")
     return 0
 
 
