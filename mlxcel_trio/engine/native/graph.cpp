@@ -518,3 +518,486 @@ int mlxg_decode_attention(void* out, void* qo, void* ko, void* vo, float scale) 
 }
 
 }  // extern "C"
+
+// ---------------------------------------------------------------- a whole decoder layer
+// One llama / qwen2 / qwen3 decoder layer for a decode step (a few tokens
+// per sequence) as a single node: input RMSNorm, q/k/v projections,
+// (Qwen3's per-head q/k RMSNorm), RoPE, the KV cache written in place,
+// causal attention over the cache (GQA; per-sequence left padding for a
+// batch cache), o projection + residual, post-attention RMSNorm, gate / up,
+// SiLU(gate) * up, down projection + residual.  A decode step of MLX nodes
+// is ~30 nodes per layer, each with its own dispatch and buffers; here the
+// layer is one task on the stream thread that calls the same kernels.
+//
+// Outputs: the layer's output [B, L, Dm] and the cache's keys / values
+// [B, Hk, cap, D] with the new rows written.  The cache buffer is reused
+// (donated) when nothing else references the input cache array, as MLX's
+// own slice update does; else it is copied first.
+
+namespace {
+
+// kFusedProjs projections in this order: q, k, v, o, gate, up, down.
+constexpr int kFusedProjs = 7;
+
+struct FusedProj {
+  int bits = 16, wdtype = 1, sdtype = 0, group = 0;
+  int w = -1, s = -1, b = -1, bias = -1;  // input indices, -1: absent
+};
+
+struct FusedParams {
+  int H = 0, Hk = 0, D = 0, dims = 0;
+  bool traditional = false, batch = false, qk_norm = false;
+  int idx = 0, offset = 0;        // cache write position; RoPE offset (plain cache)
+  float eps_in = 0, eps_post = 0, eps_qk = 0, rope_scale = 1, base = 0, scale = 1;
+  int ix = 0, in_norm = 1, post_norm = 2, q_norm = -1, k_norm = -1, freqs = -1;
+  int keys = 3, values = 4, offsets = -1, lpad = -1;
+  FusedProj proj[kFusedProjs];
+};
+
+std::atomic<long> fused_nodes{0}, fused_donated{0}, fused_copied{0};
+
+// RoPE's cos / sin for a step's positions: every layer of a step asks for
+// the same ones, so the last table is kept (per stream thread).
+struct RopeTable {
+  std::vector<int> pos;
+  std::vector<float> inv;
+  float scale = 0;
+  std::vector<float> cs, sn;
+  const RopeTable& get(const std::vector<int>& p, const std::vector<float>& iv, float sc) {
+    if (p == pos && iv == inv && sc == scale && !cs.empty()) return *this;
+    pos = p;
+    inv = iv;
+    scale = sc;
+    const size_t half = iv.size();
+    cs.resize(p.size() * half);
+    sn.resize(p.size() * half);
+    for (size_t r = 0; r < p.size(); ++r) {
+      const float ps = float(p[r]) * sc;
+      for (size_t i = 0; i < half; ++i) {
+        const float th = ps * iv[i];
+        cs[r * half + i] = std::cos(th);
+        sn[r * half + i] = std::sin(th);
+      }
+    }
+    return *this;
+  }
+};
+
+void rms_row(const float* x, const float* w, float eps, int D, float* y) {
+  vf a = vzero();
+  int k = 0;
+  for (; k + L <= D; k += L) a = vfma(vload(x + k), vload(x + k), a);
+  float ss = vsum(a);
+  for (; k < D; ++k) ss += x[k] * x[k];
+  const float n = 1.f / std::sqrt(ss / float(D) + eps);
+  for (k = 0; k < D; ++k) y[k] = x[k] * n * w[k];
+}
+
+void rope_row(float* x, const float* c, const float* s, int half, bool traditional) {
+  for (int i = 0; i < half; ++i) {
+    const int a = traditional ? 2 * i : i, b = traditional ? 2 * i + 1 : i + half;
+    const float x1 = x[a], x2 = x[b];
+    x[a] = x1 * c[i] - x2 * s[i];
+    x[b] = x1 * s[i] + x2 * c[i];
+  }
+}
+
+// An input as the task reads it: raw data and layout only, so a pending
+// task holds no reference to the arrays (which would keep MLX from
+// donating the cache buffer to the next step).
+struct Arr {
+  const void* p = nullptr;
+  mc::Shape shape;
+  mc::Strides strides;
+  bool contiguous = false;
+  mc::Dtype dtype = mc::float32;
+  Arr() = default;
+  explicit Arr(const mc::array& a)
+      : p(a.data<void>()), shape(a.shape()), strides(a.strides()),
+        contiguous(a.flags().row_contiguous), dtype(a.dtype()) {}
+  template <class T>
+  const T* data() const { return static_cast<const T*>(p); }
+  long size() const {
+    return std::accumulate(shape.begin(), shape.end(), 1L, [](long a, int b) { return a * b; });
+  }
+};
+
+// y[M, N] = x[M, K] . W^T (+ bias) for one of the layer's projections
+void fused_gemm(const FusedProj& p, const std::vector<Arr>& in, const float* x, int M,
+                int K, int N, float* y) {
+  const float* bias = p.bias >= 0 ? in[p.bias].data<float>() : nullptr;
+  if (p.bits == 16) {
+    const uint16_t* w = in[p.w].data<uint16_t>();
+    if (p.wdtype == 1)
+      gemm_16<true>(x, M, K, w, N, bias, y);
+    else
+      gemm_16<false>(x, M, K, w, N, bias, y);
+  } else {
+    const uint8_t* w = in[p.w].data<uint8_t>();
+    const void* s = in[p.s].data<void>();
+    const void* b = in[p.b].data<void>();
+    if (p.bits == 4)
+      affine<4>(x, M, K, w, s, b, p.sdtype, p.group, N, bias, y);
+    else
+      affine<8>(x, M, K, w, s, b, p.sdtype, p.group, N, bias, y);
+  }
+}
+
+// jobs(i) for i in [0, n) over the pool, the next index taken from a shared
+// counter (uneven jobs balance themselves)
+template <class F>
+void parallel_jobs(int n, long work, F jobs) {
+  if (!pool || n < 2 || work < (1L << 15)) {
+    for (int i = 0; i < n; ++i) jobs(i);
+    return;
+  }
+  std::atomic<int> next{0};
+  pool->run([&](int, int) {
+    for (int i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) jobs(i);
+  }, pool->size());
+}
+
+// Copies a (possibly strided) float32 array into a row-major buffer.
+void copy_rowmajor(const Arr& a, float* dst) {
+  if (a.contiguous)
+    std::memcpy(dst, a.data<float>(), sizeof(float) * a.size());
+  else
+    gather(a.data<float>(), a.shape, a.strides, dst);
+}
+
+// The cache's first `rows` positions into a new buffer [B, H, cap, D].
+void copy_cache(const Arr& a, int rows, float* dst) {
+  const int B = a.shape[0], H = a.shape[1], cap = a.shape[2], D = a.shape[3];
+  const float* src = a.data<float>();
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < H; ++h)
+      for (int t = 0; t < rows; ++t) {
+        const float* s = src + b * a.strides[0] + h * a.strides[1] + long(t) * a.strides[2];
+        float* d = dst + ((long(b) * H + h) * cap + t) * D;
+        if (a.strides[3] == 1)
+          std::memcpy(d, s, sizeof(float) * D);
+        else
+          for (int i = 0; i < D; ++i) d[i] = s[i * a.strides[3]];
+      }
+}
+
+class NativeFusedLayer : public mc::Primitive {
+ public:
+  NativeFusedLayer(mc::Stream s, FusedParams p) : mc::Primitive(s), p_(std::move(p)) {}
+
+  void eval_cpu(const std::vector<mc::array>& in, std::vector<mc::array>& outs) override {
+    // Each output holds its own copy of the inputs (make_arrays): drop the
+    // siblings' copies now (evaluation detaches them right after) so that
+    // the cache arrays count only this node's reference.
+    bool tracer = false;
+    for (auto& o : outs) tracer = tracer || o.is_tracer();
+    if (!tracer)
+      for (auto& o : outs)
+        if (&o.inputs() != &in) o.inputs().clear();
+    outs[0].set_data(mc::allocator::malloc(outs[0].nbytes()));
+    bool copy[2] = {false, false};
+    for (int j = 0; j < 2; ++j) {
+      const mc::array& c = in[j == 0 ? p_.keys : p_.values];
+      mc::array& o = outs[1 + j];
+      if (!tracer && c.is_donatable() && c.flags().row_contiguous && c.data_size() == c.size()) {
+        o.copy_shared_buffer(c);
+        fused_donated.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        o.set_data(mc::allocator::malloc(o.nbytes()));
+        copy[j] = true;
+        fused_copied.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
+    fused_nodes.fetch_add(1, std::memory_order_relaxed);
+    auto& enc = mc::cpu::get_command_encoder(stream());
+    for (auto& a : in) enc.set_input_array(a);
+    for (auto& o : outs) enc.set_output_array(o);
+    std::vector<Arr> args;
+    args.reserve(in.size());
+    for (auto& a : in) args.emplace_back(a);
+    float* out[3] = {outs[0].data<float>(), outs[1].data<float>(), outs[2].data<float>()};
+    const int cap = outs[1].shape(2);
+    enc.dispatch([args = std::move(args), p = p_, c0 = copy[0], c1 = copy[1], y = out[0],
+                  K = out[1], V = out[2], cap] {
+      if (c0) copy_cache(args[p.keys], p.idx, K);
+      if (c1) copy_cache(args[p.values], p.idx, V);
+      run(p, args, y, K, V, cap);
+    });
+  }
+
+  static void run(const FusedParams& p, const std::vector<Arr>& in, float* y, float* K, float* V,
+                  int cap) {
+    const Arr& xa = in[p.ix];
+    const int B = xa.shape[0], Lq = xa.shape[1], Dm = xa.shape[2], M = B * Lq;
+    const int H = p.H, Hk = p.Hk, D = p.D, QN = H * D, KN = Hk * D;
+    const int I = in[p.proj[4].w].shape[0];
+    thread_local std::vector<float> buf;
+    const size_t need = size_t(M) * (3 * size_t(Dm) + 2 * QN + 2 * KN + 2 * size_t(I));
+    if (buf.size() < need) buf.resize(need);
+    float* x = buf.data();
+    float* xn = x + size_t(M) * Dm;
+    float* h1 = xn + size_t(M) * Dm;
+    float* q = h1 + size_t(M) * Dm;
+    float* att = q + size_t(M) * QN;
+    float* k = att + size_t(M) * QN;
+    float* v = k + size_t(M) * KN;
+    float* g = v + size_t(M) * KN;
+    float* u = g + size_t(M) * I;
+    copy_rowmajor(xa, x);
+    const float* w_in = in[p.in_norm].data<float>();
+    for (int r = 0; r < M; ++r) rms_row(x + long(r) * Dm, w_in, p.eps_in, Dm, xn + long(r) * Dm);
+    fused_gemm(p.proj[0], in, xn, M, Dm, QN, q);
+    fused_gemm(p.proj[1], in, xn, M, Dm, KN, k);
+    fused_gemm(p.proj[2], in, xn, M, Dm, KN, v);
+    if (p.qk_norm) {
+      const float* wq = in[p.q_norm].data<float>();
+      const float* wk = in[p.k_norm].data<float>();
+      for (long r = 0; r < long(M) * H; ++r) rms_row(q + r * D, wq, p.eps_qk, D, q + r * D);
+      for (long r = 0; r < long(M) * Hk; ++r) rms_row(k + r * D, wk, p.eps_qk, D, k + r * D);
+    }
+    // positions: the cache's offset (per sequence for a batch cache) + l
+    std::vector<int> pos(M), start(B, 0);
+    for (int b = 0; b < B; ++b) {
+      int off = p.offset;
+      if (p.batch) {
+        off = scalar_int(in[p.offsets], b);
+        start[b] = std::max(0, scalar_int(in[p.lpad], b));
+      }
+      for (int l = 0; l < Lq; ++l) pos[b * Lq + l] = off + l;
+    }
+    const int half = p.dims / 2;
+    std::vector<float> inv(half);
+    if (p.freqs >= 0) {
+      const float* f = in[p.freqs].data<float>();
+      for (int i = 0; i < half; ++i) inv[i] = 1.f / f[i];
+    } else {
+      const float lb = std::log(p.base) / float(half);
+      for (int i = 0; i < half; ++i) inv[i] = std::exp(float(-i) * lb);
+    }
+    thread_local RopeTable table;
+    const RopeTable& t = table.get(pos, inv, p.rope_scale);
+    for (int r = 0; r < M; ++r) {
+      const float* c = t.cs.data() + size_t(r) * half;
+      const float* s = t.sn.data() + size_t(r) * half;
+      for (int h = 0; h < H; ++h) rope_row(q + (long(r) * H + h) * D, c, s, half, p.traditional);
+      for (int h = 0; h < Hk; ++h) rope_row(k + (long(r) * Hk + h) * D, c, s, half, p.traditional);
+    }
+    // the new rows into the cache at idx + l
+    for (int b = 0; b < B; ++b)
+      for (int l = 0; l < Lq; ++l)
+        for (int h = 0; h < Hk; ++h) {
+          const long dst = ((long(b) * Hk + h) * cap + p.idx + l) * D;
+          const long src = ((long(b) * Lq + l) * Hk + h) * D;
+          std::memcpy(K + dst, k + src, sizeof(float) * D);
+          std::memcpy(V + dst, v + src, sizeof(float) * D);
+        }
+    // attention: query (b, l, h) over positions [start_b, idx + l]
+    const int rep = H / Hk, end0 = p.idx + 1;
+    const float scale = p.scale;
+    parallel_jobs(B * H, long(B) * H * (end0 + Lq) * D, [&](int job) {
+      const int b = job / H, h = job % H, kvh = h / rep;
+      thread_local std::vector<float> pr;
+      if (pr.size() < size_t(end0 + Lq)) pr.resize(end0 + Lq);
+      const float* Kb = K + (long(b) * Hk + kvh) * cap * D;
+      const float* Vb = V + (long(b) * Hk + kvh) * cap * D;
+      for (int l = 0; l < Lq; ++l) {
+        const long row = long(b) * Lq + l;
+        const float* qr = q + (row * H + h) * D;
+        float* yr = att + (row * H + h) * D;
+        const int t0 = start[b], t1 = p.idx + l + 1;
+        std::fill(yr, yr + D, 0.f);
+        if (t0 >= t1) continue;
+        float top = -INFINITY;
+        for (int tt = t0; tt < t1; ++tt) {
+          const float* kr = Kb + long(tt) * D;
+          vf a = vzero();
+          int d = 0;
+          for (; d + L <= D; d += L) a = vfma(vload(qr + d), vload(kr + d), a);
+          float sc = vsum(a);
+          for (; d < D; ++d) sc += qr[d] * kr[d];
+          pr[tt] = sc * scale;
+          top = std::max(top, pr[tt]);
+        }
+        float sum = 0.f;
+        for (int tt = t0; tt < t1; ++tt) sum += (pr[tt] = std::exp(pr[tt] - top));
+        const float invs = 1.f / sum;
+        for (int tt = t0; tt < t1; ++tt) {
+          const float* vr = Vb + long(tt) * D;
+          const float w = pr[tt] * invs;
+          for (int d = 0; d < D; ++d) yr[d] += w * vr[d];
+        }
+      }
+    });
+    // o projection + residual, post-attention norm, MLP + residual
+    fused_gemm(p.proj[3], in, att, M, QN, Dm, h1);
+    for (long i = 0; i < long(M) * Dm; ++i) h1[i] += x[i];
+    const float* w_post = in[p.post_norm].data<float>();
+    for (int r = 0; r < M; ++r)
+      rms_row(h1 + long(r) * Dm, w_post, p.eps_post, Dm, xn + long(r) * Dm);
+    fused_gemm(p.proj[4], in, xn, M, Dm, I, g);
+    fused_gemm(p.proj[5], in, xn, M, Dm, I, u);
+    for (long i = 0; i < long(M) * I; ++i) g[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+    fused_gemm(p.proj[6], in, g, M, I, Dm, y);
+    for (long i = 0; i < long(M) * Dm; ++i) y[i] += h1[i];
+  }
+
+  static int scalar_int(const Arr& a, int i) {
+    const long off = long(i) * (a.shape.empty() ? 0 : a.strides[0]);
+    if (a.dtype == mc::int32) return a.data<int32_t>()[off];
+    return int(a.data<int64_t>()[off]);
+  }
+
+  void eval_gpu(const std::vector<mc::array>&, std::vector<mc::array>&) override {
+    throw std::runtime_error("the native kernels run on the CPU only");
+  }
+  const char* name() const override { return "MlxcelNativeFusedLayer"; }
+  bool is_equivalent(const mc::Primitive&) const override { return false; }
+
+ private:
+  FusedParams p_;
+};
+
+}  // namespace
+
+extern "C" {
+
+// The fused layer (see NativeFusedLayer) as a node.  outs: 3 Python arrays
+// replaced by the node's outputs (layer output, keys, values).  arrs:
+// kFusedArrays Python arrays or null, in this order: x [B, L, Dm], input
+// norm [Dm], post norm [Dm], q norm [D], k norm [D], RoPE freqs [dims / 2]
+// (null: `base`), keys, values [B, Hk, cap, D], offsets [B], left padding
+// [B] (int32 / int64; batch cache only), then per projection q, k, v, o,
+// gate, up, down: weight, scales, biases, bias.  ip: H, Hk, D, dims,
+// traditional, idx, offset, batch, then per projection bits, group.  fp:
+// eps_in, eps_post, eps_qk, rope scale, base, attention scale.  Returns 0,
+// or -1 (nothing changed) for what it does not take.
+int mlxg_fused_layer(void** outs, void** arrs, const int* ip, const float* fp) {
+  constexpr int kFixed = 10;
+  mc::array* a[kFixed + 4 * kFusedProjs];
+  for (int i = 0; i < kFixed + 4 * kFusedProjs; ++i) a[i] = arrs[i] ? unwrap(arrs[i]) : nullptr;
+  mc::array *x = a[0], *keys = a[6], *values = a[7];
+  FusedParams p;
+  p.H = ip[0], p.Hk = ip[1], p.D = ip[2], p.dims = ip[3], p.traditional = ip[4] != 0;
+  p.idx = ip[5], p.offset = ip[6], p.batch = ip[7] != 0;
+  p.eps_in = fp[0], p.eps_post = fp[1], p.eps_qk = fp[2], p.rope_scale = fp[3], p.base = fp[4];
+  p.scale = fp[5];
+  if (!f32(x) || x->ndim() != 3 || !f32(keys) || !f32(values) || keys->ndim() != 4 ||
+      values->shape() != keys->shape())
+    return -1;
+  const int B = x->shape(0), Lq = x->shape(1), Dm = x->shape(2);
+  if (B <= 0 || Lq <= 0 || Dm <= 0 || p.H <= 0 || p.Hk <= 0 || p.H % p.Hk || p.D <= 0 ||
+      p.dims <= 0 || p.dims % 2 || p.dims > p.D)
+    return -1;
+  if (keys->shape(0) != B || keys->shape(1) != p.Hk || keys->shape(3) != p.D || p.idx < 0 ||
+      p.idx + Lq > keys->shape(2))
+    return -1;
+  std::vector<mc::array> inputs;
+  auto add = [&](mc::array* arr) {
+    inputs.push_back(*arr);
+    return int(inputs.size()) - 1;
+  };
+  auto vec = [&](mc::array* w, int n) { return f32(w) && w->ndim() == 1 && w->shape(0) == n; };
+  p.ix = add(x);
+  if (!vec(a[1], Dm) || !vec(a[2], Dm)) return -1;
+  p.in_norm = add(a[1]);
+  p.post_norm = add(a[2]);
+  if (a[3] || a[4]) {
+    if (!vec(a[3], p.D) || !vec(a[4], p.D)) return -1;
+    p.qk_norm = true;
+    p.eps_qk = fp[2];
+    p.q_norm = add(a[3]);
+    p.k_norm = add(a[4]);
+  }
+  if (a[5]) {
+    if (!vec(a[5], p.dims / 2)) return -1;
+    p.freqs = add(a[5]);
+  } else if (!(p.base > 0.f)) {
+    return -1;
+  }
+  p.keys = add(keys);
+  p.values = add(values);
+  if (p.batch) {
+    for (int j : {8, 9}) {
+      mc::array* o = a[j];
+      if (!o || o->ndim() != 1 || o->shape(0) != B ||
+          (o->dtype() != mc::int32 && o->dtype() != mc::int64))
+        return -1;
+    }
+    p.offsets = add(a[8]);
+    p.lpad = add(a[9]);
+  }
+  // in / out sizes of each projection
+  int I = -1;
+  const int QN = p.H * p.D, KN = p.Hk * p.D;
+  for (int j = 0; j < kFusedProjs; ++j) {
+    mc::array** s = a + kFixed + 4 * j;
+    FusedProj& pr = p.proj[j];
+    pr.bits = ip[8 + 2 * j];
+    pr.group = ip[9 + 2 * j];
+    mc::array* w = s[0];
+    if (!w || w->ndim() != 2 || !stored(*w)) return -1;
+    const int N = w->shape(0);
+    int K;
+    if (pr.bits == 16) {
+      pr.wdtype = code(w->dtype());
+      if (pr.wdtype != 1 && pr.wdtype != 2) return -1;
+      K = w->shape(1);
+      pr.w = add(w);
+    } else if (pr.bits == 4 || pr.bits == 8) {
+      mc::array *sc = s[1], *bi = s[2];
+      if (w->dtype() != mc::uint32 || !sc || !bi || pr.group <= 0 || pr.group % 32) return -1;
+      K = w->shape(1) * 32 / pr.bits;
+      pr.sdtype = code(sc->dtype());
+      if (pr.sdtype < 0 || bi->dtype() != sc->dtype() || sc->ndim() != 2 ||
+          sc->shape() != bi->shape() || sc->shape(0) != N || K % pr.group ||
+          sc->shape(1) != K / pr.group || !stored(*sc) || !stored(*bi))
+        return -1;
+      pr.w = add(w);
+      pr.s = add(sc);
+      pr.b = add(bi);
+    } else {
+      return -1;
+    }
+    if (s[3]) {
+      if (!vec(s[3], N)) return -1;
+      pr.bias = add(s[3]);
+    }
+    // expected (N, K): q (QN, Dm), k / v (KN, Dm), o (Dm, QN), gate / up
+    // (I, Dm), down (Dm, I)
+    int wantN, wantK;
+    switch (j) {
+      case 0: wantN = QN, wantK = Dm; break;
+      case 1: case 2: wantN = KN, wantK = Dm; break;
+      case 3: wantN = Dm, wantK = QN; break;
+      case 4: case 5:
+        if (I < 0) I = N;
+        wantN = I, wantK = Dm;
+        break;
+      default: wantN = Dm, wantK = I; break;
+    }
+    if (N != wantN || K != wantK) return -1;
+  }
+  mc::array *y = unwrap(outs[0]), *ko = unwrap(outs[1]), *vo = unwrap(outs[2]);
+  if (!y || !ko || !vo) return -1;
+  try {
+    auto st = mc::default_stream(mc::Device::cpu);
+    auto prim = std::make_shared<NativeFusedLayer>(st, p);
+    auto res = mc::array::make_arrays({x->shape(), keys->shape(), values->shape()},
+                                      {mc::float32, mc::float32, mc::float32}, prim, inputs);
+    *y = res[0];
+    *ko = res[1];
+    *vo = res[2];
+  } catch (...) {
+    return -1;
+  }
+  return 0;
+}
+
+// Fused layer nodes evaluated, caches reused in place, caches copied.
+void mlxg_fused_counts(long* out) {
+  out[0] = fused_nodes.load();
+  out[1] = fused_donated.load();
+  out[2] = fused_copied.load();
+}
+
+}  // extern "C"

@@ -32,7 +32,7 @@ import mlx.core as mx
 from mlx import nn
 from mlx.utils import tree_flatten, tree_unflatten
 
-from . import library, ops
+from . import fused, library, ops
 
 MAX_ROWS = 16
 HALF = (mx.bfloat16, mx.float16)
@@ -119,7 +119,8 @@ def native_sdpa(queries: mx.array, keys: mx.array, values: mx.array, cache: Any,
 
 
 def _install_step_ops(model: nn.Module) -> None:
-    """The norms, rotations and attention of the model on graph nodes."""
+    """The norms, rotations and attention of the model on graph nodes, and
+    eligible decoder layers as one node each in decode (fused.py)."""
     modules = set()
     for _, m in model.named_modules():
         if type(m) is nn.RMSNorm:
@@ -127,6 +128,7 @@ def _install_step_ops(model: nn.Module) -> None:
         elif type(m) is nn.RoPE:
             m.__class__ = NativeRoPE
         modules.add(sys.modules.get(type(m).__module__))
+    fused.install(model)
     original = _mlx_lm_sdpa()
     for mod in modules:   # process-wide for that file's models: native_sdpa falls back
         if getattr(mod, "scaled_dot_product_attention", None) is original:

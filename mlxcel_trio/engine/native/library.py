@@ -63,6 +63,10 @@ def _bind_graph(lib: ctypes.PyDLL) -> None:
     lib.mlxg_rope.restype = _I
     lib.mlxg_decode_attention.argtypes = [_P, _P, _P, _P, f]
     lib.mlxg_decode_attention.restype = _I
+    lib.mlxg_fused_layer.argtypes = [_P, _P, _P, _P]   # ctypes arrays (fused.py)
+    lib.mlxg_fused_layer.restype = _I
+    lib.mlxg_fused_counts.argtypes = [_P]
+    lib.mlxg_fused_counts.restype = None
 
 
 def _graph_self_test(lib: ctypes.PyDLL) -> str | None:
