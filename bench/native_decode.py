@@ -15,7 +15,10 @@ server would preload (bench/_common.blas_env("auto")):
   kernels ($MLXCEL_NATIVE_AFFINE; docs/kernels.md), plain `native` the
   default; a `-gemm` suffix (`native-gemm`, `native:int8-gemm`) leaves the
   step's norms, rotations and attention on MLX's ops (the products alone
-  on the kernels: the A/B of those nodes);
+  on the kernels: the A/B of those nodes); a `-unfused` suffix
+  (`native-unfused`) runs it with MLXCEL_NATIVE_FUSED=0, each decoder layer
+  as mlx-lm's nodes instead of one fused node (the A/B of the fused layer;
+  a fused run prints how many cache writes were in place or copied);
 - float32: the weight policy's float32 conversion (`--weights float32`),
   today's default path on a Linux CPU;
 - float32-exact (quantized forms, on request): the float32 path with the
@@ -107,6 +110,13 @@ def child(spec: dict) -> dict:
             gaps.append(float(mx.max(top) - mx.min(top)))
     w = spec["warmup"]
     rate = (len(stamps) - 1 - w) / (stamps[-1] - stamps[w]) if len(stamps) > w + 1 else None
+    if spec["system"].startswith("native"):
+        from mlxcel_trio.engine.native import fused, library
+
+        if library._graph is not None and fused.installed(model):
+            nodes, donated, copied = fused.counts()
+            note = (f"{note}; {nodes} fused layer nodes, cache written in place {donated}, "
+                    f"copied {copied}")
     return {"system": spec["system"], "note": note, "load_s": load_s, "tok_s": rate,
             "ids": ids, "gaps": gaps, "served_bytes": served,
             "rss_peak": C.proc_status().get("VmHWM")}
@@ -114,8 +124,10 @@ def child(spec: dict) -> dict:
 
 def run(spec: dict, env: dict) -> dict:
     env = dict(env)
-    if ":" in spec["system"]:                       # native:<affine mode>[-gemm]
-        env["MLXCEL_NATIVE_AFFINE"] = spec["system"].partition(":")[2].removesuffix("-gemm")
+    if ":" in spec["system"]:                       # native:<affine mode>[-gemm|-unfused]
+        env["MLXCEL_NATIVE_AFFINE"] = spec["system"].partition(":")[2].split("-")[0]
+    if spec["system"].endswith("-unfused"):
+        env["MLXCEL_NATIVE_FUSED"] = "0"
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     out = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], env=env,
                          capture_output=True, text=True, timeout=spec["timeout"])
