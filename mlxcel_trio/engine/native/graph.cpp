@@ -643,18 +643,15 @@ void fused_gemm(const FusedProj& p, const std::vector<Arr>& in, const float* x, 
   }
 }
 
-// jobs(i) for i in [0, n) over the pool, the next index taken from a shared
-// counter (uneven jobs balance themselves)
+// jobs(i) for i in [0, n) over the pool (the next index taken from its
+// shared counter, so uneven jobs balance themselves); small work inline
 template <class F>
 void parallel_jobs(int n, long work, F jobs) {
   if (!pool || n < 2 || work < (1L << 15)) {
     for (int i = 0; i < n; ++i) jobs(i);
     return;
   }
-  std::atomic<int> next{0};
-  pool->run([&](int, int) {
-    for (int i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) jobs(i);
-  }, pool->size());
+  pool->chunks(n, [&](int i) { jobs(i); });
 }
 
 // Copies a (possibly strided) float32 array into a row-major buffer.

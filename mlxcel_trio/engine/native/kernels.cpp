@@ -178,58 +178,78 @@ inline vf widen(const uint16_t* p) {
 // Persistent workers: a decode step makes ~200 calls of ~0.1-1 ms, so
 // threads are not started per call.  Workers spin briefly for the next job
 // (the next layer's call comes within microseconds), then sleep.
+//
+// A job is n chunks, taken by whichever thread asks next from a shared
+// counter (the caller too), so a worker the OS has not scheduled yet does
+// not hold up the others: the caller waits for the chunks to be done, and
+// only for workers already inside the job, never for one still asleep.
 class Pool {
  public:
   explicit Pool(int n) {
-    for (int i = 1; i < n; ++i) workers_.emplace_back([this, i] { loop(i); });
+    for (int i = 1; i < n; ++i) workers_.emplace_back([this] { loop(); });
     size_ = n;
   }
   ~Pool() {
     {
       std::lock_guard<std::mutex> g(m_);
       stop_ = true;
-      ++gen_;
+      gen_.fetch_add(1);
     }
     cv_.notify_all();
     for (auto& t : workers_) t.join();
   }
   int size() const { return size_; }
-  // job(i, n) for i in [0, n), worker 0 is the caller
-  void run(const std::function<void(int, int)>& job, int n) {
+
+  // chunk(i) for every i in [0, n), over the caller and the workers
+  void chunks(int n, const std::function<void(int)>& chunk) {
     if (n <= 1 || size_ <= 1) {
-      job(0, 1);
+      for (int i = 0; i < n; ++i) chunk(i);
       return;
     }
     // One caller at a time owns the workers: the kernels also run on MLX's
     // stream threads (graph.cpp), and two streams may evaluate at once.  A
-    // caller that finds them busy computes its rows alone instead of waiting.
+    // caller that finds them busy computes its chunks alone instead.
     std::unique_lock<std::mutex> own(busy_, std::try_to_lock);
     if (!own.owns_lock()) {
-      job(0, 1);
+      for (int i = 0; i < n; ++i) chunk(i);
       return;
     }
-    n = n < size_ ? n : size_;
-    job_ = &job;
-    parts_ = n;
-    pending_.store(n - 1, std::memory_order_relaxed);
+    job_ = &chunk;
+    n_ = n;
+    next_.store(0);
+    done_.store(0);
+    active_.store(true);
     {
       std::lock_guard<std::mutex> g(m_);
-      gen_.fetch_add(1, std::memory_order_release);
+      gen_.fetch_add(1);
     }
     cv_.notify_all();
-    job(0, n);
-    while (pending_.load(std::memory_order_acquire) != 0) {
+    work();
+    while (done_.load() != n) {
+    }
+    active_.store(false);
+    while (users_.load() != 0) {
     }
   }
 
+  // job(i, n) for i in [0, n), each part a chunk
+  void run(const std::function<void(int, int)>& job, int n) {
+    n = n < size_ ? n : size_;
+    chunks(n, [&](int i) { job(i, n); });
+  }
+
  private:
-  void loop(int id) {
+  void work() {
+    for (int i; (i = next_.fetch_add(1)) < n_;) {
+      (*job_)(i);
+      done_.fetch_add(1);
+    }
+  }
+  void loop() {
     uint64_t seen = 0;
     for (;;) {
-      uint64_t g = gen_.load(std::memory_order_acquire);
-      for (int spin = 0; g == seen && spin < 4000; ++spin) {
-        g = gen_.load(std::memory_order_acquire);
-      }
+      uint64_t g = gen_.load();
+      for (int spin = 0; g == seen && spin < 4000; ++spin) g = gen_.load();
       if (g == seen) {
         std::unique_lock<std::mutex> lk(m_);
         cv_.wait(lk, [&] { return gen_.load() != seen; });
@@ -237,10 +257,9 @@ class Pool {
       }
       seen = g;
       if (stop_) return;
-      if (id < parts_) {
-        (*job_)(id, parts_);
-        pending_.fetch_sub(1, std::memory_order_acq_rel);
-      }
+      users_.fetch_add(1);          // before looking: the caller waits for users
+      if (active_.load() && gen_.load() == g) work();
+      users_.fetch_sub(1);
     }
   }
   std::vector<std::thread> workers_;
@@ -248,28 +267,31 @@ class Pool {
   std::mutex m_;
   std::condition_variable cv_;
   std::atomic<uint64_t> gen_{0};
-  std::atomic<int> pending_{0};
-  const std::function<void(int, int)>* job_ = nullptr;
-  int parts_ = 0;
+  std::atomic<int> next_{0}, done_{0}, users_{0};
+  std::atomic<bool> active_{false};
+  const std::function<void(int)>* job_ = nullptr;
+  int n_ = 0;
   int size_ = 1;
   bool stop_ = false;
 };
 
 Pool* pool = nullptr;
 
+// rows(n0, n1) over [0, N) in chunks of a multiple of 4 rows (the 4-row
+// kernels below), several per thread so that they balance
 void parallel_rows(int N, const std::function<void(int, int)>& rows) {
-  int parts = pool ? pool->size() : 1;
-  if (N < 64) parts = 1;
-  auto job = [&](int i, int n) {
-    // split on multiples of 4 rows, for the 4-row kernels below
-    int step = ((N + n - 1) / n + 3) & ~3;
-    int a = i * step, b = a + step < N ? a + step : N;
-    if (a < b) rows(a, b);
-  };
-  if (parts <= 1 || !pool)
+  const int parts = pool ? pool->size() : 1;
+  if (N < 64 || parts <= 1) {
     rows(0, N);
-  else
-    pool->run(job, parts);
+    return;
+  }
+  int step = (N + 8 * parts - 1) / (8 * parts);
+  step = std::max(16, (step + 3) & ~3);
+  const int n = (N + step - 1) / step;
+  pool->chunks(n, [&](int i) {
+    const int a = i * step, b = std::min(N, a + step);
+    if (a < b) rows(a, b);
+  });
 }
 
 // ---------------------------------------------------------------- 16-bit weights
