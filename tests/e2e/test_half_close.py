@@ -1,7 +1,8 @@
 """A client that shuts its sending side after a complete request
 (`shutdown(SHUT_WR)`) and waits for the answer is answered as llama-server
 answers it (server/http/half_close.py): on an engine route the job is
-cancelled and the answer is an empty 200; another route answers in full.
+cancelled and the answer is an empty 200 (a stream: its head alone);
+another route answers in full.
 Raw sockets, a real server process."""
 
 from __future__ import annotations
@@ -67,6 +68,18 @@ def test_an_engine_route_cancels_the_job_and_answers_an_empty_200(endless):
     # the job was cancelled: the slot is free long before the endless job could end
     wait_until(lambda: httpx.get(endless.url + "/slots", timeout=10).json(),
                "the half-closed client's slot freed", 10,
+               until=lambda slots: not any(s["is_processing"] for s in slots))
+
+
+def test_a_stream_stops_after_its_head(endless):
+    """Upstream's stream looks at the connection before its first frame."""
+    raw = half_closed(endless.port, "POST", "/completion",
+                      {"prompt": "A", "n_predict": -1, "temperature": 0, "ignore_eos": True,
+                       "stream": True})
+    status, headers, body = parse(raw)
+    assert (status, headers.get("content-type"), body) == (200, "text/event-stream", b""), raw
+    wait_until(lambda: httpx.get(endless.url + "/slots", timeout=10).json(),
+               "the half-closed stream's slot freed", 10,
                until=lambda slots: not any(s["is_processing"] for s in slots))
 
 

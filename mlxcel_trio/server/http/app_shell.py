@@ -119,10 +119,10 @@ class PerRequest:
                 # the request arrived whole, then its client's end of input:
                 # a half-close, which upstream answers (never given to Quart,
                 # which would cancel the request)
-                grace, polled = self.half_close.grace_s(scope.get("method", ""),
-                                                        scope.get("path", ""))
+                grace, answer.polled = self.half_close.grace_s(scope.get("method", ""),
+                                                               scope.get("path", ""))
                 if not await answer.finished_within(grace):
-                    empty_ok = polled and not answer.started
+                    empty_ok = answer.polled and not answer.started
                     app_scope.cancel()
                 await trio.sleep_forever()   # cancelled with the app, or once it answered
             if message["type"] != "http.request" or not message.get("more_body", False):
@@ -145,7 +145,8 @@ class PerRequest:
                     await send(message)
             else:
                 await send(message)
-            answer.sent(message)
+            if answer.sent(message):
+                app_scope.cancel()
             if tracked is not None:
                 tracked.mark()
 

@@ -15,8 +15,10 @@ do we (the ASGI wrapper in app_shell.py applies it):
 - Every other route is answered whole (bounded by OTHER_GRACE_S here, so
   that a long response cannot run on for a client that may be gone).
 
-A stream already under way when the end of input arrives is cancelled at
-once, as before: its client is treated as gone.  The same holds for a
+On those routes a stream whose head is sent after the end of input stops
+right after its head (upstream's stream looks at the connection before its
+first frame).  A stream already under way when the end of input arrives is
+cancelled at once, as before: its client is treated as gone.  The same holds for a
 request whose body had not fully arrived.  A client that closed its socket
 altogether looks the same as a half-closed one until a write fails, as it
 does to upstream; the bytes then go nowhere.
@@ -74,20 +76,28 @@ class HalfClosePolicy:
 class Answer:
     """What the wrapped app has sent of its response so far."""
 
-    __slots__ = ("started", "finished", "_done")
+    __slots__ = ("started", "finished", "polled", "_done")
 
     def __init__(self) -> None:
         self.started = False
         self.finished = False
+        self.polled = False   # its client half-closed, on a route upstream polls
         self._done: trio.Event | None = None   # made only when someone waits
 
-    def sent(self, message) -> None:
+    def sent(self, message) -> bool:
+        """Record a message sent; True when the request should stop here: a
+        stream whose client half-closed gets its head and nothing more, as
+        upstream's stream looks at the connection before its first frame."""
         if message["type"] == "http.response.start":
             self.started = True
-        elif message["type"] == "http.response.body" and not message.get("more_body", False):
+            return self.polled and any(
+                k.lower() == b"content-type" and v.startswith(b"text/event-stream")
+                for k, v in message.get("headers", ()))
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
             self.finished = True
             if self._done is not None:
                 self._done.set()
+        return False
 
     async def finished_within(self, seconds: float) -> bool:
         if not self.finished:
