@@ -3,10 +3,12 @@
     python bench/soak.py                                # 60 minutes, bench fixture, default flags
     python bench/soak.py --minutes 5 --fixture tiny     # a short proof run
     python bench/soak.py --store                        # with a session store (redis/valkey)
+    python bench/soak.py --server-env MLXCEL_REQUEST_WATCHDOG_S=20   # the server's environment
 
 A server with default flags (plus --metrics, and --session-store with
 --store) serves bench/stress.py's mix from --clients clients, each at
---rate requests per second.  Every --sample-s seconds (60) the server's RSS,
+--rate requests per second.  Every --sample-s seconds (60) the server's RSS
+(split into the prompt cache's bytes, read from /metrics, and the rest),
 open file descriptors, threads and trio tasks (counted from its SIGUSR2
 task dump: tests/diag/sitecustomize.py), the store's keys, and the latency
 percentiles of the small requests finished in that window (non-streamed
@@ -37,8 +39,8 @@ if str(ROOT) not in sys.path:
 from bench import stress  # noqa: E402
 
 SMALL = 16   # a "small request": a non-streamed completion of at most this many tokens
-SERIES = ("rss_mib", "fds", "threads", "trio_tasks", "store_keys", "p50_small_s", "p99_small_s",
-          "load1")
+SERIES = ("rss_mib", "cache_mib", "rss_rest_mib", "fds", "threads", "trio_tasks", "store_keys",
+          "p50_small_s", "p99_small_s", "load1")
 
 
 def task_count(server) -> int | None:
@@ -53,6 +55,33 @@ def task_count(server) -> int | None:
     except StopIteration:
         return None
     return sum(1 for ln in lines[start + 1:] if ln.lstrip().startswith("- "))
+
+
+def cache_mib(url: str) -> float | None:
+    """The prompt cache's bytes as /metrics reports them, in MiB (None when
+    the scrape fails or the family is absent)."""
+    import httpx
+
+    try:
+        text = httpx.get(f"{url}/metrics", timeout=30.0).text
+    except httpx.HTTPError:
+        return None
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name == "mlxcel_prompt_cache_bytes":
+            return float(value) / 2**20
+    return None
+
+
+def server_env(pairs: list[str]) -> dict[str, str]:
+    """--server-env K=V pairs as a dict; a pair without '=' is refused."""
+    env = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--server-env {pair!r}: expected KEY=VALUE")
+        env[key] = value
+    return env
 
 
 def proc_sample(pid: int) -> dict:
@@ -153,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("soak-out"))
     p.add_argument("--server-args", default="",
                    help="more server options (e.g. '--cache-ram 256': a budget that fills early)")
+    p.add_argument("--server-env", action="append", default=[], metavar="K=V",
+                   help="an environment variable for the server process (repeatable)")
     p.add_argument("--blas", default="auto",
                    help="the server's --blas (default: the server's own default, auto; the "
                         "test harness's bundled BLAS is ~40x slower on the bench fixture)")
@@ -167,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         from tests.store_server import StoreServer
         store = StoreServer().start()
         args += ["--session-store", store.url]
-    srv = ServerProcess(ensure(a.fixture), *args, env={"MLXCEL_BLAS": a.blas}).start()
+    env = {"MLXCEL_BLAS": a.blas, **server_env(a.server_env)}
+    srv = ServerProcess(ensure(a.fixture), *args, env=env).start()
     try:
         return run(a, srv, store)
     finally:
@@ -229,7 +261,12 @@ def run(a, srv, store) -> int:
             seen = len(tally.outcomes)
         small = [o.elapsed_s for o in window if o.op in ("completion", "probe") and o.ok
                  and o.bound_s <= stress.bound_for(SMALL, t_tok, a.clients)]
-        row = {"t_s": round(time.monotonic() - started, 1), **proc_sample(srv.proc.pid),
+        proc = proc_sample(srv.proc.pid)
+        cache = cache_mib(srv.url)
+        row = {"t_s": round(time.monotonic() - started, 1), **proc,
+               "cache_mib": None if cache is None else round(cache, 1),
+               # what is not the prompt cache: weights, KV, allocator, Python heap
+               "rss_rest_mib": None if cache is None else round(proc["rss_mib"] - cache, 1),
                "trio_tasks": task_count(srv),
                "store_keys": store.client().dbsize() if store is not None else None,
                "requests": len(window),
@@ -252,11 +289,16 @@ def run(a, srv, store) -> int:
         t.join(30)
     slopes = {name: slope_per_hour([(x["t_s"], x.get(name)) for x in samples])
               for name in SERIES}
+    # a budget that fills early shows its plateau here, not in the whole run's slope
+    half = samples[-1]["t_s"] / 2
+    slopes_late = {name: slope_per_hour([(x["t_s"], x.get(name)) for x in samples
+                                         if x["t_s"] >= half]) for name in SERIES}
     p99 = [x["p99_small_s"] for x in samples if x["p99_small_s"] is not None]
     report = {"minutes": a.minutes, "fixture": a.fixture, "blas": a.blas, "clients": a.clients,
+              "server_args": a.server_args, "server_env": server_env(a.server_env),
               "rate_per_client": a.rate, "probe_s": a.probe_s, "requests": len(tally.outcomes),
               "breaches": len(tally.breaches), "failures": len(tally.failures),
-              "slope_per_hour": slopes,
+              "slope_per_hour": slopes, "slope_per_hour_second_half": slopes_late,
               "server_cpu_s_per_s": round((samples[-1]["cpu_s"] - samples[0]["cpu_s"])
                                           / max(1.0, samples[-1]["t_s"]), 3),
               "p99_small_end_over_start": (p99[-1] / p99[0]) if len(p99) >= 2 and p99[0] else None,

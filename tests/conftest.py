@@ -36,11 +36,17 @@ POLL_S = 0.02     # its pause between tries: short, yet no spinning against the 
 T = TypeVar("T")
 
 # Every server started here prints its threads' stacks on SIGUSR1 and its
-# trio tasks' await stacks on SIGUSR2 (tests/diag/sitecustomize.py); a failed
-# end-to-end test's report carries both and each server's last log lines
+# trio tasks' await stacks on SIGUSR2 (tests/diag/sitecustomize.py), and
+# runs the request watchdog with a short bound: a request without progress
+# for WATCHDOG_S is logged once with its task's await stack, while it is
+# stuck.  A failed end-to-end test's report carries the stacks, each
+# server's last log lines and every watchdog report the server logged
 # (pytest_runtest_makereport below).
-DIAG_ENV = {"MLXCEL_TEST_STACKS": "1", "PYTHONPATH": os.pathsep.join(
-    p for p in (str(ROOT / "tests" / "diag"), os.environ.get("PYTHONPATH")) if p)}
+WATCHDOG_S = 20
+DIAG_ENV = {"MLXCEL_TEST_STACKS": "1", "MLXCEL_REQUEST_WATCHDOG_S": str(WATCHDOG_S),
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(ROOT / "tests" / "diag"), os.environ.get("PYTHONPATH")) if p)}
+WATCHDOG_MARK = ": no progress for "   # server/http/watchdog.py's report line
 LIVE: list[ServerProcess] = []   # servers started in this worker, in order
 REPORT_LINES = 150   # log lines; the stacks (stderr) come whole, up to STACK_LINES
 STACK_LINES = 600
@@ -337,10 +343,42 @@ def pytest_collection_modifyitems(items) -> None:
     items.sort(key=key)   # stable: each module's items keep their order
 
 
+def watchdog_reports(lines: list[str]) -> str:
+    """Every request watchdog report in a server's output, each with its
+    await stack (the indented lines after it), wherever in the output it
+    is: a long-lived server's report may be older than its last lines."""
+    out: list[str] = []
+    inside = False
+    for line in lines:
+        if WATCHDOG_MARK in line and "request " in line:
+            inside = True
+        elif not (inside and line.startswith((" ", "- ", "... "))):
+            inside = False
+        if inside:
+            out.append(line)
+    return "".join(out)
+
+
+def server_sections(srv: ServerProcess) -> list[tuple[str, str]]:
+    """What a failed test's report carries for one running server: its
+    stacks (asked for now), last log lines and the kernel's view of its
+    port; then the watchdog's reports, when it made any."""
+    srv.stacks()
+    tail = "".join(srv.stdout[-REPORT_LINES:] + ["--- stderr ---\n"] + srv.stderr[-STACK_LINES:]
+                   + ["--- ", kernel_sockets.describe(srv.port)])
+    sections = [(f"server {srv.url} ({' '.join(srv.argv[3:])})", tail)]
+    stalled = watchdog_reports(srv.stdout + srv.stderr)
+    if stalled:
+        sections.append((f"server {srv.url}: requests the watchdog saw without progress",
+                         stalled))
+    return sections
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """A failed test's report carries, for each server still running in
-    this worker, its threads' and trio tasks' stacks, its last log lines
+    this worker, its threads' and trio tasks' stacks, its last log lines,
+    the watchdog's reports of requests that stopped making progress,
     and the kernel's view of its port (connections not yet accepted, bytes
     not read): a request that timed out then shows where the server stood,
     even one the server never saw.
@@ -353,7 +391,4 @@ def pytest_runtest_makereport(item, call):
     for srv in LIVE:
         if srv.proc is None or srv.proc.poll() is not None:
             continue
-        srv.stacks()
-        tail = "".join(srv.stdout[-REPORT_LINES:] + ["--- stderr ---\n"] + srv.stderr[-STACK_LINES:]
-                       + ["--- ", kernel_sockets.describe(srv.port)])
-        report.sections.append((f"server {srv.url} ({' '.join(srv.argv[3:])})", tail))
+        report.sections.extend(server_sections(srv))

@@ -406,15 +406,26 @@ class Scheduler:
         self._admit(out)
 
     def fail_all(self, out: list, message: str) -> None:
-        """After a failed step: every admitted job fails with a server error
-        and the generator starts over empty; queued jobs are kept."""
-        for seq in list(self._by_job.values()):
-            out.append(Failed(seq.job.id, "server_error", message))
-            seq.uid = None  # the old generator is dropped whole below
-            self._release(seq, out, cancelled=False)
-        self._by_uid.clear()
-        self._gen = self._new_generator()
-        self._admit(out)
+        """After a failed step or command: every admitted job fails with a
+        server error and the generator starts over empty; queued jobs are
+        kept and admitted.  It never raises: it runs in the engine loop's
+        failure handlers, where an exception would end the engine thread
+        and leave every request waiting.  A queued job whose start raises
+        here is answered by `_admit` and the round repeats; each round
+        takes one job off the queue, so it ends."""
+        while True:
+            for seq in list(self._by_job.values()):
+                out.append(Failed(seq.job.id, "server_error", message))
+                seq.uid = None  # the old generator is dropped whole below
+                self._release(seq, out, cancelled=False)
+            self._by_uid.clear()
+            self._gen = self._new_generator()
+            try:
+                self._admit(out)
+                return
+            except Exception as exc:
+                log.exception("starting a queued job failed")
+                message = f"{type(exc).__name__}: {exc}"
 
     # -- the step --------------------------------------------------------------
 
@@ -496,12 +507,16 @@ class Scheduler:
                 self._free.remove(slot)
                 try:
                     self._start(job, slot, out)
-                except BaseException:
-                    # the engine loop fails the jobs it knows about; a slot
-                    # taken before its job was registered must not leak
+                except BaseException as exc:
+                    # the engine loop fails the jobs it knows about (fail_all:
+                    # the registered ones); one that raised before it was
+                    # registered is in no table any more, so its slot goes
+                    # back and its waiter is answered here, or never
                     if job.id not in self._by_job:
                         self._free.append(slot)
                         self._free.sort()
+                        out.append(Failed(job.id, "server_error",
+                                          f"{type(exc).__name__}: {exc}"))
                     raise
         finally:
             # jobs skipped for a pinned slot stay queued even if a start failed

@@ -45,6 +45,7 @@ from .request.served import Served
 from .http.app_shell import BUILD_INFO, PerRequest, answer_errors, api_key_index, shell_app
 from .http.body import read_json_body
 from .http.cors import CorsMiddleware, CorsPolicy
+from .http.half_close import HalfClosePolicy
 from .http.errors import (
     ApiError,
     feature_disabled,
@@ -178,7 +179,10 @@ def create_app(bridge: Bridge, config: ServerConfig, model_name: str) -> QuartTr
 
     policy = CorsPolicy(config.cors_origins, config.cors_methods, config.cors_headers,
                         config.cors_credentials)
-    inner = PerRequest(app.asgi_app, state.watchdog)
+    half_close = HalfClosePolicy(ROUTES, config.api_prefix, extra=(
+        [("POST", config.aip_predict_route)] if config.aip_predict_route
+        else ()))
+    inner = PerRequest(app.asgi_app, state.watchdog, half_close)
     if predictor is not None:  # instances are dispatched below CORS, through the gate
         predictor.asgi = inner
     if state.takeover is not None:  # so are continued streams

@@ -1,7 +1,8 @@
 """The test-only stack dumps (tests/diag/sitecustomize.py) never wedge the
 server they look at: conftest sends them to every server of a worker after
 any failed test, the long-lived shared server included, and bench/stress.py
-and bench/soak.py send them while requests run."""
+and bench/soak.py send them while requests run.  The test servers' request
+watchdog reports a stuck request, and a failed test's report carries it."""
 
 from __future__ import annotations
 
@@ -17,7 +18,14 @@ import threading
 import httpx
 import pytest
 
-from tests.conftest import READY_LINE, START_TIMEOUT_S, ServerProcess, wait_until
+from tests.conftest import (
+    READY_LINE,
+    START_TIMEOUT_S,
+    WATCHDOG_S,
+    ServerProcess,
+    server_sections,
+    wait_until,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -103,3 +111,23 @@ def _health(url: str) -> int | str:
         return httpx.get(url + "/health", timeout=5).status_code
     except httpx.HTTPError as exc:
         return type(exc).__name__
+
+
+def test_a_stuck_request_is_reported_by_the_test_servers_watchdog_into_the_test_report(
+        tiny_model, start_server):
+    """Test servers run the watchdog with a short bound (conftest); a
+    request stuck past it is logged with its task's await stack, and the
+    report of a failed test carries that log whole, however long ago the
+    long-lived server logged it.  Here the bound is shortened further and
+    the request is one whose body never completes."""
+    assert ServerProcess(tiny_model).env["MLXCEL_REQUEST_WATCHDOG_S"] == str(WATCHDOG_S)
+    srv = start_server(tiny_model, "-np", "1", env={"MLXCEL_REQUEST_WATCHDOG_S": "0.5"})
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
+        s.sendall(b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        srv.wait_for_text("request POST /completion: no progress for", timeout=30)
+        srv.stdout.extend(["a later line\n"] * 1000)   # the report is far from the tail now
+        titled = dict(server_sections(srv))
+    (report,) = [text for title, text in titled.items() if "without progress" in title]
+    assert report.count("no progress for") == 1, report
+    assert "in read_json_body" in report, report   # where it waits: its body
+    assert "a later line" not in report

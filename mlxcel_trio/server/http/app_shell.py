@@ -29,6 +29,7 @@ from .errors import (
     payload_too_large,
     request_timeout,
 )
+from .half_close import Answer, HalfClosePolicy, send_empty_ok
 from .resources import SCOPE_KEY, RequestResources
 from .watchdog import RequestWatchdog
 
@@ -83,11 +84,17 @@ class PerRequest:
     pending cancel leaving it deaf to its next request otherwise).
 
     With a watchdog (http/watchdog.py) the request is watched while it runs:
-    each body message received and each response message sent is progress."""
+    each body message received and each response message sent is progress.
 
-    def __init__(self, app, watchdog: RequestWatchdog | None = None) -> None:
+    With a half-close policy (http/half_close.py), a client that shuts its
+    sending side after a complete request is answered as upstream answers
+    it, rather than its request being cancelled at once."""
+
+    def __init__(self, app, watchdog: RequestWatchdog | None = None,
+                 half_close: HalfClosePolicy | None = None) -> None:
         self.app = app
         self.watchdog = watchdog
+        self.half_close = half_close
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -98,17 +105,33 @@ class PerRequest:
             return await _send_error(send, header_too_large(MAX_HEAD_BYTES))
         body_done = not _has_body(scope.get("headers", ()))
         tracked = None
+        answer = Answer()
+        app_scope = trio.CancelScope()
+        empty_ok = False   # the app was cancelled for a half-closed client: upstream's 200
 
         async def receive_tracked():
-            nonlocal body_done
+            nonlocal body_done, empty_ok
             message = await receive()
             if tracked is not None:
                 tracked.mark()
+            if (message["type"] == "http.disconnect" and body_done and not answer.started
+                    and self.half_close is not None):
+                # the request arrived whole, then its client's end of input:
+                # a half-close, which upstream answers (never given to Quart,
+                # which would cancel the request)
+                grace, answer.polled = self.half_close.grace_s(scope.get("method", ""),
+                                                               scope.get("path", ""))
+                if not await answer.finished_within(grace):
+                    empty_ok = answer.polled and not answer.started
+                    app_scope.cancel()
+                await trio.sleep_forever()   # cancelled with the app, or once it answered
             if message["type"] != "http.request" or not message.get("more_body", False):
                 body_done = True
             return message
 
         async def send_closing(message):
+            if message["type"] == "http.response.start":
+                answer.started = True   # before the send: no other answer may start
             if not body_done and message["type"] == "http.response.start":
                 headers = [(k, v) for k, v in message.get("headers", ())
                            if k.lower() != b"connection"]
@@ -122,6 +145,8 @@ class PerRequest:
                     await send(message)
             else:
                 await send(message)
+            if answer.sent(message):
+                app_scope.cancel()
             if tracked is not None:
                 tracked.mark()
 
@@ -129,9 +154,13 @@ class PerRequest:
         with (self.watchdog.track(scope.get("method", ""), scope.get("path", ""))
               if self.watchdog is not None else nullcontext()) as tracked:
             try:  # a fresh scope: an in-process sub-request (Vertex) gets its own
-                await self.app({**scope, SCOPE_KEY: resources}, receive_tracked, send_closing)
+                with app_scope:
+                    await self.app({**scope, SCOPE_KEY: resources}, receive_tracked,
+                                   send_closing)
             finally:
                 resources.close()
+            if empty_ok and not answer.started:
+                await send_empty_ok(send_closing)
 
 
 def answer_errors(app: QuartTrio, config: ServerConfig) -> None:

@@ -3,7 +3,8 @@ engine (as a failed step does), and later ones are served; a ForceEnd
 reaches the running job's constraint before its next draw; the loop's
 counters leave with the steps' events (EngineStats).
 
-White-box: replaces the scheduler's private `_sampling_plan` to make a step throw."""
+White-box: replaces the scheduler's private `_sampling_plan` (and `_start`)
+to make a step throw."""
 
 from __future__ import annotations
 
@@ -45,14 +46,14 @@ class _Events:
         for ev in batch.events:
             self._queue.put(ev)
 
-    def until(self, pred) -> list:
+    def until(self, pred, timeout: float = WAIT_S) -> list:
         """Every event up to and including the first matching `pred`."""
         seen: list = []
         while True:
             try:
-                ev = self._queue.get(timeout=WAIT_S)
+                ev = self._queue.get(timeout=timeout)
             except queue.Empty:
-                raise AssertionError(f"no matching engine event within {WAIT_S} s; "
+                raise AssertionError(f"no matching engine event within {timeout} s; "
                                      f"saw {seen[-5:]}") from None
             seen.append(ev)
             if pred(ev):
@@ -87,6 +88,42 @@ def test_a_throwing_command_fails_its_job_not_the_engine(tiny_model, monkeypatch
         engine.post(SlotAction(3, 0))
         (failed,) = until(lambda ev: isinstance(ev, Failed))
         assert failed.job_id == 3 and failed.kind == "server_error"
+        engine.post(Submit(Job(4, (5, 6, 7), n_predict=4, sampling=GREEDY, ignore_eos=True)))
+        done = until(lambda ev: isinstance(ev, Finished))[-1]
+        assert done.job_id == 4 and len(done.tokens) == 4, "the slot was freed and reused"
+    finally:
+        engine.post(Shutdown())
+        thread.join(WAIT_S)
+    assert not thread.is_alive()
+
+
+def test_a_queued_job_whose_start_raises_after_a_step_is_answered(tiny_model, monkeypatch):
+    """A job waiting for the one slot is started when a step frees it; a
+    start that raises before the job is registered used to leave it in no
+    table, unanswered: its request waited forever."""
+    real_start = Scheduler._start
+
+    def start(self, job, slot, out):
+        if job.id == 3:
+            raise RuntimeError("injected")
+        return real_start(self, job, slot, out)
+
+    monkeypatch.setattr(Scheduler, "_start", start)
+    events = _Events()
+    until = events.until
+    engine = EngineLoop(EngineSpec(str(tiny_model), n_slots=1, ctx_size=256, batch_size=64,
+                                   warmup=False), events.emit)
+    thread = threading.Thread(target=engine.run, daemon=True)
+    thread.start()
+    try:
+        until(lambda ev: isinstance(ev, Loaded))
+        engine.post(Submit(Job(2, (5, 6, 7), n_predict=8, sampling=GREEDY, ignore_eos=True)))
+        engine.post(Submit(Job(3, (5, 6, 7), n_predict=4, sampling=GREEDY)))  # queued
+        # job 2 finishes in a step, which then starts job 3
+        seen = until(lambda ev: getattr(ev, "job_id", None) == 3, timeout=20)
+        assert isinstance(seen[-1], Failed) and seen[-1].kind == "server_error"
+        assert seen[-1].message == "RuntimeError: injected"
+        assert [ev.job_id for ev in seen if isinstance(ev, Finished)] == [2]
         engine.post(Submit(Job(4, (5, 6, 7), n_predict=4, sampling=GREEDY, ignore_eos=True)))
         done = until(lambda ev: isinstance(ev, Finished))[-1]
         assert done.job_id == 4 and len(done.tokens) == 4, "the slot was freed and reused"

@@ -164,3 +164,37 @@ def test_greedy_ignore_eos_bans_eos_in_a_shared_sampler_not_a_processor(loaded, 
     (fin,) = of(out, Finished)
     tokens = [p.token for p in of(out, TokenPiece)]
     assert len(tokens) == k + 8 and not set(tokens) & set(vocab.eos_ids), fin
+
+
+def test_a_queued_job_whose_start_raises_is_answered_and_the_rest_are_served(loaded,
+                                                                           monkeypatch):
+    """A job taken off the queue whose start raises before it is registered
+    is in no table afterwards: it must be answered (a server error) where
+    it raised, or its request waits forever.  White-box: `_start` made to
+    raise for chosen jobs."""
+    from mlxcel_trio.engine.scheduler import Scheduler
+
+    real_start = Scheduler._start
+
+    def start(self, job, slot, out):
+        if job.id in (2, 3):
+            raise RuntimeError(f"injected {job.id}")
+        return real_start(self, job, slot, out)
+
+    monkeypatch.setattr(Scheduler, "_start", start)
+    s, out = make(loaded, slots=1), []
+    s.submit(job(1, n_predict=50), out)
+    s.submit(job(2), out)   # queued behind job 1
+    s.submit(job(3), out)
+    s.step(out)
+    with pytest.raises(RuntimeError, match="injected 2"):
+        s.cancel(1, out)   # frees the slot: job 2 is started, and raises
+    assert [f.message for f in of(out, Failed, 2)] == ["RuntimeError: injected 2"]
+    # the engine loop's handler for a failed command: job 3's start raises
+    # inside it, and it must neither raise nor drop job 3
+    s.fail_all(out, "RuntimeError: injected 2")
+    assert [f.message for f in of(out, Failed, 3)] == ["RuntimeError: injected 3"]
+    assert not s.busy and s._free == [0], "no job queued or admitted, the slot free"
+    s.submit(job(4, n_predict=3), out)
+    run(s, out)
+    assert len(of(out, Finished, 4)[0].tokens) == 3
