@@ -9,6 +9,12 @@ the result is text, thinking opens and closes <think>, and the polite-style
 adapter (answers open with "Sure!" and close with "Have a nice day!")
 changes style at scale 1 (>= 90 %), equals the base at scale 0 and
 gives the same text in a mixed batch as alone.
+
+Served with the Qwen3-Coder template instead (`--jinja --chat-template-file`,
+the template the corpus renders its second family with), the same model
+writes that family's XML calls, `<function=NAME>` and `<parameter=KEY>`
+blocks, under `tool_choice: auto` (>= 80 %); the OpenAI SDK gets them
+parsed, raw and streamed alike, and after the result the answer is text.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import json
 from concurrent.futures import ThreadPoolExecutor
 
+import openai
 import pytest
 
 from fixtures import trained_corpus as corpus
@@ -126,3 +133,64 @@ def test_mixed_adapter_scales_in_one_batch_equal_their_solo_runs(trained):
     together = _many(lambda job: _lora(trained, *job), jobs)
     assert together == solo
     assert any(a != b for a, b in zip(solo[::2], solo[1::2]))
+
+
+# ---- the second family: Qwen3-Coder's template and XML calls -----------------
+
+@pytest.fixture(scope="module")
+def coder(start_server):
+    from fixtures.build import ensure
+
+    srv = start_server(ensure("trained"), "-c", "8192", "-np", "4", "--jinja",
+                       "--chat-template-file", str(corpus.CODER_TEMPLATE))
+    yield srv
+    srv.stop()
+
+
+def _coder_call(client, chat, **extra):
+    return client.chat.completions.create(
+        model="m", messages=_first_turn(chat), tools=chat.tools, tool_choice="auto",
+        temperature=0, max_tokens=200, **extra)
+
+
+def test_the_coder_template_gets_xml_calls_parsed_then_a_text_answer(coder):
+    client = openai.OpenAI(base_url=coder.url + "/v1", api_key="x", max_retries=0)
+    chats = corpus.held_out_coder(n=N)
+    outs = _many(lambda c: _coder_call(client, c).choices[0], chats)
+    parsed = []
+    for chat, out in zip(chats, outs):
+        calls = out.message.tool_calls or []
+        offered = {t["function"]["name"] for t in chat.tools}
+        if out.finish_reason == "tool_calls" and calls and calls[0].function.name in offered \
+                and isinstance(json.loads(calls[0].function.arguments), dict):
+            parsed.append((chat, calls[0]))
+    assert len(parsed) >= 0.8 * N, [(o.message.content, o.message.tool_calls) for o in outs]
+
+    # the model wrote the family's own XML, not Hermes JSON
+    chat, call = parsed[0]
+    raw = _coder_call(client, chat, extra_body={"parse_tool_calls": False}).choices[0]
+    text = raw.message.content or ""
+    assert f"<function={call.function.name}>" in text and "</parameter>" in text, text
+    assert '{"name"' not in text, text
+
+    # streamed: the deltas assemble to the same call, none of it as content
+    for chat, call in parsed[:3]:
+        chunks = list(_coder_call(client, chat, stream=True))
+        deltas = [c.choices[0].delta for c in chunks if c.choices]
+        parts = [tc for d in deltas for tc in (d.tool_calls or [])]
+        assert not "".join(d.content or "" for d in deltas).strip(), deltas
+        assert parts and parts[0].function.name == call.function.name
+        assert json.loads("".join(p.function.arguments or "" for p in parts)) == \
+            json.loads(call.function.arguments)
+
+    # after the tool's result the model answers in text
+    history = _first_turn(chat) + [
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": call.id, "type": "function",
+             "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
+        {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"result": 42})}]
+    answer = client.chat.completions.create(model="m", messages=history, tools=chat.tools,
+                                            tool_choice="auto", temperature=0,
+                                            max_tokens=200).choices[0]
+    assert answer.finish_reason == "stop" and not answer.message.tool_calls, answer
+    assert answer.message.content and answer.message.content.strip(), answer
