@@ -35,31 +35,31 @@ def enabled() -> bool:
     return os.environ.get(ENV, "").strip().lower() not in ("0", "off", "false", "no")
 
 
+def _native_form(m: Any) -> str | None:
+    """Which of layers.py's classes the module is, by the tag each carries
+    (layers.py installs this module, so this one does not import it)."""
+    return type(m).__dict__.get("native_form")
+
+
 def _proj(m: Any) -> tuple[tuple, int, int] | None:
     """A projection's arrays (weight, scales, biases, bias), bits, group."""
-    from .layers import NativeLinear, NativeQuantizedLinear
-
-    t = type(m)
-    if t is NativeLinear:
+    form = _native_form(m)
+    if form == "linear":
         return (m["weight"], None, None, m.get("bias")), 16, 0
-    if t is NativeQuantizedLinear:
+    if form == "quantized_linear":
         return (m["weight"], m["scales"], m["biases"], m.get("bias")), m.bits, m.group_size
     return None
 
 
 def _norm(m: Any) -> tuple[mx.array, float] | None:
-    from .layers import NativeRMSNorm
-
-    if type(m) in (nn.RMSNorm, NativeRMSNorm) and m["weight"].dtype == mx.float32:
+    if (type(m) is nn.RMSNorm or _native_form(m) == "rms_norm") and m["weight"].dtype == mx.float32:
         return m["weight"], float(m.eps)
     return None
 
 
 def _rope(r: Any) -> tuple[int, bool, float, float, mx.array | None] | None:
     """dims, traditional, base, scale, freqs of a rotation the node computes."""
-    from .layers import NativeRoPE
-
-    if type(r) in (nn.RoPE, NativeRoPE) and r.base:
+    if (type(r) is nn.RoPE or _native_form(r) == "rope") and r.base:
         return r.dims, bool(r.traditional), float(r.base), float(r.scale), None
     if type(r).__name__ == "Llama3RoPE" and r._freqs.dtype == mx.float32:
         return r.dims, bool(r.traditional), 0.0, 1.0, r._freqs

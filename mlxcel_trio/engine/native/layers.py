@@ -44,6 +44,8 @@ def _rows(x: mx.array) -> int:
 
 
 class NativeLinear(nn.Linear):
+    native_form = "linear"   # what fused.py looks for (it cannot import this module)
+
     def __call__(self, x: mx.array) -> mx.array:
         bias = self.get("bias")
         if _rows(x) <= MAX_ROWS:
@@ -58,6 +60,8 @@ def _dequantized(m: Any) -> mx.array:
 
 
 class NativeQuantizedLinear(nn.QuantizedLinear):
+    native_form = "quantized_linear"   # what fused.py looks for (it cannot import this module)
+
     def __call__(self, x: mx.array) -> mx.array:
         bias = self.get("bias")
         if _rows(x) <= MAX_ROWS:
@@ -92,11 +96,15 @@ class NativeQuantizedEmbedding(nn.QuantizedEmbedding):
 
 
 class NativeRMSNorm(nn.RMSNorm):
+    native_form = "rms_norm"   # what fused.py looks for (it cannot import this module)
+
     def __call__(self, x: mx.array) -> mx.array:
         return ops.rms_norm(x, self["weight"], self.eps)
 
 
 class NativeRoPE(nn.RoPE):
+    native_form = "rope"   # what fused.py looks for (it cannot import this module)
+
     def __call__(self, x: mx.array, offset: int | mx.array = 0) -> mx.array:
         return ops.rope(x, self.dims, traditional=self.traditional, base=self.base,
                         scale=self.scale, offset=offset)

@@ -1,4 +1,7 @@
-"""The scheduler driven directly, step by step (no threads, no HTTP)."""
+"""The scheduler driven directly, step by step (no threads, no HTTP).
+
+White-box where a fault is injected into the scheduler's own steps (`_start`).
+"""
 
 from __future__ import annotations
 
