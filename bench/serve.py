@@ -18,9 +18,13 @@ Workloads, each run `--runs` times (default 3) after a warm-up request:
   user chunk, so the prefix repeats (what a prompt cache is for).
 
 Every request streams /v1/completions (the route all three servers serve)
-with a fixed output length: `ignore_eos` for mlxcel and llama-server, the
-end-of-sequence tokens banned through `logit_bias` for mlx_lm.server, which
-has no ignore_eos.  Per request: TTFT (send to first text frame), TPOT
+with a fixed output length: `ignore_eos` for mlxcel and llama-server, and
+for every server the same `logit_bias` banning the end-of-sequence ids, the
+tokenizer's added tokens (`<think>`, `<tool_call>`, ...) and the tokens that
+are not whole UTF-8 by themselves (mlx_lm.server has no ignore_eos;
+llama-server's output parser ends a stream with an error frame when a
+random model strings byte pieces into invalid UTF-8).  An error frame in the
+stream counts the request as failed.  Per request: TTFT (send to first text frame), TPOT
 ((end - first) / (tokens - 1)), ITL (gaps between frames; a frame holding
 several tokens counts once) and end-to-end latency; per run: output tokens/s
 over the run's wall time, requests/s and goodput (requests/s meeting both
@@ -58,15 +62,27 @@ SYSTEMS = ("mlxcel", "mlx_lm.server", "llama-server")
 TIMEOUT = httpx.Timeout(1800, connect=30)
 
 
+def banned_ids(model: Path) -> list[int]:
+    """Ids no request may generate: the end-of-sequence ones, the tokenizer's
+    added tokens (the tags a chat parser acts on) and every token that is
+    not whole UTF-8 by itself (a random model strings byte pieces together,
+    and llama-server ends such a stream with an error frame)."""
+    from tokenizers import Tokenizer
+
+    spec = json.loads((model / "tokenizer.json").read_text())
+    tok = Tokenizer.from_file(str(model / "tokenizer.json"))
+    broken = [i for i in range(tok.get_vocab_size()) if "\ufffd" in tok.decode([i])]
+    return sorted({*eos_ids(model), *(t["id"] for t in spec.get("added_tokens", [])), *broken})
+
+
 # -- one request ---------------------------------------------------------------
 
 async def request(client: httpx.AsyncClient, url: str, system: str, prompt: str, n: int,
-                  eos: list[int]) -> dict:
+                  banned: list[int]) -> dict:
     body: dict = {"prompt": prompt, "max_tokens": n, "temperature": 0, "stream": True,
-                  "stream_options": {"include_usage": True}}
-    if system == "mlx_lm.server":
-        body["logit_bias"] = {str(t): -1e9 for t in eos}
-    else:
+                  "stream_options": {"include_usage": True},
+                  "logit_bias": {str(t): -100 for t in banned}}
+    if system != "mlx_lm.server":
         body["ignore_eos"] = True
     frames: list[float] = []
     text, usage, error = [], None, None
@@ -79,6 +95,8 @@ async def request(client: httpx.AsyncClient, url: str, system: str, prompt: str,
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 obj = json.loads(line[6:])
+                if obj.get("error"):
+                    raise RuntimeError(f"error frame: {obj['error']}")
                 usage = obj.get("usage") or usage
                 for ch in obj.get("choices") or []:
                     if ch.get("text"):
@@ -190,12 +208,12 @@ def argv_for(system: str, args, port: int) -> list[str]:
             "--host", "127.0.0.1", "--port", str(port)]
 
 
-async def bench_server(url: str, system: str, args, prompts, eos: list[int]) -> dict[str, dict]:
+async def bench_server(url: str, system: str, args, prompts, banned: list[int]) -> dict[str, dict]:
     out: dict[str, dict] = {}
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(timeout=TIMEOUT, limits=limits) as client:
         async def send(p: str, n: int = args.output_tokens) -> dict:
-            return await request(client, url, system, p, n, eos)
+            return await request(client, url, system, p, n, banned)
 
         warm = await send(prompts.text(prompts.warmup), 2)   # mlx_lm.server loads here
         if warm["error"]:
@@ -280,7 +298,7 @@ def main() -> int:
 
     args.stream_prompt_tokens, args.streams = args.prompt_tokens, []
     prompts = Prompts(args.model, args)
-    eos = eos_ids(args.model)
+    banned = banned_ids(args.model)
     env = C.server_env("auto")
     log_dir = Path(tempfile.mkdtemp(prefix="mlxcel-serve-"))
     print(f"{args.model}: {', '.join(systems)}; {args.runs} run(s); output {args.output_tokens} "
@@ -291,7 +309,7 @@ def main() -> int:
         srv = Proc(argv_for(system, args, port), env, port, log_dir / f"{system}.log")
         try:
             srv.start(args.start_timeout)
-            results[system] = asyncio.run(bench_server(srv.url, system, args, prompts, eos))
+            results[system] = asyncio.run(bench_server(srv.url, system, args, prompts, banned))
         except Exception as exc:
             results[system] = {"start": {"error": f"{exc!r}"[:500]}}
         finally:
