@@ -207,6 +207,22 @@ class RowOp : public mc::Primitive {
   }
 };
 
+// a . b over D floats (the vector lanes, then the tail)
+inline float dot(const float* a, const float* b, int D) {
+  vf acc = vzero();
+  int k = 0;
+  for (; k + L <= D; k += L) acc = vfma(vload(a + k), vload(b + k), acc);
+  float s = vsum(acc);
+  for (; k < D; ++k) s += a[k] * b[k];
+  return s;
+}
+
+// y = x * rsqrt(mean(x^2) + eps) * w over one row of D
+void rms_row(const float* x, const float* w, float eps, int D, float* y) {
+  const float n = 1.f / std::sqrt(dot(x, x, D) / float(D) + eps);
+  for (int k = 0; k < D; ++k) y[k] = x[k] * n * w[k];
+}
+
 // y = x * rsqrt(mean(x^2) + eps) * w over the last axis
 class NativeRMSNorm : public RowOp {
  public:
@@ -224,14 +240,7 @@ class NativeRMSNorm : public RowOp {
     const Rows rows(x);
     for (size_t r = 0; r < rows.at.size(); ++r) {
       const float* xr = rows[r];
-      float* yr = yp + long(r) * D;
-      vf a = vzero();
-      int k = 0;
-      for (; k + L <= D; k += L) a = vfma(vload(xr + k), vload(xr + k), a);
-      float ss = vsum(a);
-      for (; k < D; ++k) ss += xr[k] * xr[k];
-      const float n = 1.f / std::sqrt(ss / float(D) + eps_);
-      for (k = 0; k < D; ++k) yr[k] = xr[k] * n * w[k];
+      rms_row(xr, w, eps_, D, yp + long(r) * D);
     }
   }
   const char* name() const override { return "MlxcelNativeRMSNorm"; }
@@ -327,12 +336,7 @@ class NativeDecodeAttention : public RowOp {
         float top = -INFINITY;
         for (int t = 0; t < T; ++t) {
           const float* kr = krows[long(kvh) * T + t];
-          vf a = vzero();
-          int d = 0;
-          for (; d + L <= D; d += L) a = vfma(vload(qr + d), vload(kr + d), a);
-          float sc = vsum(a);
-          for (; d < D; ++d) sc += qr[d] * kr[d];
-          p[t] = sc * scale_;
+          p[t] = dot(qr, kr, D) * scale_;
           top = std::max(top, p[t]);
         }
         float sum = 0.f;
@@ -583,16 +587,6 @@ struct RopeTable {
   }
 };
 
-void rms_row(const float* x, const float* w, float eps, int D, float* y) {
-  vf a = vzero();
-  int k = 0;
-  for (; k + L <= D; k += L) a = vfma(vload(x + k), vload(x + k), a);
-  float ss = vsum(a);
-  for (; k < D; ++k) ss += x[k] * x[k];
-  const float n = 1.f / std::sqrt(ss / float(D) + eps);
-  for (k = 0; k < D; ++k) y[k] = x[k] * n * w[k];
-}
-
 void rope_row(float* x, const float* c, const float* s, int half, bool traditional) {
   for (int i = 0; i < half; ++i) {
     const int a = traditional ? 2 * i : i, b = traditional ? 2 * i + 1 : i + half;
@@ -807,12 +801,7 @@ class NativeFusedLayer : public mc::Primitive {
         float top = -INFINITY;
         for (int tt = t0; tt < t1; ++tt) {
           const float* kr = Kb + long(tt) * D;
-          vf a = vzero();
-          int d = 0;
-          for (; d + L <= D; d += L) a = vfma(vload(qr + d), vload(kr + d), a);
-          float sc = vsum(a);
-          for (; d < D; ++d) sc += qr[d] * kr[d];
-          pr[tt] = sc * scale;
+          pr[tt] = dot(qr, kr, D) * scale;
           top = std::max(top, pr[tt]);
         }
         float sum = 0.f;

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -60,6 +62,21 @@ class _Events:
                 return seen
 
 
+@contextmanager
+def running(model, events: _Events, **spec) -> Iterator[EngineLoop]:
+    """An engine on its own thread, loaded; shut down and joined after."""
+    engine = EngineLoop(EngineSpec(str(model), batch_size=64, warmup=False, **spec), events.emit)
+    thread = threading.Thread(target=engine.run, daemon=True)
+    thread.start()
+    try:
+        events.until(lambda ev: isinstance(ev, Loaded))
+        yield engine
+    finally:
+        engine.post(Shutdown())
+        thread.join(WAIT_S)
+    assert not thread.is_alive()
+
+
 def test_a_throwing_command_fails_its_job_not_the_engine(tiny_model, monkeypatch):
     real_plan = Scheduler._sampling_plan
 
@@ -75,12 +92,7 @@ def test_a_throwing_command_fails_its_job_not_the_engine(tiny_model, monkeypatch
     monkeypatch.setattr(Scheduler, "slot_action", slot_action)
     events = _Events()
     until = events.until
-    engine = EngineLoop(EngineSpec(str(tiny_model), n_slots=1, ctx_size=256, batch_size=64,
-                                   warmup=False), events.emit)
-    thread = threading.Thread(target=engine.run, daemon=True)
-    thread.start()
-    try:
-        until(lambda ev: isinstance(ev, Loaded))
+    with running(tiny_model, events, n_slots=1, ctx_size=256) as engine:
         engine.post(Submit(Job(2, (5, 6, 7), n_predict=4, sampling=GREEDY)))
         seen = until(lambda ev: isinstance(ev, SlotFreed) and ev.job_id == 2)
         assert [ev.message for ev in seen if isinstance(ev, Failed)] == [
@@ -91,10 +103,6 @@ def test_a_throwing_command_fails_its_job_not_the_engine(tiny_model, monkeypatch
         engine.post(Submit(Job(4, (5, 6, 7), n_predict=4, sampling=GREEDY, ignore_eos=True)))
         done = until(lambda ev: isinstance(ev, Finished))[-1]
         assert done.job_id == 4 and len(done.tokens) == 4, "the slot was freed and reused"
-    finally:
-        engine.post(Shutdown())
-        thread.join(WAIT_S)
-    assert not thread.is_alive()
 
 
 def test_a_queued_job_whose_start_raises_after_a_step_is_answered(tiny_model, monkeypatch):
@@ -111,12 +119,7 @@ def test_a_queued_job_whose_start_raises_after_a_step_is_answered(tiny_model, mo
     monkeypatch.setattr(Scheduler, "_start", start)
     events = _Events()
     until = events.until
-    engine = EngineLoop(EngineSpec(str(tiny_model), n_slots=1, ctx_size=256, batch_size=64,
-                                   warmup=False), events.emit)
-    thread = threading.Thread(target=engine.run, daemon=True)
-    thread.start()
-    try:
-        until(lambda ev: isinstance(ev, Loaded))
+    with running(tiny_model, events, n_slots=1, ctx_size=256) as engine:
         engine.post(Submit(Job(2, (5, 6, 7), n_predict=8, sampling=GREEDY, ignore_eos=True)))
         engine.post(Submit(Job(3, (5, 6, 7), n_predict=4, sampling=GREEDY)))  # queued
         # job 2 finishes in a step, which then starts job 3
@@ -127,10 +130,6 @@ def test_a_queued_job_whose_start_raises_after_a_step_is_answered(tiny_model, mo
         engine.post(Submit(Job(4, (5, 6, 7), n_predict=4, sampling=GREEDY, ignore_eos=True)))
         done = until(lambda ev: isinstance(ev, Finished))[-1]
         assert done.job_id == 4 and len(done.tokens) == 4, "the slot was freed and reused"
-    finally:
-        engine.post(Shutdown())
-        thread.join(WAIT_S)
-    assert not thread.is_alive()
 
 
 class _Switch:
@@ -156,12 +155,7 @@ class _Switch:
 def test_force_end_reaches_the_running_jobs_constraint_and_stats_follow_the_steps(tiny_model):
     events = _Events()
     until = events.until
-    engine = EngineLoop(EngineSpec(str(tiny_model), n_slots=1, ctx_size=512, batch_size=64,
-                                   warmup=False), events.emit)
-    thread = threading.Thread(target=engine.run, daemon=True)
-    thread.start()
-    try:
-        until(lambda ev: isinstance(ev, Loaded))
+    with running(tiny_model, events, n_slots=1, ctx_size=512) as engine:
         vocab = engine.vocab
         switch = _Switch(vocab.n_vocab, min(vocab.eos_ids))
         engine.post(Submit(Job(5, (5, 6, 7), n_predict=-1, sampling=GREEDY, grammar=switch)))
@@ -177,10 +171,6 @@ def test_force_end_reaches_the_running_jobs_constraint_and_stats_follow_the_step
         assert [s.n_decode for s in stats] == list(range(1, len(stats) + 1))
         assert stats[-1] == EngineStats(engine.n_decode, engine.n_busy_slots)
         assert stats[-1].n_busy_slots == stats[-1].n_decode   # one slot, busy every step
-    finally:
-        engine.post(Shutdown())
-        thread.join(WAIT_S)
-    assert not thread.is_alive()
 
 
 def test_a_burst_reaching_an_idle_engine_is_prefilled_together(tiny_model, monkeypatch):
@@ -194,12 +184,7 @@ def test_a_burst_reaching_an_idle_engine_is_prefilled_together(tiny_model, monke
     monkeypatch.setattr(loop, "BURST_GAP_S", 0.5)
     monkeypatch.setattr(loop, "BURST_MAX_S", 5.0)
     events = _Events()
-    engine = EngineLoop(EngineSpec(str(tiny_model), n_slots=4, ctx_size=1024, batch_size=64,
-                                   warmup=False), events.emit)
-    thread = threading.Thread(target=engine.run, daemon=True)
-    thread.start()
-    try:
-        events.until(lambda ev: isinstance(ev, Loaded))
+    with running(tiny_model, events, n_slots=4, ctx_size=1024) as engine:
         pause = threading.Event()
         for i in range(1, 5):
             engine.post(Submit(Job(i, (5, 6, 7, i), n_predict=4, sampling=GREEDY)))
@@ -210,6 +195,3 @@ def test_a_burst_reaching_an_idle_engine_is_prefilled_together(tiny_model, monke
         done: set[int] = set()
         events.until(lambda ev: isinstance(ev, Finished) and (done.add(ev.job_id) or
                                                                 len(done) == 4))
-    finally:
-        engine.post(Shutdown())
-        thread.join(WAIT_S)
