@@ -72,12 +72,17 @@ def test_an_engine_route_cancels_the_job_and_answers_an_empty_200(endless):
 
 
 def test_a_stream_stops_after_its_head(endless):
-    """Upstream's stream looks at the connection before its first frame."""
+    """Upstream's stream looks at the connection before its first frame.  The
+    end of input races the head: when the head went out first, the frames
+    sent until the end of input was seen come too, and the stream is then
+    cancelled; either way an endless stream ends without its last frame."""
     raw = half_closed(endless.port, "POST", "/completion",
                       {"prompt": "A", "n_predict": -1, "temperature": 0, "ignore_eos": True,
                        "stream": True})
     status, headers, body = parse(raw)
-    assert (status, headers.get("content-type"), body) == (200, "text/event-stream", b""), raw
+    assert (status, headers.get("content-type")) == (200, "text/event-stream"), raw
+    # half_closed() returned, so the server closed the endless stream
+    assert b'"stop":true' not in body and b"[DONE]" not in body, raw
     wait_until(lambda: httpx.get(endless.url + "/slots", timeout=10).json(),
                "the half-closed stream's slot freed", 10,
                until=lambda slots: not any(s["is_processing"] for s in slots))
