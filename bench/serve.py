@@ -170,6 +170,7 @@ def summarize(runs: list[tuple[float, list[dict]]], slo_ttft: float, slo_tpot: f
         good.append(sum(r["ttft"] is not None and r["ttft"] <= slo_ttft
                         and (r["tpot"] or 0) <= slo_tpot for r in ok) / wall)
     s["tok_s"], s["req_s"], s["goodput"] = (sum(v) / len(v) for v in (tok, rps, good))
+    s["error_kinds"] = sorted({r["error"][:120] for _, rs in runs for r in rs if r["error"]})[:3]
     return s
 
 
@@ -210,7 +211,9 @@ def argv_for(system: str, args, port: int) -> list[str]:
 
 async def bench_server(url: str, system: str, args, prompts, banned: list[int]) -> dict[str, dict]:
     out: dict[str, dict] = {}
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    # a fresh connection per request: llama-server closes idle kept-alive
+    # connections, and a request sent on one as it closes fails
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=TIMEOUT, limits=limits) as client:
         async def send(p: str, n: int = args.output_tokens) -> dict:
             return await request(client, url, system, p, n, banned)
@@ -243,7 +246,8 @@ async def bench_server(url: str, system: str, args, prompts, banned: list[int]) 
                 runs.append((time.perf_counter() - t0, rs))
             out[name] = summarize(runs, args.slo_ttft_ms / 1e3, args.slo_tpot_ms / 1e3)
             print(f"  {system} {name}: {out[name]['tok_s']:.1f} out tok/s, TTFT p50 "
-                  f"{ms(out[name]['ttft'][50])} ms, errors {out[name]['errors']}", flush=True)
+                  f"{ms(out[name]['ttft'][50])} ms, errors {out[name]['errors']}"
+                  + "".join(f"\n    {e}" for e in out[name]["error_kinds"]), flush=True)
     return out
 
 
