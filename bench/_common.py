@@ -35,6 +35,31 @@ def vocab_ids(model_dir: Path) -> list[int]:
     return sorted(i for i in ids if i not in special)
 
 
+def eos_ids(model: Path) -> list[int]:
+    out: set[int] = set()
+    for name in ("config.json", "generation_config.json"):
+        p = model / name
+        if p.exists():
+            v = json.loads(p.read_text()).get("eos_token_id")
+            out.update(v if isinstance(v, list) else [v] if v is not None else [])
+    return sorted(out)
+
+
+def banned_ids(model: Path) -> list[int]:
+    """Ids a fixed-length benchmark request bans through `logit_bias`, the
+    same for every server: the end-of-sequence ones, the tokenizer's added
+    tokens (the tags a chat parser acts on) and every token that is not
+    whole UTF-8 by itself (a random model strings byte pieces together,
+    and llama-server ends such a stream with an error frame: its output
+    parser rejects invalid UTF-8)."""
+    from tokenizers import Tokenizer
+
+    spec = json.loads((model / "tokenizer.json").read_text())
+    tok = Tokenizer.from_file(str(model / "tokenizer.json"))
+    broken = [i for i in range(tok.get_vocab_size()) if "\ufffd" in tok.decode([i])]
+    return sorted({*eos_ids(model), *(t["id"] for t in spec.get("added_tokens", [])), *broken})
+
+
 def make_prompt(ids: list[int], length: int, seed: int) -> list[int]:
     """A deterministic prompt of `length` ordinary tokens (same seed, same ids)."""
     rng = random.Random(f"mlxcel-bench-{seed}")
@@ -199,6 +224,8 @@ def stream_completion(url: str, prompt, n_predict: int, client, barrier=None,
             if not line.startswith(b"data: "):
                 continue
             obj = json.loads(line[6:])
+            if obj.get("error"):
+                raise RuntimeError(f"error frame: {obj['error']}")
             if obj.get("stop"):
                 final = obj
             elif obj.get("tokens") or obj.get("content"):

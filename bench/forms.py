@@ -19,7 +19,8 @@ Systems, each in its own process, one after the other:
   the server would pick preloaded (`_common.blas_env("auto")`), measured once:
   the reference every target is a ratio of;
 - mlx_lm.server as a user runs it (clean environment), streaming
-  /v1/completions, EOS banned with its `logit_bias`;
+  /v1/completions (its EOS banned by the `logit_bias` every server gets:
+  _common.banned_ids);
 - llama-server (optional, `--llama-server BIN --gguf FILE`), /completion.
 
 Measured per system and form: decode tok/s for 1 stream and for the
@@ -115,22 +116,14 @@ class Prompts:
         return self.tok.decode(ids)
 
 
-def eos_ids(model: Path) -> list[int]:
-    out: set[int] = set()
-    for name in ("config.json", "generation_config.json"):
-        p = model / name
-        if p.exists():
-            v = json.loads(p.read_text()).get("eos_token_id")
-            out.update(v if isinstance(v, list) else [v] if v is not None else [])
-    return sorted(out)
-
-
 # -- clients -------------------------------------------------------------------
 
-def stream_llama(url: str, prompt, n: int, client: httpx.Client, barrier=None) -> dict:
+def stream_llama(url: str, prompt, n: int, client: httpx.Client, barrier=None,
+                 bias: dict | None = None) -> dict:
     """One streaming /completion (mlxcel, llama-server); events are
     (seconds since send, tokens so far)."""
-    run = C.stream_completion(url, prompt, n, client, barrier)
+    run = C.stream_completion(url, prompt, n, client, barrier,
+                              {"logit_bias": bias} if bias else None)
     final, events = run["final"], run["events"]
     timings = (final or {}).get("timings") or {}
     return {"t_send": run["t_send"], "events": events, "prompt_n": timings.get("prompt_n"),
@@ -249,7 +242,7 @@ def startup_lines(log: str) -> list[str]:
 
 
 def measure_server(system: str, model: Path, env: dict, prompts: Prompts, args, log_dir: Path,
-                   eos: list[int]) -> dict:
+                   banned: list[int]) -> dict:
     port = C.free_port()
     n_slots = max([8, *args.streams])
     if system == "mlxcel":
@@ -266,14 +259,13 @@ def measure_server(system: str, model: Path, env: dict, prompts: Prompts, args, 
     out: dict = {"argv": argv}
     try:
         srv.start(args.start_timeout)
+        bias = {str(t): -100 for t in banned}
         if system == "mlx_lm.server":
-            bias = {str(t): -1e9 for t in eos}
-
             def one(p, client, barrier=None, n=args.tokens):
                 return stream_oai(srv.url, prompts.text(p), n, client, barrier, bias)
         else:
             def one(p, client, barrier=None, n=args.tokens):
-                return stream_llama(srv.url, p, n, client, barrier)
+                return stream_llama(srv.url, p, n, client, barrier, bias)
         with httpx.Client(timeout=TIMEOUT) as client:
             one(prompts.warmup, client, n=2)  # mlx_lm.server loads the model here
             out["load_s"] = time.perf_counter() - srv.t0
@@ -507,12 +499,14 @@ def main(argv=None) -> int:
     t_all = time.perf_counter()
     models = parse_models(args)
     prompts = Prompts(models["float32"], args)
-    eos = eos_ids(models["float32"])
+    eos = C.eos_ids(models["float32"])
+    banned = C.banned_ids(models["float32"])
     clean, tuned = clean_env(), tuned_env()
     print(f"load average {' '.join(Path('/proc/loadavg').read_text().split()[:3])} on "
           f"{os.cpu_count()} CPUs; {args.tokens} tokens/stream; prefill prompt "
           f"{len(prompts.single)} tokens, stream prompts {args.stream_prompt_tokens}; "
-          f"EOS {eos} ignored/banned everywhere")
+          f"EOS {eos} ignored; {len(banned)} ids (EOS, added tokens, tokens that are not whole "
+          "UTF-8) banned by the same logit_bias for every server")
     if not prompts.round_trip:
         print("warning: prompt text does not tokenize back to the same ids; mlx_lm.server's "
               "prompt lengths differ (its prompt_n is shown)")
@@ -549,7 +543,7 @@ def main(argv=None) -> int:
                                                                log_dir, f))
                 else:
                     r = phase(name, lambda f=form, s=system: measure_server(
-                        s, models[f], clean, prompts, args, log_dir, eos))
+                        s, models[f], clean, prompts, args, log_dir, banned))
                 m[form][system] = r
                 for line in r.get("startup", []) if system == "mlxcel" else []:
                     print(f"    {line}")
@@ -559,7 +553,7 @@ def main(argv=None) -> int:
             key = f"llama-server:{gform or 'any'}"
             m[key] = phase(f"{LABEL['llama-server']} {path}",
                            lambda p=path: measure_server("llama-server", Path(p), clean, prompts,
-                                                         args, log_dir, eos))
+                                                         args, log_dir, banned))
 
     sums: dict = {}
     ref = summarize(m["tuned"], args.streams)

@@ -56,23 +56,10 @@ sys.path.insert(0, str(ROOT))
 
 import _common as C  # noqa: E402
 import _serve_plots  # noqa: E402
-from forms import Proc, Prompts, eos_ids, startup_lines  # noqa: E402
+from forms import Proc, Prompts, startup_lines  # noqa: E402
 
 SYSTEMS = ("mlxcel", "mlx_lm.server", "llama-server")
 TIMEOUT = httpx.Timeout(1800, connect=30)
-
-
-def banned_ids(model: Path) -> list[int]:
-    """Ids no request may generate: the end-of-sequence ones, the tokenizer's
-    added tokens (the tags a chat parser acts on) and every token that is
-    not whole UTF-8 by itself (a random model strings byte pieces together,
-    and llama-server ends such a stream with an error frame)."""
-    from tokenizers import Tokenizer
-
-    spec = json.loads((model / "tokenizer.json").read_text())
-    tok = Tokenizer.from_file(str(model / "tokenizer.json"))
-    broken = [i for i in range(tok.get_vocab_size()) if "\ufffd" in tok.decode([i])]
-    return sorted({*eos_ids(model), *(t["id"] for t in spec.get("added_tokens", [])), *broken})
 
 
 # -- one request ---------------------------------------------------------------
@@ -302,7 +289,7 @@ def main() -> int:
 
     args.stream_prompt_tokens, args.streams = args.prompt_tokens, []
     prompts = Prompts(args.model, args)
-    banned = banned_ids(args.model)
+    banned = C.banned_ids(args.model)
     env = C.server_env("auto")
     log_dir = Path(tempfile.mkdtemp(prefix="mlxcel-serve-"))
     print(f"{args.model}: {', '.join(systems)}; {args.runs} run(s); output {args.output_tokens} "
