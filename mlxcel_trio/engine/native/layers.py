@@ -9,9 +9,14 @@ and load_weights see the model they expect, on every mlx-lm architecture.
 The remaining floating parameters (norms, biases, ...) are cast to float32,
 so activations and the KV cache are float32, as on the float32 path.
 
-A product with more than MAX_ROWS rows (a prefill chunk) goes through MLX
-instead: the weight is widened per call and multiplied by the float32 BLAS,
-the float32 path's speed for that shape, without a resident float32 copy.
+A 16-bit product with more than MAX_ROWS rows (a prefill chunk) goes
+through MLX instead: the weight is widened per call and multiplied by the
+float32 BLAS, the float32 path's speed for that shape, without a resident
+float32 copy.  An affine 4- / 8-bit product stays on the kernels whatever
+its rows: dequantizing per call costs more than the product (bench-4bit,
+MKL, a 64-token prefill 14 tok/s through dequantize + BLAS against 96 on
+the kernels, 512 tokens 45 against 72), and prefill then computes what
+decode does.
 
 Where the kernels are MLX graph nodes (graph.cpp), the step's other ops
 that MLX's CPU backend runs as generic fallbacks of several primitives each
@@ -54,21 +59,12 @@ class NativeLinear(nn.Linear):
         return y if bias is None else y + bias
 
 
-def _dequantized(m: Any) -> mx.array:
-    return mx.dequantize(m["weight"], m["scales"], m["biases"], m.group_size, m.bits,
-                         ).astype(mx.float32)
-
-
 class NativeQuantizedLinear(nn.QuantizedLinear):
     native_form = "quantized_linear"   # what fused.py looks for (it cannot import this module)
 
     def __call__(self, x: mx.array) -> mx.array:
-        bias = self.get("bias")
-        if _rows(x) <= MAX_ROWS:
-            return ops.gemm_affine(x, self["weight"], self["scales"], self["biases"],
-                                   self.group_size, self.bits, bias)
-        y = x.astype(mx.float32) @ _dequantized(self).T
-        return y if bias is None else y + bias
+        return ops.gemm_affine(x, self["weight"], self["scales"], self["biases"],
+                               self.group_size, self.bits, self.get("bias"))
 
 
 class NativeEmbedding(nn.Embedding):
@@ -89,10 +85,8 @@ class NativeQuantizedEmbedding(nn.QuantizedEmbedding):
                              self["biases"][x].astype(f32), self.group_size, self.bits)
 
     def as_linear(self, x: mx.array) -> mx.array:
-        if _rows(x) <= MAX_ROWS:
-            return ops.gemm_affine(x, self["weight"], self["scales"], self["biases"],
-                                   self.group_size, self.bits)
-        return x.astype(mx.float32) @ _dequantized(self).T
+        return ops.gemm_affine(x, self["weight"], self["scales"], self["biases"],
+                               self.group_size, self.bits)
 
 
 class NativeRMSNorm(nn.RMSNorm):

@@ -74,9 +74,12 @@ def test_greedy_on_the_kernels_equals_the_float32_path(kernels, kind, affine):
     tokens = greedy(model)
     with mlx_attention(reference):
         assert tokens == greedy(reference)
-        # a prefill chunk (more than MAX_ROWS rows) takes MLX's path: same logits
+        # a prefill chunk (more than MAX_ROWS rows): 16-bit weights take MLX's
+        # path, affine ones stay on the kernels (their int16 mode rounds the
+        # activations: test_kernels.py bounds that); the same logits
         x = mx.array([PROMPT[: layers.MAX_ROWS + 4]])
-        assert mx.allclose(model(x), reference(x), rtol=1e-3, atol=1e-3).item()
+        tol = 1e-2 if affine == "int16" else 1e-3
+        assert mx.allclose(model(x), reference(x), rtol=tol, atol=tol).item()
 
 
 def test_layers_the_kernels_do_not_take_stay_as_they_are():
