@@ -412,7 +412,7 @@ int code(mc::Dtype d) {
 
 extern "C" {
 
-int mlxg_abi() { return 2; }
+int mlxg_abi() { return 3; }
 
 // 0 when `obj` reads as an array of `shape` (ndim values) and float32.
 int mlxg_check(void* obj, const int* shape, int ndim) {
@@ -843,9 +843,58 @@ class NativeFusedLayer : public mc::Primitive {
   FusedParams p_;
 };
 
+// y = rows [row0, row0 + rows) of a 16-bit [N, K] weight as float32.  MLX's
+// astype runs on one thread and writes the whole float32 copy out to
+// memory; layers.py widens a prefill chunk's weights a tile at a time so
+// that each tile is still in cache when the BLAS multiplies it.
+class NativeWiden : public RowOp {
+ public:
+  NativeWiden(mc::Stream s, int dtype, long row0) : RowOp(s), dtype_(dtype), row0_(row0) {}
+  void eval_cpu(const std::vector<mc::array>& in, std::vector<mc::array>& outs) override {
+    dispatch(in, outs, [dtype = dtype_, row0 = row0_](const std::vector<mc::array>& in,
+                                                       mc::array& y) {
+      const long n = long(y.size());
+      const uint16_t* x = in[0].data<uint16_t>() + row0 * y.shape(1);
+      float* out = y.data<float>();
+      constexpr long kChunk = 1L << 15;   // values per job
+      const int jobs = int((n + kChunk - 1) / kChunk);
+      parallel_jobs(jobs, n, [&](int j) {
+        const long a = j * kChunk, b = std::min(n, a + kChunk);
+        long i = a;
+        if (dtype == 1)
+          for (; i + L <= b; i += L) vstore(out + i, widen<true>(x + i));
+        else
+          for (; i + L <= b; i += L) vstore(out + i, widen<false>(x + i));
+        for (; i < b; ++i) out[i] = scalar_at(x, dtype, i);
+      });
+    });
+  }
+  const char* name() const override { return "MlxcelNativeWiden"; }
+  bool is_equivalent(const mc::Primitive& other) const override {
+    auto* o = dynamic_cast<const NativeWiden*>(&other);
+    return o && o->dtype_ == dtype_ && o->row0_ == row0_;
+  }
+
+ private:
+  int dtype_;
+  long row0_;
+};
+
 }  // namespace
 
 extern "C" {
+
+// *out = x[row0 : row0 + rows].astype(float32) as one node, for x a stored
+// (evaluated, row-contiguous) bfloat16 / float16 matrix [N, K].
+int mlxg_widen(void* out, void* xo, int row0, int rows) {
+  mc::array* x = unwrap(xo);
+  if (!x || (code(x->dtype()) != 1 && code(x->dtype()) != 2) || !stored(*x) || x->ndim() != 2 ||
+      row0 < 0 || rows <= 0 || row0 + rows > x->shape(0) || x->shape(1) == 0)
+    return -1;
+  auto s = mc::default_stream(mc::Device::cpu);
+  return make_node(out, {rows, x->shape(1)},
+                   std::make_shared<NativeWiden>(s, code(x->dtype()), row0), {*x});
+}
 
 // The fused layer (see NativeFusedLayer) as a node.  outs: 3 Python arrays
 // replaced by the node's outputs (layer output, keys, values).  arrs:

@@ -39,6 +39,7 @@ constexpr int L = 16;
 using vf = __m512;
 inline vf vzero() { return _mm512_setzero_ps(); }
 inline vf vload(const float* p) { return _mm512_loadu_ps(p); }
+inline void vstore(float* p, vf v) { _mm512_storeu_ps(p, v); }
 inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
 inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
 inline vf vset1(float s) { return _mm512_set1_ps(s); }
@@ -64,6 +65,7 @@ constexpr int L = 8;
 using vf = __m256;
 inline vf vzero() { return _mm256_setzero_ps(); }
 inline vf vload(const float* p) { return _mm256_loadu_ps(p); }
+inline void vstore(float* p, vf v) { _mm256_storeu_ps(p, v); }
 #if defined(__FMA__)
 inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
 #else
@@ -106,6 +108,7 @@ constexpr int L = 1;  // scalar: any CPU the compiler targets
 using vf = float;
 inline vf vzero() { return 0.f; }
 inline vf vload(const float* p) { return *p; }
+inline void vstore(float* p, vf v) { *p = v; }
 inline vf vfma(vf a, vf b, vf c) { return a * b + c; }
 inline vf vadd(vf a, vf b) { return a + b; }
 inline vf vset1(float s) { return s; }

@@ -66,6 +66,8 @@ def _bind_graph(lib: ctypes.PyDLL) -> None:
     lib.mlxg_fused_layer.argtypes = [_P, _P, _P, _P]   # ctypes arrays (fused.py)
     lib.mlxg_fused_layer.restype = _I
     lib.mlxg_fused_counts.argtypes = [_P]
+    lib.mlxg_widen.argtypes = [_P, _P, _I, _I]
+    lib.mlxg_widen.restype = _I
     lib.mlxg_fused_counts.restype = None
 
 
@@ -75,7 +77,7 @@ def _graph_self_test(lib: ctypes.PyDLL) -> str | None:
 
     probe = mx.zeros((3, 5, 7))
     shape = (ctypes.c_int * 3)(3, 5, 7)
-    if lib.mlxg_abi() != 2 or lib.mlxg_check(id(probe), shape, 3) != 0:
+    if lib.mlxg_abi() != 3 or lib.mlxg_check(id(probe), shape, 3) != 0:
         return "cannot read this mlx version's arrays"
     x = mx.random.normal((2, 3, 96), key=mx.random.key(0))
     w = mx.random.normal((70, 96), key=mx.random.key(1)).astype(mx.float16)

@@ -128,6 +128,18 @@ def gemm_affine(x: mx.array, weight: mx.array, scales: mx.array, biases: mx.arra
     return _out(y, lead, bias)
 
 
+def widen(w: mx.array, row0: int = 0, rows: int | None = None) -> mx.array:
+    """w[row0 : row0 + rows].astype(float32) for a stored 16-bit weight
+    [N, K], over the kernels' threads (MLX's astype runs on one)."""
+    rows = w.shape[0] - row0 if rows is None else rows
+    g = library._graph
+    if g is not None and w.dtype in (mx.bfloat16, mx.float16) and w.ndim == 2:
+        y = mx.array(0.0)
+        if g.mlxg_widen(id(y), id(w), row0, rows) == 0:
+            return y
+    return w[row0:row0 + rows].astype(mx.float32)
+
+
 # A decode step's other ops as single graph nodes (graph.cpp): each falls
 # back to MLX's own op where the primitive is not loaded or does not take
 # the arguments (another dtype, an array offset, a mask, ...).

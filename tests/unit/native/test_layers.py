@@ -96,3 +96,21 @@ def test_layers_the_kernels_do_not_take_stay_as_they_are():
     assert type(model.layers[0]) is nn.Linear
     assert type(model.layers[1]) is layers.NativeLinear
     assert model.layers[1].bias.dtype == mx.float32
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_prefill_product_widens_its_weight_a_tile_at_a_time(kernels, monkeypatch, dtype):
+    import mlx.core as mx
+
+    from mlxcel_trio.engine.native import layers, ops
+
+    w = mx.random.normal((1000, 333), key=mx.random.key(3)).astype(getattr(mx, dtype))
+    mx.eval(w)
+    assert mx.array_equal(ops.widen(w, 10, 500), w[10:510].astype(mx.float32)).item()
+    assert mx.array_equal(ops.widen(w), w.astype(mx.float32)).item()
+    x = mx.random.normal((2, 40, 333), key=mx.random.key(4))
+    whole = x @ w.astype(mx.float32).T
+    monkeypatch.setattr(layers, "TILE_BYTES", 4 * 333 * 64)   # 64 rows: 16 tiles, the last short
+    tiled = layers.widened_product(x, w)
+    assert tiled.shape == (2, 40, 1000)
+    assert mx.allclose(tiled, whole, rtol=1e-5, atol=1e-4).item()
