@@ -66,9 +66,9 @@ def _bind_graph(lib: ctypes.PyDLL) -> None:
     lib.mlxg_fused_layer.argtypes = [_P, _P, _P, _P]   # ctypes arrays (fused.py)
     lib.mlxg_fused_layer.restype = _I
     lib.mlxg_fused_counts.argtypes = [_P]
+    lib.mlxg_fused_counts.restype = None
     lib.mlxg_widen.argtypes = [_P, _P, _I, _I]
     lib.mlxg_widen.restype = _I
-    lib.mlxg_fused_counts.restype = None
 
 
 def _graph_self_test(lib: ctypes.PyDLL) -> str | None:
