@@ -223,6 +223,17 @@ void rms_row(const float* x, const float* w, float eps, int D, float* y) {
   for (int k = 0; k < D; ++k) y[k] = x[k] * n * w[k];
 }
 
+// x's first 2 * half values rotated in place by the angles' cos c / sin s:
+// pairs (2i, 2i + 1) when traditional, else (i, i + half)
+void rope_row(float* x, const float* c, const float* s, int half, bool traditional) {
+  for (int i = 0; i < half; ++i) {
+    const int a = traditional ? 2 * i : i, b = traditional ? 2 * i + 1 : i + half;
+    const float x1 = x[a], x2 = x[b];
+    x[a] = x1 * c[i] - x2 * s[i];
+    x[b] = x1 * s[i] + x2 * c[i];
+  }
+}
+
 // y = x * rsqrt(mean(x^2) + eps) * w over the last axis
 class NativeRMSNorm : public RowOp {
  public:
@@ -286,15 +297,9 @@ class NativeRoPE : public RowOp {
     for (size_t r = 0; r < rows.at.size(); ++r) {
       const float* xr = rows[r];
       float* yr = yp + long(r) * D;
-      const float* c = cs.data() + size_t(r % Lx) * half;
-      const float* s = sn.data() + size_t(r % Lx) * half;
-      for (int i = 0; i < half; ++i) {
-        const int a = traditional_ ? 2 * i : i, b = traditional_ ? 2 * i + 1 : i + half;
-        const float x1 = xr[a], x2 = xr[b];
-        yr[a] = x1 * c[i] - x2 * s[i];
-        yr[b] = x1 * s[i] + x2 * c[i];
-      }
-      for (int k = dims_; k < D; ++k) yr[k] = xr[k];
+      std::copy(xr, xr + D, yr);
+      rope_row(yr, cs.data() + size_t(r % Lx) * half, sn.data() + size_t(r % Lx) * half, half,
+               traditional_);
     }
   }
   const char* name() const override { return "MlxcelNativeRoPE"; }
@@ -586,15 +591,6 @@ struct RopeTable {
     return *this;
   }
 };
-
-void rope_row(float* x, const float* c, const float* s, int half, bool traditional) {
-  for (int i = 0; i < half; ++i) {
-    const int a = traditional ? 2 * i : i, b = traditional ? 2 * i + 1 : i + half;
-    const float x1 = x[a], x2 = x[b];
-    x[a] = x1 * c[i] - x2 * s[i];
-    x[b] = x1 * s[i] + x2 * c[i];
-  }
-}
 
 // An input as the task reads it: raw data and layout only, so a pending
 // task holds no reference to the arrays (which would keep MLX from
