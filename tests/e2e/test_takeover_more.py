@@ -26,7 +26,8 @@ pytestmark = pytest.mark.e2e
 
 LONG = 300   # tokens: the SIGKILL right after the first bytes lands mid-stream
 GREEDY = {"temperature": 0, "ignore_eos": True, "stream": True, "cache_prompt": False}
-USER = [{"role": "user", "content": "Tell me about the weather in the mountains."}]
+# in the corpus's shape: the model thinks, closes the block and answers
+USER = [{"role": "user", "content": "Please tell a story about a fox called Tom."}]
 CHAT = "/v1/chat/completions"
 CASES = {
     "lora": (CHAT, {"messages": USER, "max_tokens": LONG, **GREEDY,
