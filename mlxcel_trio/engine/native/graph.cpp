@@ -24,6 +24,7 @@
 #include "mlx/array.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/primitives.h"
+#include "mlx/scheduler.h"
 #include "mlx/stream.h"
 
 namespace mc = mlx::core;
@@ -686,7 +687,16 @@ class NativeFusedLayer : public mc::Primitive {
     for (int j = 0; j < 2; ++j) {
       const mc::array& c = in[j == 0 ? p_.keys : p_.values];
       mc::array& o = outs[1 + j];
-      if (!tracer && c.is_donatable() && c.flags().row_contiguous && c.data_size() == c.size()) {
+      const bool dense = c.flags().row_contiguous && c.data_size() == c.size();
+      if (!tracer && dense && !c.is_donatable() && mc::scheduler::n_active_tasks() > 0) {
+        // Pipelined decode (mlx-lm's async_eval): the step before this one
+        // may still be running, and MLX holds its buffers, this cache's
+        // among them, until it finishes.  Waiting for it here costs
+        // nothing the stream would not wait anyway; a copy costs the
+        // cache's live rows every layer and every step.
+        mc::synchronize(stream());
+      }
+      if (!tracer && dense && c.is_donatable()) {
         o.copy_shared_buffer(c);
         fused_donated.fetch_add(1, std::memory_order_relaxed);
       } else {
