@@ -199,6 +199,49 @@ def test_the_cache_is_written_in_place_unless_referenced(graph):
     assert not mx.array_equal(new, kept[..., pos, :]).item() and mx.any(new != 0).item()
 
 
+def test_pipelined_decode_writes_the_cache_in_place(graph):
+    """mlx-lm's generate_step builds and dispatches step t+1 while step t
+    still runs, and MLX holds step t's buffers (the cache's among them)
+    until it ends: the node waits for it rather than copying the cache.
+    Steps of a few ms (hidden 1024) so that the step before is in flight;
+    the logits equal the same steps evaluated one at a time."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from mlxcel_trio.engine.native import fused
+
+    model = build("qwen3", "bf16", hidden_size=1024, intermediate_size=3072,
+                  num_attention_heads=8, num_key_value_heads=4, head_dim=128)
+    tokens = [[(11 * s) % 300] for s in range(12)]
+
+    def run(pipelined: bool):
+        cache = make_prompt_cache(model)
+        mx.eval(model(mx.array([[1, 2, 3, 4]]), cache=cache))
+        before, out = fused.counts(), []
+        pending = None
+        for t in tokens:
+            y = model(mx.array([t]), cache=cache)
+            if pipelined:
+                mx.async_eval(y)
+                if pending is not None:
+                    mx.eval(pending)
+                    out.append(pending)
+                pending = y
+            else:
+                mx.eval(y)
+                out.append(y)
+        if pending is not None:
+            mx.eval(pending)
+            out.append(pending)
+        return mx.concatenate(out, 1), [a - b for a, b in zip(fused.counts(), before)]
+
+    want, _ = run(False)
+    got, (n, donated, copied) = run(True)
+    assert n == len(tokens) * len(model.layers)
+    assert copied == 0 and donated == 2 * n
+    assert close(got, want, 1e-5)
+
+
 def test_what_the_node_does_not_take_falls_back(graph):
     import mlx.core as mx
     from mlx_lm.models.cache import QuantizedKVCache, RotatingKVCache, make_prompt_cache
