@@ -78,7 +78,7 @@ def metrics(url: str) -> dict[str, float]:
 
 
 def run_rows(model: Path, rows: dict[str, list[str]], prompts, n: int, rounds: int,
-             env: dict) -> dict[str, dict]:
+             env: dict, weights: str) -> dict[str, dict]:
     """Every row's server up at once, then the requests interleaved: round by
     round, prompt by prompt, one request per row in turn, so a change in the
     machine's load falls on every row alike.  Beside the wall-clock rate,
@@ -89,7 +89,8 @@ def run_rows(model: Path, rows: dict[str, list[str]], prompts, n: int, rounds: i
     try:
         for name, args in rows.items():
             port = C.free_port()
-            procs[name] = C.start_server(model, port, ["-c", "4096", "--metrics", *args], env)
+            procs[name] = C.start_server(model, port, ["-c", "4096", "--metrics", "--weights",
+                                                       weights, *args], env)
             urls[name] = f"http://127.0.0.1:{port}"
         for url in urls.values():
             C.streams_at_once(url, prompts[:1], 8, {"ignore_eos": False})  # warm-up
@@ -145,6 +146,10 @@ def main(argv=None) -> int:
     ap.add_argument("--draft-max", type=int, action="append",
                     help="tokens drafted per round, repeatable (default: 4)")
     ap.add_argument("--blas", default="auto")
+    ap.add_argument("--weights", default="keep",
+                    help="every server's --weights (keep: all on the native kernels where they "
+                         "load; auto times both per process, and at this size the two are close, "
+                         "so servers started side by side can differ)")
     args = ap.parse_args(argv)
     from fixtures.build import ensure
 
@@ -155,7 +160,8 @@ def main(argv=None) -> int:
     env = C.server_env(args.blas)
     prompts = copy_prompts(model, args.prompts)
     load_before = _load()
-    rows = run_rows(model, {**ROWS, **drafts}, prompts, args.tokens, args.rounds, env)
+    rows = run_rows(model, {**ROWS, **drafts}, prompts, args.tokens, args.rounds, env,
+                    args.weights)
     peer = mlx_lm_rate(model, prompts[0], args.tokens)
 
     base = rows["plain"]
