@@ -350,20 +350,25 @@ class Loading:
         return self._load_draft(Path(spec.draft_model))
 
     def _load_draft(self, path: Path):
+        """The draft as the weight policy serves it, like the target: a
+        16-bit or quantized draft on MLX's own CPU kernels would cost more
+        per step than the target it drafts for."""
         import mlx.core as mx
         from mlx_lm.utils import load_model
 
+        from . import weights
         from .speculative.draft_model import cache_kinds
 
         draft, _ = load_model(path, lazy=True)
-        mx.eval(draft.parameters())
         kinds = cache_kinds(draft)
         if kinds != {"KVCache"}:
             raise ValueError(f"draft model {path}: its {', '.join(sorted(kinds))} layers cannot "
                              "be rolled back after a rejected draft; use a plain-attention "
                              "draft checkpoint")
-        log.info("draft model loaded: %s (speculative types: %s)", path,
-                 ",".join(self.spec.speculative.types))
+        draft, note = weights.apply(draft, self.spec.weights)
+        mx.eval(draft.parameters())
+        log.info("draft model loaded: %s (speculative types: %s)%s", path,
+                 ",".join(self.spec.speculative.types), f"; draft {note}" if note else "")
         return draft
 
     def _new_scheduler(self, model):

@@ -44,3 +44,29 @@ def test_without_the_kernels_the_load_summary_says_why(start_server):
                       "unavailable: turned off by MLXCEL_NATIVE=0")
     srv.wait_for_text("bfloat16 weights on a CPU do not use BLAS")
     srv.stop()
+
+
+def test_a_bf16_draft_runs_on_the_kernels_and_changes_no_token(start_server, shared_server):
+    """The weight policy serves the draft as it serves the target: the
+    trained draft (stored in bfloat16) on the native kernels under
+    `--weights keep`, where MLX's own 16-bit CPU kernels would make each
+    draft step dearer than a target step; greedy tokens stay the plain
+    server's, and drafts are proposed and kept."""
+    from fixtures.build import ensure
+    from mlxcel_trio.engine import native
+
+    if not native.available():
+        pytest.skip(f"native kernels unavailable here: {native.status().detail}")
+    srv = start_server(ensure("trained"), "-np", "1", "--weights", "keep",
+                       "-md", str(ensure("trained-draft")), "--spec-draft-n-max", "3",
+                       env={"MLXCEL_NATIVE": "1"})
+    srv.wait_for_text("draft weights kept as bfloat16 on the native CPU kernels")
+    plain = shared_server(ensure("trained"), "-np", "1")
+    body = {"prompt": "<|im_start|>user\nRepeat this exactly: Nora the goat lived near the "
+                      "mountain.<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
+            "n_predict": 24, "temperature": 0, "return_tokens": True}
+    drafted = httpx.post(f"{srv.url}/completion", json=body, timeout=120).json()
+    assert drafted["tokens"] == httpx.post(f"{plain.url}/completion", json=body,
+                                           timeout=120).json()["tokens"]
+    assert drafted["timings"]["draft_n"] > 0 and drafted["timings"]["draft_n_accepted"] > 0
+    srv.stop()

@@ -669,6 +669,10 @@ void copy_cache(const Arr& a, int rows, float* dst) {
       }
 }
 
+// A shared cache smaller than this is copied rather than waited for: a
+// small model's step is shorter than the dispatch the wait leaves idle.
+constexpr long WAIT_RATHER_THAN_COPY = 256 * 1024;
+
 class NativeFusedLayer : public mc::Primitive {
  public:
   NativeFusedLayer(mc::Stream s, FusedParams p) : mc::Primitive(s), p_(std::move(p)) {}
@@ -688,12 +692,14 @@ class NativeFusedLayer : public mc::Primitive {
       const mc::array& c = in[j == 0 ? p_.keys : p_.values];
       mc::array& o = outs[1 + j];
       const bool dense = c.flags().row_contiguous && c.data_size() == c.size();
-      if (!tracer && dense && !c.is_donatable() && mc::scheduler::n_active_tasks() > 0) {
+      const long live = long(c.shape(0)) * c.shape(1) * p_.idx * c.shape(3) * sizeof(float);
+      if (!tracer && dense && live >= WAIT_RATHER_THAN_COPY && !c.is_donatable() &&
+          mc::scheduler::n_active_tasks() > 0) {
         // Pipelined decode (mlx-lm's async_eval): the step before this one
         // may still be running, and MLX holds its buffers, this cache's
-        // among them, until it finishes.  Waiting for it here costs
-        // nothing the stream would not wait anyway; a copy costs the
-        // cache's live rows every layer and every step.
+        // among them, until it finishes.  Waiting for it costs the stream
+        // an idle moment while the nodes after this one are dispatched; a
+        // copy costs the cache's live rows, every layer and every step.
         mc::synchronize(stream());
       }
       if (!tracer && dense && c.is_donatable()) {

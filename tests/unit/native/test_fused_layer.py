@@ -203,8 +203,10 @@ def test_pipelined_decode_writes_the_cache_in_place(graph):
     """mlx-lm's generate_step builds and dispatches step t+1 while step t
     still runs, and MLX holds step t's buffers (the cache's among them)
     until it ends: the node waits for it rather than copying the cache.
-    Steps of a few ms (hidden 1024) so that the step before is in flight;
-    the logits equal the same steps evaluated one at a time."""
+    Steps of a few ms (hidden 1024) so that the step before is in flight,
+    after a prompt long enough (2 KiB of keys per position) that the live
+    cache is one the node waits for rather than copies; the logits equal
+    the same steps evaluated one at a time."""
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
@@ -216,7 +218,7 @@ def test_pipelined_decode_writes_the_cache_in_place(graph):
 
     def run(pipelined: bool):
         cache = make_prompt_cache(model)
-        mx.eval(model(mx.array([[1, 2, 3, 4]]), cache=cache))
+        mx.eval(model(mx.array([[(5 * i) % 300 for i in range(160)]]), cache=cache))
         before, out = fused.counts(), []
         pending = None
         for t in tokens:
