@@ -365,11 +365,25 @@ class Loading:
             raise ValueError(f"draft model {path}: its {', '.join(sorted(kinds))} layers cannot "
                              "be rolled back after a rejected draft; use a plain-attention "
                              "draft checkpoint")
-        draft, note = weights.apply(draft, self.spec.weights)
+        setting = self._draft_weights()
+        draft, note = weights.apply(draft, setting)
+        if note and setting != self.spec.weights:
+            note += " (--weights auto keeps a draft on the native kernels)"
         mx.eval(draft.parameters())
         log.info("draft model loaded: %s (speculative types: %s)%s", path,
                  ",".join(self.spec.speculative.types), f"; draft {note}" if note else "")
         return draft
+
+    def _draft_weights(self) -> str:
+        """`--weights auto` times one product, and for a small draft the
+        kernels and float32 are microseconds apart there, while the fused
+        decoder layer saves most of a step on the kernels; a draft's
+        rounding cannot change the output (every draft is verified), so
+        `auto` keeps a draft on the kernels wherever they run."""
+        from . import native, weights
+
+        setting = self.spec.weights
+        return weights.KEEP if setting == weights.AUTO and native.available() else setting
 
     def _new_scheduler(self, model):
         """A scheduler with a fresh prompt cache: the cache lives and dies with

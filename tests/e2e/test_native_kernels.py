@@ -47,20 +47,22 @@ def test_without_the_kernels_the_load_summary_says_why(start_server):
 
 
 def test_a_bf16_draft_runs_on_the_kernels_and_changes_no_token(start_server, shared_server):
-    """The weight policy serves the draft as it serves the target: the
-    trained draft (stored in bfloat16) on the native kernels under
-    `--weights keep`, where MLX's own 16-bit CPU kernels would make each
-    draft step dearer than a target step; greedy tokens stay the plain
-    server's, and drafts are proposed and kept."""
+    """The weight policy serves the draft as it serves the target, and
+    `--weights auto` (the default) keeps a draft on the native kernels: the
+    trained draft (stored in bfloat16) runs there, where MLX's own 16-bit
+    CPU kernels or float32 would make each draft step dearer than a target
+    step; greedy tokens stay the plain server's, and drafts are proposed
+    and kept."""
     from fixtures.build import ensure
     from mlxcel_trio.engine import native
 
     if not native.available():
         pytest.skip(f"native kernels unavailable here: {native.status().detail}")
-    srv = start_server(ensure("trained"), "-np", "1", "--weights", "keep",
+    srv = start_server(ensure("trained"), "-np", "1",
                        "-md", str(ensure("trained-draft")), "--spec-draft-n-max", "3",
                        env={"MLXCEL_NATIVE": "1"})
     srv.wait_for_text("draft weights kept as bfloat16 on the native CPU kernels")
+    srv.wait_for_text("(--weights auto keeps a draft on the native kernels)")
     plain = shared_server(ensure("trained"), "-np", "1")
     body = {"prompt": "<|im_start|>user\nRepeat this exactly: Nora the goat lived near the "
                       "mountain.<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
