@@ -145,6 +145,8 @@ def main(argv=None) -> int:
                     help="a draft checkpoint, repeatable (default: trained-draft)")
     ap.add_argument("--draft-max", type=int, action="append",
                     help="tokens drafted per round, repeatable (default: 4)")
+    ap.add_argument("--model", type=Path, help="the target checkpoint (default: trained)")
+    ap.add_argument("--rows", help="comma-separated row names to run (default: all; plain always)")
     ap.add_argument("--blas", default="auto")
     ap.add_argument("--weights", default="keep",
                     help="every server's --weights (keep: all on the native kernels where they "
@@ -153,14 +155,18 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from fixtures.build import ensure
 
-    model = ensure("trained")
+    model = args.model or ensure("trained")
     drafts = {f"draft{i or ''}-n{n}": ["-md", str(d), "--spec-draft-n-max", str(n)]
               for i, d in enumerate(args.draft or [ensure("trained-draft")])
               for n in args.draft_max or [4]}
     env = C.server_env(args.blas)
     prompts = copy_prompts(model, args.prompts)
     load_before = _load()
-    rows = run_rows(model, {**ROWS, **drafts}, prompts, args.tokens, args.rounds, env,
+    table = {**ROWS, **drafts}
+    if args.rows:
+        keep = {"plain", *args.rows.split(",")}
+        table = {k: v for k, v in table.items() if k in keep}
+    rows = run_rows(model, table, prompts, args.tokens, args.rounds, env,
                     args.weights)
     peer = mlx_lm_rate(model, prompts[0], args.tokens)
 
@@ -178,8 +184,8 @@ def main(argv=None) -> int:
               f"{r['cpu_ms']:>12.2f}{_ratio(base['cpu_ms'], r['cpu_ms']):>10}{acc:>24}"
               f"{r['ids'] == base['ids']!s:>10}")
     print(f"{'mlx-lm plain':<16}{peer or 0:>9.1f}{'(after)':>14}{_ratio(peer, base['rate']):>10}")
-    best = max((k for k in ROWS if k.startswith("ngram")), key=lambda k: rows[k]["rate"] or 0)
-    by_draft = "; ".join(f"{k}: {_ratio(rows[k]['rate'], base['rate'])}" for k in drafts)
+    best = max((k for k in rows if k.startswith("ngram")), key=lambda k: rows[k]["rate"] or 0)
+    by_draft = "; ".join(f"{k}: {_ratio(rows[k]['rate'], base['rate'])}" for k in drafts if k in rows)
     print(f"best n-gram ({best}) vs plain: {_ratio(rows[best]['rate'], base['rate'])} "
           f"(target >= 1.5x); {by_draft} (target >= 1.3x)")
     for k, d in drafts.items():
