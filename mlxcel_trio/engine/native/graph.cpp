@@ -265,6 +265,26 @@ class NativeRMSNorm : public RowOp {
   float eps_;
 };
 
+// mx.logsumexp(x, -1, keepdims=True) per row (kernels.cpp's logsumexp_row):
+// mlx-lm normalizes a decode step's logits with it, and MLX's own exp is
+// scalar on x86-64.
+class NativeLogSumExp : public RowOp {
+ public:
+  explicit NativeLogSumExp(mc::Stream s) : RowOp(s) {}
+  void eval_cpu(const std::vector<mc::array>& in, std::vector<mc::array>& outs) override {
+    dispatch(in, outs, [](const std::vector<mc::array>& in, mc::array& y) {
+      const Rows rows(in[0]);
+      const long D = in[0].shape(-1);
+      float* yp = y.data<float>();
+      for (size_t r = 0; r < rows.at.size(); ++r) yp[r] = logsumexp_row(rows[r], D);
+    });
+  }
+  const char* name() const override { return "MlxcelNativeLogSumExp"; }
+  bool is_equivalent(const mc::Primitive& other) const override {
+    return dynamic_cast<const NativeLogSumExp*>(&other) != nullptr;
+  }
+};
+
 // Rotary embedding of x [..., L, D] at positions offset + l (l along the
 // second-to-last axis), frequencies base^(-i / (dims / 2)) as MLX computes
 // them; the values past `dims` are copied.
@@ -496,6 +516,17 @@ int mlxg_rms_norm(void* out, void* xo, void* wo, float eps) {
     return -1;
   auto s = mc::default_stream(mc::Device::cpu);
   return make_node(out, x->shape(), std::make_shared<NativeRMSNorm>(s, eps), {*x, *w});
+}
+
+// *out = mx.logsumexp(x, axis=-1, keepdims=True): x float32 with at least
+// one axis and a non-empty last one.
+int mlxg_logsumexp(void* out, void* xo) {
+  mc::array* x = unwrap(xo);
+  if (!f32(x) || x->ndim() < 1 || x->size() == 0) return -1;
+  mc::Shape shape = x->shape();
+  shape.back() = 1;
+  auto s = mc::default_stream(mc::Device::cpu);
+  return make_node(out, std::move(shape), std::make_shared<NativeLogSumExp>(s), {*x});
 }
 
 // *out = mx.fast.rope(x, dims, traditional, base, scale, offset) for an int

@@ -59,6 +59,8 @@ def _bind_graph(lib: ctypes.PyDLL) -> None:
     f = ctypes.c_float
     lib.mlxg_rms_norm.argtypes = [_P, _P, _P, f]
     lib.mlxg_rms_norm.restype = _I
+    lib.mlxg_logsumexp.argtypes = [_P, _P]
+    lib.mlxg_logsumexp.restype = _I
     lib.mlxg_rope.argtypes = [_P, _P, _I, _I, f, f, _I]
     lib.mlxg_rope.restype = _I
     lib.mlxg_decode_attention.argtypes = [_P, _P, _P, _P, f]

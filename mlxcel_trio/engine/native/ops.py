@@ -155,6 +155,20 @@ def rms_norm(x: mx.array, weight: mx.array | None, eps: float) -> mx.array:
     return mx.fast.rms_norm(x, weight, eps)
 
 
+def logsumexp(a: mx.array, axis=None, keepdims: bool = False, **kwargs) -> mx.array:
+    """mx.logsumexp; one node for the last axis of a float32 array."""
+    g = library._graph
+    if g is not None and not kwargs and a.dtype == mx.float32 and a.ndim >= 1:
+        if isinstance(axis, (list, tuple)) and len(axis) == 1:
+            axis = axis[0]
+        whole = axis is None and a.size == a.shape[-1]   # every axis but the last is 1
+        if whole or axis in (-1, a.ndim - 1):
+            y = mx.array(0.0)
+            if g.mlxg_logsumexp(id(y), id(a)) == 0:
+                return y if keepdims else y.reshape(()) if whole else y.squeeze(-1)
+    return mx.logsumexp(a, axis=axis, keepdims=keepdims, **kwargs)
+
+
 def rope(x: mx.array, dims: int, *, traditional: bool, base: float | None, scale: float,
          offset: int | mx.array, freqs: mx.array | None = None) -> mx.array:
     """mx.fast.rope."""

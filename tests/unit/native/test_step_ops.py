@@ -119,13 +119,63 @@ def test_attention_with_a_mask_or_several_queries_is_mlx_s(kernels):
         assert mx.allclose(y, ref).item()
 
 
+@pytest.mark.parametrize("shape,axis,keepdims", [((1, 151936), -1, True), ((1, 151936), None, True),
+                                                 ((1, 151936), None, False), ((3, 5, 33), 2, False),
+                                                 ((7,), -1, True), ((4, 17), (1,), True)])
+def test_logsumexp_equals_mlx(kernels, shape, axis, keepdims):
+    import mlx.core as mx
+
+    from mlxcel_trio.engine.native import ops
+
+    x = mx.random.normal(shape, key=mx.random.key(4)) * 12
+    mx.eval(x)
+    y = ops.logsumexp(x, axis=axis, keepdims=keepdims)
+    ref = mx.logsumexp(x, axis=axis, keepdims=keepdims)
+    assert ("MlxcelNativeLogSumExp" in _nodes(y)) == _native(kernels)
+    assert y.shape == ref.shape and mx.allclose(y, ref, rtol=1e-6, atol=1e-5).item()
+
+
+def test_logsumexp_keeps_mlx_s_infinities_and_nan(kernels):
+    import math
+
+    import mlx.core as mx
+
+    from mlxcel_trio.engine.native import ops
+
+    inf, nan = math.inf, math.nan
+    rows = [[1.0, inf, 2.0] + [0.0] * 30, [-inf] * 33, [1.0, nan] + [3.0] * 31,
+            [-inf, 0.0, 1.0] + [-inf] * 30, [-200.0, 0.0] + [-1e30] * 31]
+    x = mx.array(rows)
+    y, ref = ops.logsumexp(x, axis=-1), mx.logsumexp(x, axis=-1)
+    assert ("MlxcelNativeLogSumExp" in _nodes(y)) == _native(kernels)
+    for got, want in zip(y.tolist(), ref.tolist()):
+        assert (math.isnan(got) and math.isnan(want)) or got == pytest.approx(want, abs=1e-6)
+
+
+def test_logsumexp_of_another_axis_or_dtype_is_mlx_s(kernels):
+    import mlx.core as mx
+
+    from mlxcel_trio.engine.native import ops
+
+    x = mx.random.normal((3, 4, 5), key=mx.random.key(5))
+    for y, ref in ((ops.logsumexp(x, axis=0), mx.logsumexp(x, axis=0)),
+                   (ops.logsumexp(x), mx.logsumexp(x)),
+                   (ops.logsumexp(x.astype(mx.float16), axis=-1),
+                    mx.logsumexp(x.astype(mx.float16), axis=-1))):
+        assert "MlxcelNativeLogSumExp" not in _nodes(y)
+        assert y.shape == ref.shape and mx.allclose(y, ref).item()
+
+
 def test_install_puts_norms_rotations_and_attention_on_nodes(kernels):
+    import importlib
+
+    import mlx.core as mx
     from mlx import nn
     from mlx_lm.models import base, qwen3
 
     from fixtures.build import ensure
     from mlxcel_trio.engine import kv_shift, weights
-    from mlxcel_trio.engine.native import layers
+    from mlxcel_trio.engine.native import layers, ops
     from mlx_lm.utils import load_model
 
     model, _ = weights.apply(load_model(ensure("tiny-bf16"), lazy=True)[0], "keep")
@@ -138,4 +188,8 @@ def test_install_puts_norms_rotations_and_attention_on_nodes(kernels):
         assert qwen3.scaled_dot_product_attention is layers.native_sdpa
         rope = model.model.layers[0].self_attn.rope
         assert kv_shift._pure_rotation(rope)   # cache reuse still re-rotates its keys
+        # mlx-lm's per-step normalization of the logits on the node; the rest of
+        # mlx.core as it was
+        generate = importlib.import_module("mlx_lm.generate")
+        assert generate.mx.logsumexp is ops.logsumexp and generate.mx.array is mx.array
     assert base.scaled_dot_product_attention is not layers.native_sdpa
