@@ -204,9 +204,9 @@ inline vf widen(const uint16_t* p) {
 // log(sum(exp(x))) over n > 0 floats, as mx.logsumexp computes it: NaN
 // with a NaN, +inf with a +inf, -inf when every entry is, else with the
 // maximum m, m + log(sum(exp(x - m))).  MLX's CPU exp costs
-// ~20 ns a value in the wheels built for x86-64 (scalar), so a 151936-token
-// vocabulary took ~3.5 ms of every decode step (mlx-lm normalizes the
-// logits each step); the vector exp here takes ~0.1 ms.  exp(t) for t <= 0
+// ~24 ns a value in the wheels built for x86-64 (scalar), so a 151936-token
+// vocabulary took ~3.7 ms of every decode step (mlx-lm normalizes the
+// logits each step); the vector exp here takes ~0.13 ms.  exp(t) for t <= 0
 // as 2^k * p(r), r = t - k ln 2 in [-ln2/2, ln2/2], p the degree-6 Taylor
 // polynomial (relative error ~2e-7); t below -87 counts as exp(-87)
 // (~1.6e-38, nothing beside the maximum's 1).
@@ -274,6 +274,11 @@ float logsumexp_row(const float* x, long n) {
 // (after the step's last call, while Python builds the next graph), and the
 // bench-4bit step went from ~25.8 to ~23.6 ms (medians of 10 interleaved
 // runs, 2 threads).
+//
+// A job is n chunks, taken by whichever thread asks next from a shared
+// counter (the caller too), so a worker the OS has not scheduled yet does
+// not hold up the others: the caller waits for the chunks to be done, and
+// only for workers already inside the job, never for one still asleep.
 constexpr int SPIN_US = 250;
 
 inline void relax() {
@@ -284,11 +289,6 @@ inline void relax() {
 #endif
 }
 
-//
-// A job is n chunks, taken by whichever thread asks next from a shared
-// counter (the caller too), so a worker the OS has not scheduled yet does
-// not hold up the others: the caller waits for the chunks to be done, and
-// only for workers already inside the job, never for one still asleep.
 class Pool {
  public:
   explicit Pool(int n) {
