@@ -298,6 +298,7 @@ def run(a, srv, store) -> int:
               "server_args": a.server_args, "server_env": server_env(a.server_env),
               "rate_per_client": a.rate, "probe_s": a.probe_s, "requests": len(tally.outcomes),
               "breaches": len(tally.breaches), "failures": len(tally.failures),
+              "failed": [o.__dict__ for o in tally.failures[:20]],   # what stress.py records
               "slope_per_hour": slopes, "slope_per_hour_second_half": slopes_late,
               "server_cpu_s_per_s": round((samples[-1]["cpu_s"] - samples[0]["cpu_s"])
                                           / max(1.0, samples[-1]["t_s"]), 3),
