@@ -8,8 +8,9 @@
 A server with default flags (plus --metrics, and --session-store with
 --store) serves bench/stress.py's mix from --clients clients, each at
 --rate requests per second.  Every --sample-s seconds (60) the server's RSS
-(split into the prompt cache's bytes, read from /metrics, and the rest),
-open file descriptors, threads and trio tasks (counted from its SIGUSR2
+(split by what /metrics reports: the prompt cache's bytes, MLX's live
+arrays and its buffer cache; the live arrays less the prompt cache, and
+RSS less MLX's two, are series of their own), open file descriptors, threads and trio tasks (counted from its SIGUSR2
 task dump: tests/diag/sitecustomize.py), the store's keys, and the latency
 percentiles of the small requests finished in that window (non-streamed
 completions of at most SMALL tokens) are recorded.  At the end each
@@ -39,8 +40,12 @@ if str(ROOT) not in sys.path:
 from bench import stress  # noqa: E402
 
 SMALL = 16   # a "small request": a non-streamed completion of at most this many tokens
-SERIES = ("rss_mib", "cache_mib", "rss_rest_mib", "fds", "threads", "trio_tasks", "store_keys",
-          "p50_small_s", "p99_small_s", "load1")
+SERIES = ("rss_mib", "cache_mib", "rss_rest_mib", "mlx_active_mib", "mlx_cache_mib",
+          "mlx_live_rest_mib", "rss_outside_mlx_mib", "fds", "threads", "trio_tasks",
+          "store_keys", "p50_small_s", "p99_small_s", "load1")
+# /metrics families sampled, as MiB, by series name
+SCRAPED = {"cache_mib": "mlxcel_prompt_cache_bytes", "mlx_active_mib": "mlxcel_mlx_active_bytes",
+           "mlx_cache_mib": "mlxcel_mlx_cache_bytes"}
 
 
 def task_count(server) -> int | None:
@@ -57,20 +62,35 @@ def task_count(server) -> int | None:
     return sum(1 for ln in lines[start + 1:] if ln.lstrip().startswith("- "))
 
 
-def cache_mib(url: str) -> float | None:
-    """The prompt cache's bytes as /metrics reports them, in MiB (None when
-    the scrape fails or the family is absent)."""
+def scraped_mib(url: str) -> dict[str, float | None]:
+    """SCRAPED's families as /metrics reports them, in MiB (None when the
+    scrape fails or a family is absent)."""
     import httpx
 
+    found: dict[str, float | None] = dict.fromkeys(SCRAPED)
     try:
         text = httpx.get(f"{url}/metrics", timeout=30.0).text
     except httpx.HTTPError:
-        return None
+        return found
+    by_family = {family: key for key, family in SCRAPED.items()}
     for line in text.splitlines():
         name, _, value = line.partition(" ")
-        if name == "mlxcel_prompt_cache_bytes":
-            return float(value) / 2**20
-    return None
+        if name in by_family:
+            found[by_family[name]] = round(float(value) / 2**20, 1)
+    return found
+
+
+def memory_split(rss: float, m: dict[str, float | None]) -> dict[str, float | None]:
+    """RSS less the prompt cache (rss_rest_mib); MLX's live arrays less the
+    prompt cache (the weights, the slots' KV, anything else alive); and RSS
+    less MLX's live arrays and buffer cache (the process's heap, Python,
+    what an allocator holds that MLX no longer counts)."""
+    cache, active, mlx_cache = m["cache_mib"], m["mlx_active_mib"], m["mlx_cache_mib"]
+    known = active is not None and mlx_cache is not None
+    return {"rss_rest_mib": None if cache is None else round(rss - cache, 1),
+            "mlx_live_rest_mib": None if cache is None or active is None
+            else round(active - cache, 1),
+            "rss_outside_mlx_mib": round(rss - active - mlx_cache, 1) if known else None}
 
 
 def server_env(pairs: list[str]) -> dict[str, str]:
@@ -262,11 +282,9 @@ def run(a, srv, store) -> int:
         small = [o.elapsed_s for o in window if o.op in ("completion", "probe") and o.ok
                  and o.bound_s <= stress.bound_for(SMALL, t_tok, a.clients)]
         proc = proc_sample(srv.proc.pid)
-        cache = cache_mib(srv.url)
-        row = {"t_s": round(time.monotonic() - started, 1), **proc,
-               "cache_mib": None if cache is None else round(cache, 1),
-               # what is not the prompt cache: weights, KV, allocator, Python heap
-               "rss_rest_mib": None if cache is None else round(proc["rss_mib"] - cache, 1),
+        scraped = scraped_mib(srv.url)
+        row = {"t_s": round(time.monotonic() - started, 1), **proc, **scraped,
+               **memory_split(proc["rss_mib"], scraped),
                "trio_tasks": task_count(srv),
                "store_keys": store.client().dbsize() if store is not None else None,
                "requests": len(window),

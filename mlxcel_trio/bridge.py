@@ -51,6 +51,7 @@ from .protocol.records import (
     Job,
     Loaded,
     LoadFailed,
+    MlxMemory,
     ModelInfo,
     Shutdown,
     SlotAction,
@@ -312,9 +313,9 @@ class Bridge:
         for ev in batch.events:
             observe(ev)
             job_id = getattr(ev, "job_id", None)
-            if not isinstance(ev, (TokenPiece, EngineStats)):  # per step: not logged
+            if not isinstance(ev, (TokenPiece, EngineStats, MlxMemory)):  # per step: not logged
                 log.debug("event %s", ev)
-            if isinstance(ev, (SlotFreed, EngineStats)):  # the monitor's alone
+            if isinstance(ev, (SlotFreed, EngineStats, MlxMemory)):  # the monitor's alone
                 continue
             elif isinstance(ev, Loaded):
                 self.info, self.vocab = ev.info, self._engine.vocab

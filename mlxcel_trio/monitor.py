@@ -10,7 +10,8 @@ already carry (the prompt when the first token arrives, the generation when
 the slot frees).  The two per-step counters upstream keeps (decode calls and
 busy slots per call) are the engine loop's; each step that computed closes
 its events with an `EngineStats` carrying their totals, and the copy kept
-here is what /metrics reads (see engine/loop.py).
+here is what /metrics reads (see engine/loop.py).  MLX's allocator figures
+arrive the same way, as the latest `MlxMemory` the engine thread read.
 
 Upstream's semantics kept here:
 - a slot is the engine's own slot (the lowest free one at admission), held
@@ -43,6 +44,7 @@ from .protocol.records import (
     Failed,
     Finished,
     Job,
+    MlxMemory,
     PromptProgress,
     Sleeping,
     SlotFreed,
@@ -131,6 +133,10 @@ class Counters:
     # embedding / rerank inputs computed, and their tokens
     embedded: int = 0
     embedded_tokens: int = 0
+    # MLX's allocator (bytes), as the latest MlxMemory left them
+    mlx_active: int = 0
+    mlx_cache: int = 0
+    mlx_peak: int = 0
 
 
 # The request a job is submitted from (server/http/watchdog.py sets it for the
@@ -187,6 +193,9 @@ class Monitor:
                 view.pieces.append(ev.text)
         elif isinstance(ev, EngineStats):  # once per computing step
             self.counters.n_decode, self.counters.n_busy_slots = ev.n_decode, ev.n_busy_slots
+        elif isinstance(ev, MlxMemory):  # at most once a second, and on going idle
+            c = self.counters
+            c.mlx_active, c.mlx_cache, c.mlx_peak = ev.active, ev.cache, ev.peak
         elif isinstance(ev, Started):
             self._started(ev)
         elif isinstance(ev, PromptProgress):

@@ -25,6 +25,9 @@ weights and is served by the new scheduler, so waking is that request's own
 latency.  `n_decode` / `n_busy_slots` live here, not in the scheduler, so the
 /metrics counters survive a sleep; they reach trio only as the `EngineStats`
 event closing each step that computed, never by a read across threads.
+MLX's allocator figures (live arrays, buffer cache, peak) leave the same way,
+as an `MlxMemory` at most once a second while the loop computes and once
+each time it goes idle (three counter reads; see `mlx_memory`).
 
 Encoders (engine/embedder.py): an `EmbedJob` goes to the engine's embedder
 or reranker (by its pooling), whose queue the loop drains one batched chunk
@@ -57,6 +60,7 @@ from ..protocol.records import (
     Finished,
     ForceEnd,
     LoadFailed,
+    MlxMemory,
     Shutdown,
     SlotAction,
     SlotTokens,
@@ -78,6 +82,18 @@ log = logging.getLogger("mlxcel.engine")
 # as one batch instead of the first alone and the rest after it.
 BURST_GAP_S = 0.001
 BURST_MAX_S = 0.010
+
+# MLX's allocator figures leave at most this often while the loop computes,
+# and whenever it goes idle.
+MEMORY_EVERY_S = 1.0
+
+
+def mlx_memory() -> MlxMemory:
+    """MLX's allocator as it stands: counters it keeps, so the read costs
+    three calls (about a microsecond), not a walk of its buffers."""
+    import mlx.core as mx
+
+    return MlxMemory(mx.get_active_memory(), mx.get_cache_memory(), mx.get_peak_memory())
 
 
 class EngineLoop(Loading, IdleSleep, LockstepRunner):
@@ -151,10 +167,13 @@ class EngineLoop(Loading, IdleSleep, LockstepRunner):
         embedders = tuple(self.embedders.values()) + (
             (self.transcriber,) if self.transcriber is not None else ())
         last: list = []   # the previous step's events (a lockstep record's digest)
+        memory_at = time.perf_counter()  # when MLX's figures last left
         while True:
             out: list = []
             taken: list = []  # the commands applied before this step, in order
             block = not scheduler.busy and not any(e.pending for e in embedders)
+            if block:  # going idle: MLX's figures as the work left them
+                self._emit(StepEvents((mlx_memory(),)))
             burst_end = None  # set when an idle engine takes a job: wait for its companions
             while True:
                 try:
@@ -204,6 +223,9 @@ class EngineLoop(Loading, IdleSleep, LockstepRunner):
             if n_active:
                 # one small record per computing step, in the hop its events take
                 out.append(EngineStats(self.n_decode, self.n_busy_slots))
+                if (now := time.perf_counter()) - memory_at >= MEMORY_EVERY_S:
+                    out.append(mlx_memory())
+                    memory_at = now
             for embedder in embedders:
                 if embedder.pending:
                     # one chunk between two scheduler steps: decode waits at most this long

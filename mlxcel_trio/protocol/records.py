@@ -3,7 +3,7 @@
 Commands go into the engine (`Submit`, `Cancel`, `ForceEnd`, `SlotAction`,
 `ClearPromptCache`, `Wake`, `Shutdown`); events come out, one `StepEvents` batch per
 engine step (`Loaded`, `Started`, `PromptProgress`, `TokenPiece`,
-`Finished`, `Failed`, `SlotFreed`, `CacheStats`, `EngineStats`, and
+`Finished`, `Failed`, `SlotFreed`, `CacheStats`, `EngineStats`, `MlxMemory`, and
 `Sleeping` / `Woke` around an idle sleep; `Embedded` for an `EmbedJob`,
 `TranscriptPiece` / `Transcribed` for a `TranscribeJob`).  All of them are immutable so
 that the trio side can read them without locks once they have been handed
@@ -584,6 +584,16 @@ class EngineStats:
 
     n_decode: int         # steps that computed for >= 1 slot
     n_busy_slots: int     # sum over those steps of the slots computed
+
+
+@attrs.frozen
+class MlxMemory:
+    """MLX's allocator figures (bytes), as the engine thread read them: at
+    most once a second while it computes, and when it goes idle."""
+
+    active: int           # live arrays: weights, KV (the prompt cache's included)
+    cache: int            # freed buffers MLX keeps for reuse (its buffer cache)
+    peak: int             # the most `active` has been since start
 
 
 # The failures the engine names by code; their type and sentence are the

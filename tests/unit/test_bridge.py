@@ -14,6 +14,7 @@ from mlxcel_trio.protocol.records import (
     Failed,
     Finished,
     Job,
+    MlxMemory,
     Shutdown,
     Sleeping,
     SlotTokens,
@@ -238,6 +239,26 @@ async def test_metrics_read_the_engine_counters_the_events_carried(nursery):
     await _run_one(bridge)
     values = upstream_values(bridge)
     assert values["n_decode_total"] == 4 and values["n_busy_slots_per_decode"] == 1.5
+
+
+async def test_metrics_report_mlx_memory_as_the_engine_last_read_it(nursery):
+    """MLX's live arrays, buffer cache and peak reach /metrics from the
+    latest MlxMemory the bridge delivered (zeros before the first)."""
+    from prometheus_client import generate_latest
+    from prometheus_client.utils import floatToGoString as go
+
+    from mlxcel_trio.server.surfaces.metrics import Metrics
+
+    bridge, _, _ = await _started(nursery, _emitting(
+        (MlxMemory(1 << 20, 32 << 20, 2 << 20),), (MlxMemory(3 << 20, 5 << 10, 4 << 20),)))
+    metrics = Metrics(bridge)
+    before = generate_latest(metrics.registry).decode()
+    assert "mlxcel_mlx_active_bytes 0.0" in before
+    await _run_one(bridge)
+    body = generate_latest(metrics.registry).decode()
+    assert f"mlxcel_mlx_active_bytes {go(3 << 20)}" in body
+    assert f"mlxcel_mlx_cache_bytes {go(5 << 10)}" in body
+    assert f"mlxcel_mlx_peak_bytes {go(4 << 20)}" in body
 
 
 async def test_metrics_count_the_disk_writes_the_writer_dropped(nursery):

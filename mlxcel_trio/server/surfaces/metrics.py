@@ -129,6 +129,7 @@ class _Ours:
         yield CounterMetricFamily("mlxcel_embedding_tokens",
                                   "Tokens of the embedding and rerank inputs computed",
                                   value=c.embedded_tokens)
+        yield from _mlx_memory(c)
         # asleep: as the cache stood when the engine fell asleep, like the rest
         bridge = self.bridge
         cache = bridge.cache_stats_before_sleep if bridge.sleeping else bridge.cache_stats
@@ -157,6 +158,18 @@ def _takeovers(t):
     yield SummaryMetricFamily("mlxcel_stream_takeover_first_token_seconds",
                               "From a takeover's claim to its first continued byte",
                               count_value=t.first_token_n, sum_value=t.first_token_sum)
+
+
+def _mlx_memory(c):
+    """MLX's allocator, as the engine thread last read it (at most once a
+    second while it computes, and when it goes idle; zeros before the first
+    step).  Resident memory is about these two plus the process's own heap."""
+    yield GaugeMetricFamily("mlxcel_mlx_active_bytes", "Bytes of live MLX arrays (weights, "
+                            "KV, the prompt cache's included)", value=c.mlx_active)
+    yield GaugeMetricFamily("mlxcel_mlx_cache_bytes", "Bytes of freed buffers MLX keeps for "
+                            "reuse (its buffer cache)", value=c.mlx_cache)
+    yield GaugeMetricFamily("mlxcel_mlx_peak_bytes", "The most bytes of live MLX arrays "
+                            "since start", value=c.mlx_peak)
 
 
 def _prompt_cache(st: CacheStats | None):

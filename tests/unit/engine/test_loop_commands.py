@@ -1,7 +1,8 @@
 """The engine loop's commands: one that throws fails its own job, not the
 engine (as a failed step does), and later ones are served; a ForceEnd
 reaches the running job's constraint before its next draw; the loop's
-counters leave with the steps' events (EngineStats).
+counters leave with the steps' events (EngineStats), MLX's allocator
+figures whenever it goes idle (MlxMemory).
 
 White-box: replaces the scheduler's private `_sampling_plan` (and `_start`)
 to make a step throw."""
@@ -24,6 +25,7 @@ from mlxcel_trio.protocol.records import (
     ForceEnd,
     Job,
     Loaded,
+    MlxMemory,
     SamplingParams,
     Shutdown,
     SlotAction,
@@ -98,7 +100,7 @@ def test_a_throwing_command_fails_its_job_not_the_engine(tiny_model, monkeypatch
         assert [ev.message for ev in seen if isinstance(ev, Failed)] == [
             "RuntimeError: injected"]
         engine.post(SlotAction(3, 0))
-        (failed,) = until(lambda ev: isinstance(ev, Failed))
+        failed = until(lambda ev: isinstance(ev, Failed))[-1]  # after the idle MlxMemory
         assert failed.job_id == 3 and failed.kind == "server_error"
         engine.post(Submit(Job(4, (5, 6, 7), n_predict=4, sampling=GREEDY, ignore_eos=True)))
         done = until(lambda ev: isinstance(ev, Finished))[-1]
@@ -195,3 +197,17 @@ def test_a_burst_reaching_an_idle_engine_is_prefilled_together(tiny_model, monke
         done: set[int] = set()
         events.until(lambda ev: isinstance(ev, Finished) and (done.add(ev.job_id) or
                                                                 len(done) == 4))
+
+
+def test_the_engine_reports_mlx_memory_each_time_it_goes_idle(tiny_model):
+    events = _Events()
+    until = events.until
+    with running(tiny_model, events, n_slots=1, ctx_size=256) as engine:
+        loaded = until(lambda ev: isinstance(ev, MlxMemory))[-1]   # idle once loaded
+        assert 0 < loaded.active <= loaded.peak, "the weights are live arrays"
+        engine.post(Submit(Job(2, (5, 6, 7), n_predict=4, sampling=GREEDY, ignore_eos=True)))
+        seen = until(lambda ev: isinstance(ev, SlotFreed))
+        seen += until(lambda ev: isinstance(ev, MlxMemory))
+        after = seen[-1]
+        assert after.peak >= max(after.active, loaded.peak)
+        assert after != loaded, "the job's arrays moved the figures"
