@@ -43,9 +43,14 @@ SMALL = 16   # a "small request": a non-streamed completion of at most this many
 SERIES = ("rss_mib", "cache_mib", "rss_rest_mib", "mlx_active_mib", "mlx_cache_mib",
           "mlx_live_rest_mib", "rss_outside_mlx_mib", "fds", "threads", "trio_tasks",
           "store_keys", "p50_small_s", "p99_small_s", "load1")
-# /metrics families sampled, as MiB, by series name
-SCRAPED = {"cache_mib": "mlxcel_prompt_cache_bytes", "mlx_active_mib": "mlxcel_mlx_active_bytes",
-           "mlx_cache_mib": "mlxcel_mlx_cache_bytes"}
+# /metrics families sampled: name in a row -> (family, divisor)
+SCRAPED = {"cache_mib": ("mlxcel_prompt_cache_bytes", 2**20),
+           "mlx_active_mib": ("mlxcel_mlx_active_bytes", 2**20),
+           "mlx_cache_mib": ("mlxcel_mlx_cache_bytes", 2**20),
+           # the engine's memory releases, cumulative (not plotted)
+           "releases": ("mlxcel_memory_releases_total", 1),
+           "release_s": ("mlxcel_memory_release_seconds_total", 1),
+           "released_mib": ("mlxcel_memory_released_bytes_total", 2**20)}
 
 
 def task_count(server) -> int | None:
@@ -62,9 +67,9 @@ def task_count(server) -> int | None:
     return sum(1 for ln in lines[start + 1:] if ln.lstrip().startswith("- "))
 
 
-def scraped_mib(url: str) -> dict[str, float | None]:
-    """SCRAPED's families as /metrics reports them, in MiB (None when the
-    scrape fails or a family is absent)."""
+def scraped(url: str) -> dict[str, float | None]:
+    """SCRAPED's families as /metrics reports them (None when the scrape
+    fails or a family is absent)."""
     import httpx
 
     found: dict[str, float | None] = dict.fromkeys(SCRAPED)
@@ -72,11 +77,12 @@ def scraped_mib(url: str) -> dict[str, float | None]:
         text = httpx.get(f"{url}/metrics", timeout=30.0).text
     except httpx.HTTPError:
         return found
-    by_family = {family: key for key, family in SCRAPED.items()}
+    by_family = {family: (key, div) for key, (family, div) in SCRAPED.items()}
     for line in text.splitlines():
         name, _, value = line.partition(" ")
         if name in by_family:
-            found[by_family[name]] = round(float(value) / 2**20, 1)
+            key, div = by_family[name]
+            found[key] = round(float(value) / div, 1 if div > 1 else 3)
     return found
 
 
@@ -282,9 +288,9 @@ def run(a, srv, store) -> int:
         small = [o.elapsed_s for o in window if o.op in ("completion", "probe") and o.ok
                  and o.bound_s <= stress.bound_for(SMALL, t_tok, a.clients)]
         proc = proc_sample(srv.proc.pid)
-        scraped = scraped_mib(srv.url)
-        row = {"t_s": round(time.monotonic() - started, 1), **proc, **scraped,
-               **memory_split(proc["rss_mib"], scraped),
+        metrics = scraped(srv.url)
+        row = {"t_s": round(time.monotonic() - started, 1), **proc, **metrics,
+               **memory_split(proc["rss_mib"], metrics),
                "trio_tasks": task_count(srv),
                "store_keys": store.client().dbsize() if store is not None else None,
                "requests": len(window),

@@ -133,10 +133,8 @@ class Counters:
     # embedding / rerank inputs computed, and their tokens
     embedded: int = 0
     embedded_tokens: int = 0
-    # MLX's allocator (bytes), as the latest MlxMemory left them
-    mlx_active: int = 0
-    mlx_cache: int = 0
-    mlx_peak: int = 0
+    # MLX's allocator (bytes) and the engine's memory releases
+    memory: MlxMemory | None = None   # the latest, the release totals with them
 
 
 # The request a job is submitted from (server/http/watchdog.py sets it for the
@@ -194,8 +192,7 @@ class Monitor:
         elif isinstance(ev, EngineStats):  # once per computing step
             self.counters.n_decode, self.counters.n_busy_slots = ev.n_decode, ev.n_busy_slots
         elif isinstance(ev, MlxMemory):  # at most once a second, and on going idle
-            c = self.counters
-            c.mlx_active, c.mlx_cache, c.mlx_peak = ev.active, ev.cache, ev.peak
+            self.counters.memory = ev
         elif isinstance(ev, Started):
             self._started(ev)
         elif isinstance(ev, PromptProgress):

@@ -65,11 +65,9 @@ class IdleSleep:
         chat model; jobs still queued when a wake comes go on after it."""
         import gc
 
-        import mlx.core as mx
-
         self._draft = None  # the draft model sleeps with the target
         gc.collect()  # the model graph may hold reference cycles
-        mx.clear_cache()
+        self.release()  # MLX's buffer cache, then the C heap's free pages
         released = before - resident_bytes()
         log.info("server is entering sleeping state (released %.1f MiB)", released / 2**20)
         self._emit(StepEvents((Sleeping(released),)))

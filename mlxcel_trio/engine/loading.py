@@ -238,6 +238,7 @@ class Loading:
         self.vocab = vocab
         self._draft = self._asked_draft()
         scheduler = self._new_scheduler(model)
+        log.info("%s", self.release.summary())
         if self.spec.kv_types != DEFAULT_KV:
             from ..protocol.kv_types import KV_CACHE_TYPES
 

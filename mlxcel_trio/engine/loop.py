@@ -29,6 +29,11 @@ MLX's allocator figures (live arrays, buffer cache, peak) leave the same way,
 as an `MlxMemory` at most once a second while the loop computes and once
 each time it goes idle (three counter reads; see `mlx_memory`).
 
+Memory release (engine/memory_release.py): each time the loop goes idle,
+and between steps at most every BUSY_EVERY_S while it computes, MLX's
+buffer cache is emptied and the C heap's free pages are handed back, so
+resident memory follows what is live rather than what fragmentation keeps.
+
 Encoders (engine/embedder.py): an `EmbedJob` goes to the engine's embedder
 or reranker (by its pooling), whose queue the loop drains one batched chunk
 per encoder between two scheduler steps, so a chat stream waits at most one
@@ -71,6 +76,7 @@ from ..protocol.records import (
 )
 from .idle_sleep import IdleSleep, job_of, resident_bytes
 from .loading import Loading
+from .memory_release import Release
 from .lockstep_runner import LockstepRunner
 from .spec import EngineSpec
 
@@ -88,12 +94,14 @@ BURST_MAX_S = 0.010
 MEMORY_EVERY_S = 1.0
 
 
-def mlx_memory() -> MlxMemory:
-    """MLX's allocator as it stands: counters it keeps, so the read costs
-    three calls (about a microsecond), not a walk of its buffers."""
+def mlx_memory(release: Release) -> MlxMemory:
+    """MLX's allocator as it stands (counters it keeps, so the read costs
+    three calls, about a microsecond, not a walk of its buffers) and the
+    releases' totals."""
     import mlx.core as mx
 
-    return MlxMemory(mx.get_active_memory(), mx.get_cache_memory(), mx.get_peak_memory())
+    return MlxMemory(mx.get_active_memory(), mx.get_cache_memory(), mx.get_peak_memory(),
+                     release.count, release.seconds, release.released)
 
 
 class EngineLoop(Loading, IdleSleep, LockstepRunner):
@@ -135,6 +143,7 @@ class EngineLoop(Loading, IdleSleep, LockstepRunner):
         # Cumulative, this thread's own; trio keeps the copy EngineStats carries.
         self.n_decode = 0       # scheduler steps that computed for >= 1 slot
         self.n_busy_slots = 0   # sum over those steps of the slots computed
+        self.release = Release()  # the memory releases, and their totals
 
     def post(self, command) -> None:
         """Thread-safe, never blocks: callable from trio or from a cancel path."""
@@ -167,13 +176,15 @@ class EngineLoop(Loading, IdleSleep, LockstepRunner):
         embedders = tuple(self.embedders.values()) + (
             (self.transcriber,) if self.transcriber is not None else ())
         last: list = []   # the previous step's events (a lockstep record's digest)
+        release = self.release
         memory_at = time.perf_counter()  # when MLX's figures last left
         while True:
             out: list = []
             taken: list = []  # the commands applied before this step, in order
             block = not scheduler.busy and not any(e.pending for e in embedders)
-            if block:  # going idle: MLX's figures as the work left them
-                self._emit(StepEvents((mlx_memory(),)))
+            if block:  # going idle: give back what the work freed, then say so
+                release()
+                self._emit(StepEvents((mlx_memory(release),)))
             burst_end = None  # set when an idle engine takes a job: wait for its companions
             while True:
                 try:
@@ -224,7 +235,9 @@ class EngineLoop(Loading, IdleSleep, LockstepRunner):
                 # one small record per computing step, in the hop its events take
                 out.append(EngineStats(self.n_decode, self.n_busy_slots))
                 if (now := time.perf_counter()) - memory_at >= MEMORY_EVERY_S:
-                    out.append(mlx_memory())
+                    if release.due(now):
+                        release()
+                    out.append(mlx_memory(release))
                     memory_at = now
             for embedder in embedders:
                 if embedder.pending:

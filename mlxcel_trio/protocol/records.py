@@ -594,6 +594,11 @@ class MlxMemory:
     active: int           # live arrays: weights, KV (the prompt cache's included)
     cache: int            # freed buffers MLX keeps for reuse (its buffer cache)
     peak: int             # the most `active` has been since start
+    # the engine's memory releases since start (engine/memory_release.py):
+    # how many, their time, and the resident bytes they gave back
+    releases: int = 0
+    release_seconds: float = 0.0
+    released_bytes: int = 0
 
 
 # The failures the engine names by code; their type and sentence are the

@@ -1,7 +1,8 @@
 """Memory sized to the machine (mlxcel_trio/memory_fit.py), end to end: an
 unset --cache-ram is sized at startup and said in the load summary, /props
 serves with that figure, and a --cache-ram that cannot fit is refused
-before the model loads, with its figures."""
+before the model loads, with its figures; /metrics reports the prompt
+cache, MLX's allocator and the engine's memory releases."""
 
 from __future__ import annotations
 
@@ -60,5 +61,47 @@ def test_metrics_report_the_prompt_caches_bytes_and_evictions(tiny_model, start_
         assert m["mlxcel_prompt_cache_entries"] == cache["entries"] < 6
         # six donations, fewer entries held: the rest were evicted, and counted
         assert m["mlxcel_prompt_cache_evictions_total"] == 6 - cache["entries"]
+    finally:
+        srv.stop()
+
+
+def _mlx_memory(url: str) -> dict[str, float]:
+    text = httpx.get(url + "/metrics", timeout=30).text
+    return {ln.split()[0]: float(ln.split()[1]) for ln in text.splitlines()
+            if ln.startswith(("mlxcel_mlx_", "mlxcel_memory_"))}
+
+
+def _until(url: str, pred, timeout: float = 30.0) -> dict[str, float]:
+    """/metrics' MLX figures once `pred` holds (the engine reports them as it
+    goes idle, a moment after the answer that made it idle)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        m = _mlx_memory(url)
+        if pred(m) or time.monotonic() > deadline:
+            return m
+        time.sleep(0.05)
+
+
+def test_mlx_memory_and_its_releases_reach_metrics(tiny_model, start_server):
+    """MLX's live arrays and buffer cache, and the engine's memory releases
+    (mlxcel_trio/engine/memory_release.py), reach /metrics and move with the
+    work; the load summary says the cadence."""
+    srv = start_server(tiny_model, "--metrics")
+    try:
+        said = srv.wait_for_text("memory: MLX keeps up to ", timeout=30)
+        assert "go back to the system each time the engine idles and every 30 s" in said, said
+        loaded = _until(srv.url, lambda m: m["mlxcel_mlx_active_bytes"] > 0)
+        assert 0 < loaded["mlxcel_mlx_active_bytes"] <= loaded["mlxcel_mlx_peak_bytes"], loaded
+        assert loaded["mlxcel_memory_releases_total"] >= 1, "released as it went idle"
+        r = httpx.post(srv.url + "/completion", json={
+            "prompt": "memory " * 200, "n_predict": 8, "temperature": 0}, timeout=60)
+        assert r.status_code == 200, r.text
+        after = _until(srv.url, lambda m: m["mlxcel_memory_releases_total"]
+                       > loaded["mlxcel_memory_releases_total"])
+        assert after["mlxcel_memory_releases_total"] > loaded["mlxcel_memory_releases_total"]
+        assert after["mlxcel_mlx_peak_bytes"] >= loaded["mlxcel_mlx_peak_bytes"]
+        assert after["mlxcel_mlx_cache_bytes"] == 0, "emptied as the engine went idle"
     finally:
         srv.stop()

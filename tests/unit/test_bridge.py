@@ -242,15 +242,18 @@ async def test_metrics_read_the_engine_counters_the_events_carried(nursery):
 
 
 async def test_metrics_report_mlx_memory_as_the_engine_last_read_it(nursery):
-    """MLX's live arrays, buffer cache and peak reach /metrics from the
-    latest MlxMemory the bridge delivered (zeros before the first)."""
+    """MLX's live arrays, buffer cache and peak, and the engine's memory
+    releases, reach /metrics from the latest MlxMemory the bridge delivered
+    (zeros before the first)."""
     from prometheus_client import generate_latest
     from prometheus_client.utils import floatToGoString as go
 
     from mlxcel_trio.server.surfaces.metrics import Metrics
 
     bridge, _, _ = await _started(nursery, _emitting(
-        (MlxMemory(1 << 20, 32 << 20, 2 << 20),), (MlxMemory(3 << 20, 5 << 10, 4 << 20),)))
+        (MlxMemory(1 << 20, 32 << 20, 2 << 20),),
+        (MlxMemory(3 << 20, 5 << 10, 4 << 20, releases=2, release_seconds=0.5,
+                   released_bytes=7 << 20),)))
     metrics = Metrics(bridge)
     before = generate_latest(metrics.registry).decode()
     assert "mlxcel_mlx_active_bytes 0.0" in before
@@ -259,6 +262,9 @@ async def test_metrics_report_mlx_memory_as_the_engine_last_read_it(nursery):
     assert f"mlxcel_mlx_active_bytes {go(3 << 20)}" in body
     assert f"mlxcel_mlx_cache_bytes {go(5 << 10)}" in body
     assert f"mlxcel_mlx_peak_bytes {go(4 << 20)}" in body
+    assert "mlxcel_memory_releases_total 2.0" in body
+    assert "mlxcel_memory_release_seconds_total 0.5" in body
+    assert f"mlxcel_memory_released_bytes_total {go(7 << 20)}" in body
 
 
 async def test_metrics_count_the_disk_writes_the_writer_dropped(nursery):

@@ -27,7 +27,7 @@ from prometheus_client.utils import floatToGoString
 from quart import Response
 
 from ...bridge import Bridge
-from ...protocol.records import CacheStats
+from ...protocol.records import CacheStats, MlxMemory
 from ..http.watchdog import RequestWatchdog
 from ..http.errors import not_supported
 
@@ -162,14 +162,22 @@ def _takeovers(t):
 
 def _mlx_memory(c):
     """MLX's allocator, as the engine thread last read it (at most once a
-    second while it computes, and when it goes idle; zeros before the first
-    step).  Resident memory is about these two plus the process's own heap."""
+    second while it computes, and when it goes idle; zeros before it first
+    did), and the engine's memory releases (engine/memory_release.py).
+    Resident memory is about the first two plus the process's own heap."""
+    m = c.memory or MlxMemory(0, 0, 0)
     yield GaugeMetricFamily("mlxcel_mlx_active_bytes", "Bytes of live MLX arrays (weights, "
-                            "KV, the prompt cache's included)", value=c.mlx_active)
+                            "KV, the prompt cache's included)", value=m.active)
     yield GaugeMetricFamily("mlxcel_mlx_cache_bytes", "Bytes of freed buffers MLX keeps for "
-                            "reuse (its buffer cache)", value=c.mlx_cache)
+                            "reuse (its buffer cache)", value=m.cache)
     yield GaugeMetricFamily("mlxcel_mlx_peak_bytes", "The most bytes of live MLX arrays "
-                            "since start", value=c.mlx_peak)
+                            "since start", value=m.peak)
+    yield CounterMetricFamily("mlxcel_memory_releases", "Times the engine emptied MLX's "
+                              "buffer cache and trimmed the C heap", value=m.releases)
+    yield CounterMetricFamily("mlxcel_memory_release_seconds", "Time those releases took",
+                              value=m.release_seconds)
+    yield CounterMetricFamily("mlxcel_memory_released_bytes", "Resident bytes those releases "
+                              "gave back", value=m.released_bytes)
 
 
 def _prompt_cache(st: CacheStats | None):

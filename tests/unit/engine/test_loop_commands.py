@@ -2,7 +2,7 @@
 engine (as a failed step does), and later ones are served; a ForceEnd
 reaches the running job's constraint before its next draw; the loop's
 counters leave with the steps' events (EngineStats), MLX's allocator
-figures whenever it goes idle (MlxMemory).
+figures whenever it goes idle (MlxMemory), after a memory release.
 
 White-box: replaces the scheduler's private `_sampling_plan` (and `_start`)
 to make a step throw."""
@@ -199,7 +199,7 @@ def test_a_burst_reaching_an_idle_engine_is_prefilled_together(tiny_model, monke
                                                                 len(done) == 4))
 
 
-def test_the_engine_reports_mlx_memory_each_time_it_goes_idle(tiny_model):
+def test_the_engine_releases_memory_and_reports_it_each_time_it_goes_idle(tiny_model):
     events = _Events()
     until = events.until
     with running(tiny_model, events, n_slots=1, ctx_size=256) as engine:
@@ -211,3 +211,6 @@ def test_the_engine_reports_mlx_memory_each_time_it_goes_idle(tiny_model):
         after = seen[-1]
         assert after.peak >= max(after.active, loaded.peak)
         assert after != loaded, "the job's arrays moved the figures"
+        # each idle start released memory (engine/memory_release.py) first
+        assert loaded.releases >= 1 and after.releases > loaded.releases
+        assert after.release_seconds > loaded.release_seconds
