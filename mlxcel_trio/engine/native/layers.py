@@ -9,14 +9,17 @@ and load_weights see the model they expect, on every mlx-lm architecture.
 The remaining floating parameters (norms, biases, ...) are cast to float32,
 so activations and the KV cache are float32, as on the float32 path.
 
-A 16-bit product with more than MAX_ROWS rows (a prefill chunk) goes
-through MLX instead: the weight is widened to float32 per call, a tile of
-rows at a time (widened_product), and multiplied by the float32 BLAS, with
-no resident float32 copy.  An affine 4- / 8-bit product stays on the kernels whatever
-its rows: dequantizing per call costs more than the product (bench-4bit,
-MKL, a 64-token prefill 14 tok/s through dequantize + BLAS against 96 on
-the kernels, 512 tokens 45 against 72), and prefill then computes what
-decode does.
+A prefill chunk (more than 16 rows) takes the kernels' blocked product:
+a register tile of tokens times a few output rows, over a float32 panel of
+the weight widened (or dequantized) into L1 per block, never whole.  A
+16-bit product with more than BLOCKED_ROWS rows goes through MLX instead:
+the weight is widened to float32 a tile of rows at a time
+(widened_product) and multiplied by the float32 BLAS, which is ahead of
+the tile at that size.  An affine 4- / 8-bit product stays on the
+kernels whatever its rows: dequantizing per call costs more than the
+product (bench-4bit, MKL, a 64-token prefill 14 tok/s through dequantize
++ BLAS against 96 on the kernels), and prefill then computes what decode
+does.
 
 Where the kernels are MLX graph nodes (graph.cpp), the step's other ops
 that MLX's CPU backend runs as generic fallbacks of several primitives each
@@ -41,7 +44,12 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from . import fused, library, ops
 
-MAX_ROWS = 16
+# Up to this many rows a 16-bit product runs on the kernels' register-blocked
+# tile; above, MKL's sgemm on widened tiles is ahead (bench-bf16 prefill,
+# 2 threads, 2026-12-07, tok/s blocked against widened: 64 tokens 111
+# against 85, 512 tokens 89-90 against 87-90, 1024 tokens 58-61 against
+# 61-63).
+BLOCKED_ROWS = 512
 TILE_BYTES = 4 << 20   # a widened weight tile for a prefill product (widened_product)
 HALF = (mx.bfloat16, mx.float16)
 BITS, GROUPS = (4, 8), (32, 64, 128)
@@ -69,7 +77,7 @@ class NativeLinear(nn.Linear):
 
     def __call__(self, x: mx.array) -> mx.array:
         bias = self.get("bias")
-        if _rows(x) <= MAX_ROWS:
+        if _rows(x) <= BLOCKED_ROWS:
             return ops.gemm_16(x, self["weight"], bias)
         y = widened_product(x, self["weight"])
         return y if bias is None else y + bias
@@ -88,7 +96,7 @@ class NativeEmbedding(nn.Embedding):
         return self["weight"][x].astype(mx.float32)
 
     def as_linear(self, x: mx.array) -> mx.array:
-        if _rows(x) <= MAX_ROWS:
+        if _rows(x) <= BLOCKED_ROWS:
             return ops.gemm_16(x, self["weight"])
         return widened_product(x, self["weight"])
 

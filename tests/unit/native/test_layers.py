@@ -49,7 +49,7 @@ def affine(kernels, request):
 # (docs/kernels.md); test_kernels.py bounds their products
 @pytest.mark.parametrize("kind,affine", [("tiny-bf16", "exact"), ("tiny-4bit", "exact"),
                                          ("tiny-4bit", "int16")], indirect=["affine"])
-def test_greedy_on_the_kernels_equals_the_float32_path(kernels, kind, affine):
+def test_greedy_on_the_kernels_equals_the_float32_path(kernels, kind, affine, monkeypatch):
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
@@ -74,12 +74,15 @@ def test_greedy_on_the_kernels_equals_the_float32_path(kernels, kind, affine):
     tokens = greedy(model)
     with mlx_attention(reference):
         assert tokens == greedy(reference)
-        # a prefill chunk (more than MAX_ROWS rows): 16-bit weights take MLX's
-        # path, affine ones stay on the kernels (their int16 mode rounds the
-        # activations: test_kernels.py bounds that); the same logits
-        x = mx.array([PROMPT[: layers.MAX_ROWS + 4]])
-        tol = 1e-2 if affine == "int16" else 1e-3
-        assert mx.allclose(model(x), reference(x), rtol=tol, atol=tol).item()
+        # a prefill chunk (more than 16 rows) on the kernels' blocked product,
+        # and past BLOCKED_ROWS, where 16-bit weights take MLX's widened path
+        # (affine ones stay on the blocked product); the same logits
+        x = mx.array([PROMPT[:20]])
+        tol = 1e-3
+        expected = reference(x)
+        assert mx.allclose(model(x), expected, rtol=tol, atol=tol).item()
+        monkeypatch.setattr(layers, "BLOCKED_ROWS", 8)
+        assert mx.allclose(model(x), expected, rtol=tol, atol=tol).item()
 
 
 def test_layers_the_kernels_do_not_take_stay_as_they_are():
