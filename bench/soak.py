@@ -10,10 +10,12 @@ A server with default flags (plus --metrics, and --session-store with
 --rate requests per second.  Every --sample-s seconds (60) the server's RSS
 (split by what /metrics reports: the prompt cache's bytes, MLX's live
 arrays and its buffer cache; the live arrays less the prompt cache, and
-RSS less MLX's two, are series of their own), open file descriptors, threads and trio tasks (counted from its SIGUSR2
-task dump: tests/diag/sitecustomize.py), the store's keys, and the latency
-percentiles of the small requests finished in that window (non-streamed
-completions of at most SMALL tokens) are recorded.  At the end each
+RSS less MLX's two, are series of their own), open file descriptors,
+threads and trio tasks (counted from its SIGUSR2 task dump:
+tests/diag/sitecustomize.py), the store's keys, the latency percentiles
+of the small requests finished in that window (non-streamed completions
+of at most SMALL tokens), and the engine's memory releases so far (count,
+seconds, MiB given back; not plotted) are recorded.  At the end each
 series' least-squares slope per hour is printed, with the ratio of the
 last window's small-request p99 to the first's, and everything is written
 to --out: soak.json and soak.png (one panel per series; drawn here with
