@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -477,21 +478,22 @@ inline void block_tile(const float* xb, int kn, const float* wb, float* ct, bool
     for (int p = 0; p < P; ++p) vstore(ct + (j * P + p) * L, acc[j][p]);
 }
 
-// y = x . W^T (+ bias) for M > DECODE_ROWS.  panel(n, kb, kn, out) writes
-// weight rows [n, n + NR) times k values [kb, kb + kn) as float32, row j at
-// out + j * KC, zeros for rows past N.
-template <class Panel>
+// y = x . W^T (+ bias) for M > DECODE_ROWS.  row(n, kb, kn, out) writes
+// weight row n's k values [kb, kb + kn) as float32 into out; a panel's
+// rows past N are zeros.
+template <class Row>
 void gemm_blocked(const float* x, int M, int K, int N, const float* bias, float* y,
-                  const Panel& panel) {
+                  const Row& row) {
   const int Mp = (M + L - 1) / L * L;   // the last block may be L wide
-  std::vector<float> xt(size_t(K) * Mp);
+  // not zeroed: the transpose below writes every value, padding included
+  const std::unique_ptr<float[]> xt(new float[size_t(K) * Mp]);
   // block b at token m0 = b * TB, wb wide: xt + K * m0, laid out [K][wb];
   // tokens past M zero.  Split over the pool too: at 512 rows the copy was
   // a few percent of a product on one thread.
   const int blocks = (Mp + TB - 1) / TB;
   auto transpose = [&](int b) {
     const int m0 = b * TB, wb = std::min(TB, Mp - m0);
-    float* dst = xt.data() + size_t(K) * m0;
+    float* dst = xt.get() + size_t(K) * m0;
     for (int m = m0; m < m0 + wb; ++m) {
       const float* src = x + size_t(m) * K;
       for (int k = 0; k < K; ++k) dst[size_t(k) * wb + (m - m0)] = m < M ? src[k] : 0.f;
@@ -520,11 +522,17 @@ void gemm_blocked(const float* x, int M, int K, int N, const float* bias, float*
       for (int kb = 0; kb < K; kb += KC) {
         const int kn = std::min(KC, K - kb);
         for (int q = g0; q < g1; ++q) {
-          panel(q * NR, kb, kn, wbuf.data());
+          for (int j = 0; j < NR; ++j) {
+            float* out = wbuf.data() + j * KC;
+            if (q * NR + j < N)
+              row(q * NR + j, kb, kn, out);
+            else
+              std::fill(out, out + KC, 0.f);
+          }
           float* cq = ct.data() + size_t(q - g0) * NR * Mp;
           for (int m0 = 0; m0 < Mp; m0 += TB) {
             const int wb = std::min(TB, Mp - m0);
-            const float* xb = xt.data() + size_t(K) * m0 + size_t(kb) * wb;
+            const float* xb = xt.get() + size_t(K) * m0 + size_t(kb) * wb;
             if (wb == TB)
               block_tile<2>(xb, kn, wbuf.data(), cq + NR * m0, kb == 0);
             else
@@ -554,16 +562,10 @@ template <bool BF16>
 void gemm_16(const float* x, int M, int K, const uint16_t* w, int N, const float* bias, float* y) {
   if (M > DECODE_ROWS) {
     gemm_blocked(x, M, K, N, bias, y, [=](int n, int kb, int kn, float* out) {
-      for (int j = 0; j < NR; ++j, out += KC) {
-        if (n + j >= N) {
-          std::fill(out, out + KC, 0.f);
-          continue;
-        }
-        const uint16_t* src = w + long(n + j) * K + kb;
-        int i = 0;
-        for (; i + L <= kn; i += L) vstore(out + i, widen<BF16>(src + i));
-        for (; i < kn; ++i) out[i] = BF16 ? bf16_to_f32(src[i]) : f16_to_f32(src[i]);
-      }
+      const uint16_t* src = w + long(n) * K + kb;
+      int i = 0;
+      for (; i + L <= kn; i += L) vstore(out + i, widen<BF16>(src + i));
+      for (; i < kn; ++i) out[i] = BF16 ? bf16_to_f32(src[i]) : f16_to_f32(src[i]);
     });
     return;
   }
@@ -937,18 +939,12 @@ void affine_blocked(const float* x, int M, int K, const uint8_t* w, const void* 
                     float* y) {
   const long row_bytes = long(K) * BITS / 8, groups = K / group;
   gemm_blocked(x, M, K, N, bias, y, [=](int n, int kb, int kn, float* out) {
-    for (int j = 0; j < NR; ++j, out += KC) {
-      if (n + j >= N) {
-        std::fill(out, out + KC, 0.f);
-        continue;
-      }
-      const uint8_t* row = w + long(n + j) * row_bytes;
-      for (int i = 0; i < kn; i += 32) {   // K % group == 0, group % 32 == 0
-        const int k = kb + i;
-        const long g = long(n + j) * groups + k / group;
-        dequant32<BITS>(row + long(k) * BITS / 8, scalar_at(scales, sdtype, g),
-                        scalar_at(biases, sdtype, g), out + i);
-      }
+    const uint8_t* row = w + long(n) * row_bytes;
+    for (int i = 0; i < kn; i += 32) {   // K % group == 0, group % 32 == 0
+      const int k = kb + i;
+      const long g = long(n) * groups + k / group;
+      dequant32<BITS>(row + long(k) * BITS / 8, scalar_at(scales, sdtype, g),
+                      scalar_at(biases, sdtype, g), out + i);
     }
   });
 }
