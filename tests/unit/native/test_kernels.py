@@ -21,7 +21,10 @@ import pytest
 
 from tests.unit.native.conftest import affine_mode
 
-SHAPES = [(1, 1024, 3072), (1, 33, 7), (3, 1000, 17), (16, 160, 70), (64, 96, 129),
+# K % 32 of 1, 8, 18 and 16: the row kernels' whole 2L blocks (bf16 read
+# split, x de-interleaved), the one-vector tail, the scalar tail
+SHAPES = [(1, 1024, 3072), (1, 33, 7), (3, 1000, 17), (7, 1010, 33), (2, 48, 9),
+          (16, 160, 70), (64, 96, 129),
           (17, 600, 25), (100, 530, 50), (40, 7, 13),
           (1100, 40, 2000)]   # the last four: blocked (prefill) products, the last in panel groups
 
