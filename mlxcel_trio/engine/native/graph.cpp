@@ -218,6 +218,65 @@ inline float dot(const float* a, const float* b, int D) {
   return s;
 }
 
+// p[i] = exp(p[i] - top) over n values, all <= top; returns their sum
+inline float exp_shifted(float* p, int n, float top) {
+  int i = 0;
+  float sum = 0.f;
+#if defined(__AVX512F__) || defined(__AVX2__)
+  const vf t = vset1(top);
+  vf acc = vzero();
+  for (; i + L <= n; i += L) {
+    const vf e = vexp_neg(vsub(vload(p + i), t));
+    vstore(p + i, e);
+    acc = vadd(acc, e);
+  }
+  sum = vsum(acc);
+#endif
+  for (; i < n; ++i) sum += (p[i] = std::exp(p[i] - top));
+  return sum;
+}
+
+// Decode attention for the nq queries that share one KV head (GQA's rep
+// query heads, times the step's tokens): query j attends over key / value
+// rows [t0, t1[j]), softmax(q . k * scale) . v into y[j] (D floats each).
+// Each key and value row is read from memory once for all nq queries (the
+// later ones find it in L1).  krow(t), vrow(t): row t's D floats.  scratch:
+// nq * max(t1) floats.
+template <class KRow, class VRow>
+void attend_group(const float* const* q, float* const* y, const int* t1, int nq, int t0,
+                  int D, float scale, KRow krow, VRow vrow, float* scratch) {
+  const int tmax = *std::max_element(t1, t1 + nq);
+  for (int j = 0; j < nq; ++j) std::fill(y[j], y[j] + D, 0.f);
+  if (t0 >= tmax) return;
+  const long T = tmax;
+  for (int t = t0; t < tmax; ++t) {
+    const float* kr = krow(t);
+    for (int j = 0; j < nq; ++j)
+      if (t < t1[j]) scratch[j * T + t] = dot(q[j], kr, D) * scale;
+  }
+  for (int j = 0; j < nq; ++j) {
+    if (t0 >= t1[j]) continue;
+    float* p = scratch + j * T;
+    const float top = *std::max_element(p + t0, p + t1[j]);
+    const float inv = 1.f / exp_shifted(p + t0, t1[j] - t0, top);
+    for (int t = t0; t < t1[j]; ++t) p[t] *= inv;
+  }
+  for (int t = t0; t < tmax; ++t) {
+    const float* vr = vrow(t);
+    for (int j = 0; j < nq; ++j) {
+      if (t >= t1[j]) continue;
+      const float w = scratch[j * T + t];
+      float* yr = y[j];
+      int d = 0;
+#if defined(__AVX512F__) || defined(__AVX2__)
+      const vf wv = vset1(w);
+      for (; d + L <= D; d += L) vstore(yr + d, vfma(wv, vload(vr + d), vload(yr + d)));
+#endif
+      for (; d < D; ++d) yr[d] += w * vr[d];
+    }
+  }
+}
+
 // y = x * rsqrt(mean(x^2) + eps) * w over one row of D
 void rms_row(const float* x, const float* w, float eps, int D, float* y) {
   const float n = 1.f / std::sqrt(dot(x, x, D) / float(D) + eps);
@@ -353,46 +412,26 @@ class NativeDecodeAttention : public RowOp {
     const int B = q.shape(0), Hq = q.shape(1), Hk = k.shape(1), T = k.shape(2), D = q.shape(3);
     const Rows qrows(q), krows(k), vrows(v);
     float* yp = y.data<float>();
-    const int heads = B * Hq, rep = Hq / Hk;
+    const int rep = Hq / Hk, groups = B * Hk;
     auto work = [&](int i, int n) {
-      std::vector<float> p(T);
-      for (int h = i; h < heads; h += n) {
-        const int b = h / Hq, kvh = b * Hk + (h % Hq) / rep;
-        const float* qr = qrows[h];
-        float top = -INFINITY;
-        for (int t = 0; t < T; ++t) {
-          const float* kr = krows[long(kvh) * T + t];
-          p[t] = dot(qr, kr, D) * scale_;
-          top = std::max(top, p[t]);
+      std::vector<float> p(size_t(rep) * T);
+      std::vector<const float*> qs(rep);
+      std::vector<float*> ys(rep);
+      std::vector<int> t1(rep, T);
+      for (int g = i; g < groups; g += n) {   // g: (b, kv head); its queries b * Hq + g % Hk * rep + r
+        const int h0 = (g / Hk) * Hq + (g % Hk) * rep;
+        for (int r = 0; r < rep; ++r) {
+          qs[r] = qrows[h0 + r];
+          ys[r] = yp + long(h0 + r) * D;
         }
-        float sum = 0.f;
-        for (int t = 0; t < T; ++t) sum += (p[t] = std::exp(p[t] - top));
-        const float inv = 1.f / sum;
-        float* yr = yp + long(h) * D;
-        std::fill(yr, yr + D, 0.f);
-        for (int t = 0; t < T; ++t) {
-          const float* vr = vrows[long(kvh) * T + t];
-          const float w = p[t] * inv;
-          int d = 0;
-          for (; d + L <= D; d += L) {
-#if defined(__AVX512F__) || defined(__AVX2__)
-            vf acc = vfma(vset1(w), vload(vr + d), vload(yr + d));
-#if defined(__AVX512F__)
-            _mm512_storeu_ps(yr + d, acc);
-#else
-            _mm256_storeu_ps(yr + d, acc);
-#endif
-#else
-            yr[d] += w * vr[d];
-#endif
-          }
-          for (; d < D; ++d) yr[d] += w * vr[d];
-        }
+        attend_group(qs.data(), ys.data(), t1.data(), rep, 0, D, scale_,
+                     [&](int t) { return krows[long(g) * T + t]; },
+                     [&](int t) { return vrows[long(g) * T + t]; }, p.data());
       }
     };
     // long contexts: heads split over the pool (a decode step's attention
     // is small otherwise, and the pool's hand-off costs a few microseconds)
-    if (pool && long(T) * heads * D >= (1L << 18))
+    if (pool && long(T) * B * Hq * D >= (1L << 18))
       pool->run(work, pool->size());
     else
       work(0, 1);
@@ -828,34 +867,28 @@ class NativeFusedLayer : public mc::Primitive {
     // attention: query (b, l, h) over positions [start_b, idx + l]
     const int rep = H / Hk, end0 = p.idx + 1;
     const float scale = p.scale;
-    parallel_jobs(B * H, long(B) * H * (end0 + Lq) * D, [&](int job) {
-      const int b = job / H, h = job % H, kvh = h / rep;
+    parallel_jobs(B * Hk, long(B) * H * (end0 + Lq) * D, [&](int job) {
+      const int b = job / Hk, kvh = job % Hk, nq = rep * Lq;
       thread_local std::vector<float> pr;
-      if (pr.size() < size_t(end0 + Lq)) pr.resize(end0 + Lq);
+      thread_local std::vector<const float*> qs;
+      thread_local std::vector<float*> ys;
+      thread_local std::vector<int> t1;
+      pr.resize(size_t(nq) * (end0 + Lq));
+      qs.resize(nq);
+      ys.resize(nq);
+      t1.resize(nq);
+      for (int l = 0; l < Lq; ++l)
+        for (int r = 0; r < rep; ++r) {
+          const long at = ((long(b) * Lq + l) * H + kvh * rep + r) * D;
+          qs[l * rep + r] = q + at;
+          ys[l * rep + r] = att + at;
+          t1[l * rep + r] = p.idx + l + 1;
+        }
       const float* Kb = K + (long(b) * Hk + kvh) * cap * D;
       const float* Vb = V + (long(b) * Hk + kvh) * cap * D;
-      for (int l = 0; l < Lq; ++l) {
-        const long row = long(b) * Lq + l;
-        const float* qr = q + (row * H + h) * D;
-        float* yr = att + (row * H + h) * D;
-        const int t0 = start[b], t1 = p.idx + l + 1;
-        std::fill(yr, yr + D, 0.f);
-        if (t0 >= t1) continue;
-        float top = -INFINITY;
-        for (int tt = t0; tt < t1; ++tt) {
-          const float* kr = Kb + long(tt) * D;
-          pr[tt] = dot(qr, kr, D) * scale;
-          top = std::max(top, pr[tt]);
-        }
-        float sum = 0.f;
-        for (int tt = t0; tt < t1; ++tt) sum += (pr[tt] = std::exp(pr[tt] - top));
-        const float invs = 1.f / sum;
-        for (int tt = t0; tt < t1; ++tt) {
-          const float* vr = Vb + long(tt) * D;
-          const float w = pr[tt] * invs;
-          for (int d = 0; d < D; ++d) yr[d] += w * vr[d];
-        }
-      }
+      attend_group(qs.data(), ys.data(), t1.data(), nq, start[b], D, scale,
+                   [=](int t) { return Kb + long(t) * D; },
+                   [=](int t) { return Vb + long(t) * D; }, pr.data());
     });
     // o projection + residual, post-attention norm, MLP + residual
     fused_gemm(p.proj[3], in, att, M, QN, Dm, h1);
