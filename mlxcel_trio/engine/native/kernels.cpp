@@ -288,10 +288,13 @@ float logsumexp_row(const float* x, long n) {
 // bench-4bit step went from ~25.8 to ~23.6 ms (medians of 10 interleaved
 // runs, 2 threads).
 //
-// A job is n chunks, taken by whichever thread asks next from a shared
-// counter (the caller too), so a worker the OS has not scheduled yet does
-// not hold up the others: the caller waits for the chunks to be done, and
-// only for workers already inside the job, never for one still asleep.
+// A job is n chunks in as many contiguous runs as threads.  Each thread
+// takes the chunks of its own run in order (so its weight stream runs on
+// across chunks, the prefetch already ahead), then those left in the
+// others' runs, so a worker the OS has not scheduled yet does not hold up
+// the others: the caller waits for the chunks to be done, and only for
+// workers already inside the job, never for one still asleep.  Against
+// one shared counter: a bf16 step's layer products 33.0 -> 32.3 ms.
 constexpr int SPIN_US = 250;
 constexpr int WAIT_SPIN_US = 30;
 
@@ -306,7 +309,8 @@ inline void relax() {
 class Pool {
  public:
   explicit Pool(int n) {
-    for (int i = 1; i < n; ++i) workers_.emplace_back([this] { loop(); });
+    runs_ = std::vector<Run>(n);
+    for (int i = 1; i < n; ++i) workers_.emplace_back([this, i] { loop(i); });
     size_ = n;
   }
   ~Pool() {
@@ -336,7 +340,10 @@ class Pool {
     }
     job_ = &chunk;
     n_ = n;
-    next_.store(0);
+    for (int t = 0; t < size_; ++t) {
+      runs_[t].end = int(long(n) * (t + 1) / size_);
+      runs_[t].next.store(int(long(n) * t / size_));
+    }
     done_.store(0);
     active_.store(true);
     {
@@ -344,7 +351,7 @@ class Pool {
       gen_.fetch_add(1);
     }
     cv_.notify_all();
-    work();
+    work(0);
     wait_done(n);
     active_.store(false);
     while (users_.load() != 0) {
@@ -358,12 +365,16 @@ class Pool {
   }
 
  private:
-  void work() {
-    for (int i; (i = next_.fetch_add(1)) < n_;) {
-      (*job_)(i);
-      if (done_.fetch_add(1) + 1 == n_ && waiting_.load()) {
-        std::lock_guard<std::mutex> g(m_);
-        done_cv_.notify_one();
+  // thread `self`'s run first, then the others'
+  void work(int self) {
+    for (int k = 0; k < size_; ++k) {
+      Run& r = runs_[(self + k) % size_];
+      for (int i; (i = r.next.fetch_add(1)) < r.end;) {
+        (*job_)(i);
+        if (done_.fetch_add(1) + 1 == n_ && waiting_.load()) {
+          std::lock_guard<std::mutex> g(m_);
+          done_cv_.notify_one();
+        }
       }
     }
   }
@@ -388,7 +399,7 @@ class Pool {
       }
     }
   }
-  void loop() {
+  void loop(int self) {
     uint64_t seen = 0;
     for (;;) {
       uint64_t g = gen_.load();
@@ -407,7 +418,7 @@ class Pool {
       seen = g;
       if (stop_) return;
       users_.fetch_add(1);          // before looking: the caller waits for users
-      if (active_.load() && gen_.load() == g) work();
+      if (active_.load() && gen_.load() == g) work(self);
       users_.fetch_sub(1);
     }
   }
@@ -416,7 +427,12 @@ class Pool {
   std::mutex m_;
   std::condition_variable cv_, done_cv_;
   std::atomic<uint64_t> gen_{0};
-  std::atomic<int> next_{0}, done_{0}, users_{0};
+  struct alignas(64) Run {
+    std::atomic<int> next{0};
+    int end = 0;
+  };
+  std::vector<Run> runs_;
+  std::atomic<int> done_{0}, users_{0};
   std::atomic<bool> active_{false}, waiting_{false};
   const std::function<void(int)>* job_ = nullptr;
   int n_ = 0;
