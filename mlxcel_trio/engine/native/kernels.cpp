@@ -646,6 +646,16 @@ void gemm_blocked(const float* x, int M, int K, int N, const float* bias, float*
     for (int i = 0; i < jobs; ++i) job(i);
 }
 
+// Activation rows per pass of the 16-bit row kernels: each pass reads the
+// whole weight matrix, so 8 sequences decoding together (8 rows) read it
+// once on AVX-512, whose 32 registers hold 8 rows' two accumulators each.
+// (4 passes of 4 -> 2 of 8 at 16 rows.)
+#if defined(__AVX512F__)
+constexpr int ROWS_16 = 8;
+#else
+constexpr int ROWS_16 = 4;
+#endif
+
 template <bool BF16>
 void gemm_16(const float* x, int M, int K, const uint16_t* w, int N, const float* bias, float* y) {
   if (M > DECODE_ROWS) {
@@ -665,14 +675,20 @@ void gemm_16(const float* x, int M, int K, const uint16_t* w, int N, const float
     x = xd.data();
   }
   parallel_rows(N, 2L * K, [&](int n0, int n1) {
-    for (int m = 0; m < M; m += 4) {
+    for (int m = 0; m < M; m += ROWS_16) {
       const float* xm = x + long(m) * K;
       float* ym = y + long(m) * N;
-      switch (M - m) {
+      switch (std::min(M - m, ROWS_16)) {
         case 1: rows_16<1, BF16, SPLIT>(xm, K, w, bias, ym, N, n0, n1); break;
         case 2: rows_16<2, BF16, SPLIT>(xm, K, w, bias, ym, N, n0, n1); break;
         case 3: rows_16<3, BF16, SPLIT>(xm, K, w, bias, ym, N, n0, n1); break;
-        default: rows_16<4, BF16, SPLIT>(xm, K, w, bias, ym, N, n0, n1); break;
+        case 4: rows_16<4, BF16, SPLIT>(xm, K, w, bias, ym, N, n0, n1); break;
+#if defined(__AVX512F__)
+        case 5: rows_16<5, BF16, SPLIT>(xm, K, w, bias, ym, N, n0, n1); break;
+        case 6: rows_16<6, BF16, SPLIT>(xm, K, w, bias, ym, N, n0, n1); break;
+        case 7: rows_16<7, BF16, SPLIT>(xm, K, w, bias, ym, N, n0, n1); break;
+        case 8: rows_16<8, BF16, SPLIT>(xm, K, w, bias, ym, N, n0, n1); break;
+#endif
       }
     }
   });

@@ -49,3 +49,52 @@ def test_two_callers_at_once_both_get_their_own_product():
         t.join(timeout=60)
     assert not any(t.is_alive() for t in threads), "a caller is stuck in the shared pool"
     assert not bad, f"wrong products with two callers at once: {bad[:3]}"
+
+
+def test_a_preempted_worker_still_finishes_every_job():
+    """Three runnable threads on the pool's CPUs (a GIL-holding Python loop
+    beside the caller and its worker, as mlx-lm's pipelined decode builds the
+    next step): the caller, done with its run, sleeps until a preempted
+    worker's last chunk is done and is woken for it; every product is right
+    and none hangs."""
+    from mlxcel_trio.engine.native import library
+
+    st = library.status()
+    if not st.available:
+        pytest.skip(f"native kernels unavailable here: {st.detail}")
+    if library.threads() < 2:
+        pytest.skip("one kernel thread: there is no pool")
+    lib = library._lib
+    rng = np.random.default_rng(11)
+    m, k, n = 1, 1024, 8192    # 16 MiB of bf16 weights: chunks of ~1 MiB
+    x = rng.standard_normal((m, k), dtype=np.float32)
+    w32 = rng.standard_normal((n, k), dtype=np.float32)
+    w = (w32.view(np.uint32) >> 16).astype(np.uint16)          # bf16, truncated
+    ref = x @ (w.astype(np.uint32) << 16).view(np.float32).T
+    stop = threading.Event()
+
+    def spin() -> None:        # holds the GIL and a CPU between switches
+        while not stop.is_set():
+            sum(range(1000))
+
+    bad: list[int] = []
+
+    def caller() -> None:
+        y = np.empty((m, n), np.float32)
+        for step in range(150):
+            y.fill(np.nan)
+            if lib.mlxn_gemm_16(x.ctypes.data, m, k, w.ctypes.data, 1, n, None,
+                                y.ctypes.data) != 0 or not np.allclose(y, ref, rtol=1e-4,
+                                                                       atol=1e-3):
+                bad.append(step)
+                return
+
+    spinner = threading.Thread(target=spin, daemon=True)
+    worker = threading.Thread(target=caller, daemon=True)
+    spinner.start()
+    worker.start()
+    worker.join(timeout=60)
+    stop.set()
+    spinner.join(timeout=10)
+    assert not worker.is_alive(), "a product never finished: the caller was not woken"
+    assert not bad, f"wrong product at steps {bad}"
