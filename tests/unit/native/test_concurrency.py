@@ -13,15 +13,34 @@ import numpy as np
 import pytest
 
 
-def test_two_callers_at_once_both_get_their_own_product():
+def _pool_library():
+    """The kernels' C library, skipping where it has no worker pool."""
     from mlxcel_trio.engine.native import library
 
     st = library.status()
     if not st.available:
         pytest.skip(f"native kernels unavailable here: {st.detail}")
     if library.threads() < 2:
-        pytest.skip("one kernel thread: there is no pool to share")
-    lib = library._lib
+        pytest.skip("one kernel thread: there is no pool")
+    return library._lib
+
+
+def _first_wrong_step(lib, x, w, dtype: int, ref, steps: int) -> int | None:
+    """Repeats y = x . w^T (w 16-bit, dtype 1 bf16 / 2 f16); the first step
+    whose product is refused or wrong, or None."""
+    m, k = x.shape
+    n = w.shape[0]
+    y = np.empty((m, n), np.float32)
+    for step in range(steps):
+        y.fill(np.nan)
+        if lib.mlxn_gemm_16(x.ctypes.data, m, k, w.ctypes.data, dtype, n, None,
+                            y.ctypes.data) != 0 or not np.allclose(y, ref, rtol=1e-4, atol=1e-3):
+            return step
+    return None
+
+
+def test_two_callers_at_once_both_get_their_own_product():
+    lib = _pool_library()
     rng = np.random.default_rng(7)
     m, k, n = 2, 256, 512   # n >= 64: the rows are split across the pool
     jobs = []
@@ -32,15 +51,9 @@ def test_two_callers_at_once_both_get_their_own_product():
     bad: list[str] = []
 
     def caller(i: int) -> None:
-        x, w, ref = jobs[i]
-        y = np.empty((m, n), np.float32)
-        for step in range(300):
-            y.fill(np.nan)
-            if lib.mlxn_gemm_16(x.ctypes.data, m, k, w.ctypes.data, 2, n, None,
-                                y.ctypes.data) != 0 or not np.allclose(y, ref, rtol=1e-4,
-                                                                       atol=1e-3):
-                bad.append(f"caller {i} step {step}")
-                return
+        step = _first_wrong_step(lib, *jobs[i][:2], 2, jobs[i][2], 300)
+        if step is not None:
+            bad.append(f"caller {i} step {step}")
 
     threads = [threading.Thread(target=caller, args=(i,), daemon=True) for i in (0, 1)]
     for t in threads:
@@ -57,14 +70,7 @@ def test_a_preempted_worker_still_finishes_every_job():
     next step): the caller, done with its run, sleeps until a preempted
     worker's last chunk is done and is woken for it; every product is right
     and none hangs."""
-    from mlxcel_trio.engine.native import library
-
-    st = library.status()
-    if not st.available:
-        pytest.skip(f"native kernels unavailable here: {st.detail}")
-    if library.threads() < 2:
-        pytest.skip("one kernel thread: there is no pool")
-    lib = library._lib
+    lib = _pool_library()
     rng = np.random.default_rng(11)
     m, k, n = 1, 1024, 8192    # 16 MiB of bf16 weights: chunks of ~1 MiB
     x = rng.standard_normal((m, k), dtype=np.float32)
@@ -80,14 +86,9 @@ def test_a_preempted_worker_still_finishes_every_job():
     bad: list[int] = []
 
     def caller() -> None:
-        y = np.empty((m, n), np.float32)
-        for step in range(150):
-            y.fill(np.nan)
-            if lib.mlxn_gemm_16(x.ctypes.data, m, k, w.ctypes.data, 1, n, None,
-                                y.ctypes.data) != 0 or not np.allclose(y, ref, rtol=1e-4,
-                                                                       atol=1e-3):
-                bad.append(step)
-                return
+        step = _first_wrong_step(lib, x, w, 1, ref, 150)
+        if step is not None:
+            bad.append(step)
 
     spinner = threading.Thread(target=spin, daemon=True)
     worker = threading.Thread(target=caller, daemon=True)
