@@ -198,13 +198,14 @@ inline float scalar_at(const void* p, int dtype, long i) {
 #endif
 constexpr long PREFETCH = MLXN_PREFETCH;
 
-inline void prefetch(const void* p) {
+inline void prefetch_at(const void* p) {
 #if defined(__AVX512F__) || defined(__AVX2__)
-  _mm_prefetch(static_cast<const char*>(p) + PREFETCH, _MM_HINT_T0);
+  _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0);
 #else
-  __builtin_prefetch(static_cast<const char*>(p) + PREFETCH);
+  __builtin_prefetch(p);
 #endif
 }
+inline void prefetch(const void* p) { prefetch_at(static_cast<const char*>(p) + PREFETCH); }
 
 template <bool BF16>
 inline vf widen(const uint16_t* p) {
@@ -490,39 +491,72 @@ void deinterleave_2l(const float* x, int M, int K, float* xd) {
   }
 }
 
+// s[r] = sum over k in [k0, k1) of x[r][k] w[k] for MR activation rows and
+// one weight row wr; the prefetch runs `ahead` bytes past each line read.
+// k0 a multiple of 2L; a span ending before K holds whole 2L blocks only.
+template <int MR, bool BF16, bool SPLIT>
+inline void span_16(const float* x, int K, const uint16_t* wr, int k0, int k1, long ahead,
+                    float* s) {
+  vf a0[MR], a1[MR];
+  for (int r = 0; r < MR; ++r) a0[r] = a1[r] = vzero();
+  int k = k0;
+  for (; k + 2 * L <= k1; k += 2 * L) {
+    prefetch_at(reinterpret_cast<const char*>(wr + k) + ahead);  // one 64-byte line on AVX-512
+    vf w0, w1;
+    if constexpr (SPLIT) {
+      split_bf16(wr + k, w0, w1);
+    } else {
+      w0 = widen<BF16>(wr + k);
+      w1 = widen<BF16>(wr + k + L);
+    }
+    for (int r = 0; r < MR; ++r) {
+      a0[r] = vfma(vload(x + long(r) * K + k), w0, a0[r]);
+      a1[r] = vfma(vload(x + long(r) * K + k + L), w1, a1[r]);
+    }
+  }
+  for (; k + L <= k1; k += L) {
+    vf w0 = widen<BF16>(wr + k);
+    for (int r = 0; r < MR; ++r) a0[r] = vfma(vload(x + long(r) * K + k), w0, a0[r]);
+  }
+  for (int r = 0; r < MR; ++r) {
+    float t = vsum(vadd(a0[r], a1[r]));
+    for (int kk = k; kk < k1; ++kk)
+      t += x[long(r) * K + kk] * (BF16 ? bf16_to_f32(wr[kk]) : f16_to_f32(wr[kk]));
+    s[r] = t;
+  }
+}
+
+// x's rows are read again for every weight row, so they should stay in L1:
+// past X_SPAN_BYTES of them (several rows of a long K: 8 rows of 1024, 4 of
+// 3072) the rows' k range is walked in spans that fit, each span over all
+// the chunk's weight rows, the products summed into y.  On the 2-CPU VM,
+// 28 products of 1024x3072 at 8 rows took 22.2 ms against 13.3 for the
+// same bytes as 3072x1024, x then spilling to L2.
+constexpr long X_SPAN_BYTES = 32 << 10;
+
 // MR activation rows at once, each weight row read once for all of them.
 // SPLIT: bf16 weights read by split_bf16, x de-interleaved to match.
 template <int MR, bool BF16, bool SPLIT = false>
 void rows_16(const float* x, int K, const uint16_t* w, const float* bias, float* y, int N,
              int n0, int n1) {
-  for (int n = n0; n < n1; ++n) {
-    const uint16_t* wr = w + long(n) * K;
-    vf a0[MR], a1[MR];
-    for (int r = 0; r < MR; ++r) a0[r] = a1[r] = vzero();
-    int k = 0;
-    for (; k + 2 * L <= K; k += 2 * L) {
-      prefetch(wr + k);  // 2L weights: one 64-byte line on AVX-512
-      vf w0, w1;
-      if constexpr (SPLIT) {
-        split_bf16(wr + k, w0, w1);
-      } else {
-        w0 = widen<BF16>(wr + k);
-        w1 = widen<BF16>(wr + k + L);
-      }
+  float s[MR];
+  const long span = MR == 1 ? K : (X_SPAN_BYTES / (MR * long(sizeof(float)))) & ~long(2 * L - 1);
+  if (span >= K) {
+    for (int n = n0; n < n1; ++n) {
+      span_16<MR, BF16, SPLIT>(x, K, w + long(n) * K, 0, K, PREFETCH, s);
+      for (int r = 0; r < MR; ++r) y[long(r) * N + n] = s[r] + (bias ? bias[n] : 0.f);
+    }
+    return;
+  }
+  const long ahead = 2L * K * long(sizeof(uint16_t));   // the same span two rows on
+  for (int k0 = 0; k0 < K; k0 += int(span)) {
+    const int k1 = int(std::min<long>(K, k0 + span));
+    for (int n = n0; n < n1; ++n) {
+      span_16<MR, BF16, SPLIT>(x, K, w + long(n) * K, k0, k1, ahead, s);
       for (int r = 0; r < MR; ++r) {
-        a0[r] = vfma(vload(x + long(r) * K + k), w0, a0[r]);
-        a1[r] = vfma(vload(x + long(r) * K + k + L), w1, a1[r]);
+        float& out = y[long(r) * N + n];
+        out = (k0 ? out : 0.f) + s[r] + (k1 == K && bias ? bias[n] : 0.f);
       }
-    }
-    for (; k + L <= K; k += L) {
-      vf w0 = widen<BF16>(wr + k);
-      for (int r = 0; r < MR; ++r) a0[r] = vfma(vload(x + long(r) * K + k), w0, a0[r]);
-    }
-    for (int r = 0; r < MR; ++r) {
-      float s = vsum(vadd(a0[r], a1[r]));
-      for (int kk = k; kk < K; ++kk)
-        s += x[long(r) * K + kk] * (BF16 ? bf16_to_f32(wr[kk]) : f16_to_f32(wr[kk]));
-      y[long(r) * N + n] = s + (bias ? bias[n] : 0.f);
     }
   }
 }

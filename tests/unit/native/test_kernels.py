@@ -23,7 +23,10 @@ from tests.unit.native.conftest import affine_mode
 
 # K % 32 of 1, 8, 18 and 16: the row kernels' whole 2L blocks (bf16 read
 # split, x de-interleaved), the one-vector tail, the scalar tail
+# (8, 1040, 40), (5, 1700, 30), (13, 3000, 20): rows whose x passes 32 KiB,
+# read in k spans (the last one partial) and summed
 SHAPES = [(1, 1024, 3072), (1, 33, 7), (3, 1000, 17), (7, 1010, 33), (2, 48, 9),
+          (8, 1040, 40), (5, 1700, 30), (13, 3000, 20),
           (16, 160, 70), (64, 96, 129),
           (17, 600, 25), (100, 530, 50), (40, 7, 13),
           (1100, 40, 2000)]   # the last four: blocked (prefill) products, the last in panel groups
